@@ -1,0 +1,128 @@
+"""The adapter protocol: what a framework plugin tells the core about a training job.
+
+The core never imports a framework. A plugin (DeepSpeed, Megatron, TorchTitan, or the
+core's own plain-PyTorch adapter) turns the framework's structure into the few facts
+replay, the observer and the checkpoint gate need:
+
+* this rank's mesh address and the job's :class:`~scout_core.mesh.MeshLayout`;
+* the training process groups, by name (for reference and cross-PG validation only:
+  SCOUT never sends diagnostic traffic on them);
+* the repeated layers, plus the embedding, LM head and MoE modules when present;
+* the underlying ``torch.optim.Optimizer`` objects and whether their state is
+  replicated across replica peers or uniquely owned;
+* every RNG stream replay must reproduce (CPU, device, framework trackers);
+* how to materialise one module's parameters for replay (FSDP, ZeRO-3) and the
+  current optimizer step.
+
+The protocol is deliberately small and structural (:class:`typing.Protocol`), so
+Megatron chunks, DeepSpeed engines and TorchTitan trainers all fit it without
+inheriting anything. :func:`scout_core.testing.conformance.check_adapter` is the
+one shared conformance test every plugin runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+
+    from scout_core.mesh import MeshAddress, MeshLayout
+
+__all__ = ["FrameworkAdapter", "ModuleRef", "Ownership", "RngStream"]
+
+
+class Ownership(str, Enum):
+    """Who holds a parameter's optimizer state."""
+
+    REPLICATED = "replicated"
+    """Every replica peer holds the same full state (DDP, ZeRO-0): optimizer replay applies."""
+    SHARDED = "sharded"
+    """State is sharded, but each shard is replicated across replica peers (HSDP, ZeRO-1/2
+    with replica groups): replay compares shards between replica peers."""
+    UNIQUE = "unique"
+    """Each shard has a single owner (pure FSDP, ZeRO-3 without replicas): no peer can check
+    it, so optimizer replay is skipped with a logged reason."""
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """A module and its dotted path inside the model, as evidence records name it."""
+
+    path: str
+    module: torch.nn.Module
+
+
+@dataclass(frozen=True)
+class RngStream:
+    """One random stream replay must reproduce and then restore.
+
+    ``get`` returns the state as a CPU ``uint8`` tensor (what
+    ``torch.get_rng_state`` returns), so it can be broadcast as bytes; ``set``
+    installs such a state.
+    """
+
+    name: str
+    get: Callable[[], torch.Tensor]
+    set: Callable[[torch.Tensor], None]
+
+
+@runtime_checkable
+class FrameworkAdapter(Protocol):
+    """What a plugin supplies to the core. All methods are cheap and side-effect free."""
+
+    name: str
+    """Short framework name, e.g. ``"torch"``, ``"deepspeed"``."""
+
+    def layout(self) -> MeshLayout:
+        """The job's parallel layout."""
+        ...
+
+    def rank(self) -> int:
+        """This process's global rank."""
+        ...
+
+    def address(self) -> MeshAddress:
+        """This rank's mesh address ``(d, s, t, p, c, e)``."""
+        ...
+
+    def training_groups(self) -> Mapping[str, ProcessGroup]:
+        """The framework's own process groups by axis or role name (never used for traffic)."""
+        ...
+
+    def repeated_layers(self) -> Sequence[ModuleRef]:
+        """The repeated blocks replay rotates through, in model order."""
+        ...
+
+    def special_modules(self) -> Mapping[str, ModuleRef]:
+        """``"embedding"``, ``"lm_head"`` and MoE modules (``"router"``, ``"experts"``) present."""
+        ...
+
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        """The underlying ``torch.optim.Optimizer`` objects (unwrapped from framework wrappers)."""
+        ...
+
+    def optimizer_ownership(self) -> Ownership:
+        """Whether optimizer state is replicated, sharded-with-replicas or uniquely owned."""
+        ...
+
+    def rng_streams(self) -> Sequence[RngStream]:
+        """Every RNG stream replay must set from the source peer and restore afterwards."""
+        ...
+
+    def step(self) -> int:
+        """The optimizer step count (completed updates)."""
+        ...
+
+    def materialize(self, ref: ModuleRef) -> AbstractContextManager[Iterator[None] | None]:
+        """Context in which ``ref.module``'s parameters are full, unsharded tensors.
+
+        A no-op for replicated parameters. Sharded frameworks gather only this module
+        (FSDP2 unshard, ``deepspeed.zero.GatheredParameters``).
+        """
+        ...

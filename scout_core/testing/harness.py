@@ -1,0 +1,200 @@
+"""Run one function on N local ranks with Gloo, an ephemeral port and a hard timeout.
+
+Each rank is a fresh ``python -m scout_core.testing._worker`` process, the way
+``torchrun`` starts trainers, so a test exercises the same import and
+initialisation path a real job does. Nothing is pickled: the target is named as
+``"module:function"`` (or passed as a module-level function), arguments and return
+values travel as JSON files.
+
+[Why a process per rank and not multiprocessing]
+Ranks must be killable as a unit (a test may SIGSTOP one of them), must never
+outlive the test, and must not inherit the parent's torch state. Each worker runs
+in its own session so the harness can kill its whole process tree, and asks the
+kernel to SIGKILL it when the harness process dies (``PR_SET_PDEATHSIG``).
+
+The rendezvous store is hosted by the harness process itself, never by a rank:
+a frozen rank 0 must not take the store down with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scout_core.errors import ScoutError
+
+__all__ = ["RankFailedError", "RankProcess", "RanksTimeoutError", "run_ranks"]
+
+_GRACE_AFTER_FAILURE_S = 5.0
+_WORKER = Path(__file__).with_name("_worker.py")
+
+
+class RankFailedError(ScoutError):
+    """A rank raised or exited non-zero; the message carries its traceback."""
+
+
+class RanksTimeoutError(ScoutError, TimeoutError):
+    """The ranks did not all finish before the hard timeout; all were killed."""
+
+
+@dataclass
+class RankProcess:
+    """One spawned rank: its process, the files it reports through."""
+
+    rank: int
+    proc: subprocess.Popen[bytes]
+    result_path: Path
+    log_path: Path
+
+    def tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+def _target_name(fn: Callable[..., Any] | str) -> str:
+    if isinstance(fn, str):
+        if ":" not in fn:
+            raise ValueError(f"target {fn!r} must look like 'package.module:function'")
+        return fn
+    module, qualname = fn.__module__, fn.__qualname__
+    if "<locals>" in qualname or module == "__main__":
+        raise ValueError(
+            f"{qualname} must be a module-level function importable by name "
+            "(ranks are fresh processes)"
+        )
+    return f"{module}:{qualname}"
+
+
+def _kill_tree(ranks: Sequence[RankProcess]) -> None:
+    for r in ranks:
+        if r.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.proc.pid, signal.SIGKILL)
+    for r in ranks:
+        # A rank may have started helpers (observers) in their own sessions; those carry
+        # a parent-death signal, so they follow their rank.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r.proc.wait(timeout=10)
+
+
+def run_ranks(
+    fn: Callable[..., Any] | str,
+    world_size: int,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    timeout_s: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    init_process_group: bool = True,
+    on_start: Callable[[list[RankProcess]], None] | None = None,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` local ranks; return each rank's result.
+
+    ``fn`` runs after ``torch.distributed`` is initialised with Gloo (unless
+    ``init_process_group`` is false) and its return value must be JSON-serialisable.
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set in each
+    rank's environment, plus ``SCOUT_TEST_RANK_DIR``, a scratch folder shared by the
+    ranks of this call. ``on_start`` is called in the harness once every rank is
+    launched (fault tests use it to signal a rank).
+
+    Raises :class:`RankFailedError` if a rank fails, :class:`RanksTimeoutError` after
+    ``timeout_s``. Either way every rank has been killed before it returns.
+    """
+    import torch.distributed as dist  # test tooling; torch is a dependency
+
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    target = _target_name(fn)
+    # TCPStore is public API; torch's stubs just do not re-export it.
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)  # type: ignore[attr-defined]
+    scratch = Path(tempfile.mkdtemp(prefix="scout-ranks-"))
+    ranks: list[RankProcess] = []
+    try:
+        for rank in range(world_size):
+            spec = {
+                "target": target,
+                "args": list(args),
+                "kwargs": dict(kwargs or {}),
+                "rank": rank,
+                "world_size": world_size,
+                "store_port": store.port,
+                "init_process_group": init_process_group,
+                "timeout_s": timeout_s,
+                "sys_path": [p for p in sys.path if p],
+                "harness_pid": os.getpid(),
+            }
+            spec_path = scratch / f"spec-{rank}.json"
+            spec_path.write_text(json.dumps(spec))
+            log_path = scratch / f"log-{rank}.txt"
+            child_env = dict(os.environ)
+            child_env.update(env or {})
+            child_env.update(
+                {
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world_size),
+                    "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(world_size),
+                    "SCOUT_TEST_RANK_DIR": str(scratch),
+                }
+            )
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, str(_WORKER), str(spec_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=child_env,
+                    start_new_session=True,
+                )
+            ranks.append(RankProcess(rank, proc, scratch / f"result-{rank}.json", log_path))
+        if on_start is not None:
+            on_start(ranks)
+        _wait(ranks, timeout_s)
+        return [_read_result(r) for r in ranks]
+    finally:
+        _kill_tree(ranks)
+        del store
+
+
+def _wait(ranks: list[RankProcess], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    failed_at: float | None = None
+    while True:
+        codes = [r.proc.poll() for r in ranks]
+        if all(c is not None for c in codes):
+            break
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+        now = time.monotonic()
+        if failed_at is not None and now - failed_at > _GRACE_AFTER_FAILURE_S:
+            break  # peers of a failed rank are usually stuck in a collective
+        if now > deadline:
+            pending = [r.rank for r, c in zip(ranks, codes, strict=True) if c is None]
+            logs = "\n".join(f"--- rank {r.rank} ---\n{r.tail(1500)}" for r in ranks)
+            _kill_tree(ranks)
+            raise RanksTimeoutError(
+                f"ranks {pending} still running after {timeout_s:.0f}s; killed all.\n{logs}"
+            )
+        time.sleep(0.02)
+    bad = [r for r in ranks if r.proc.poll() not in (0, None) or not r.result_path.exists()]
+    if bad:
+        first = min(bad, key=lambda r: r.rank)
+        detail = "\n".join(f"--- rank {r.rank} (exit {r.proc.poll()}) ---\n{r.tail()}" for r in bad)
+        raise RankFailedError(f"rank {first.rank} failed:\n{detail}")
+
+
+def _read_result(r: RankProcess) -> Any:
+    payload = json.loads(r.result_path.read_text())
+    return payload["result"]
