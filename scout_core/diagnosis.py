@@ -1,0 +1,189 @@
+"""Cross-PG validation: turn slow process groups into a machine, group or job diagnosis.
+
+A communication straggler slows every member of a collective, so timing C3 inside
+one group can only name the group (paper Figure 2). But each rank belongs to
+groups of several parallelism dimensions, and groups that are slow together
+narrow the fault down to what they share (paper §6.1.2, Figure 3): slow FSDP
+``{r4, r5}`` ∩ slow TP ``{r4, r12}`` = ``r4``, and because ``{r4, r12}`` sits on one
+machine, that machine is the recovery unit.
+
+[The rule]
+A slow group is *intra-machine* when the host map puts all its ranks on one host,
+and *inter-machine* otherwise. The kind name is only a label: TP groups are
+usually intra-machine, but an HSDP shard group inside a node is intra-machine too,
+and a TP group spanning nodes is not. A host *touches* a group when it hosts at
+least one of its ranks. Let ``common`` be the hosts that touch every slow group.
+
+1. Nothing slow: no diagnosis (``None``).
+2. ``common`` is empty: the slow groups (necessarily at least two, on at least two
+   machines) share no machine, so no single machine explains them:
+   ``JOB_LEVEL`` (software issue or cluster-wide contention), scope ``job``.
+3. Some intra-machine group is slow. Since it touches only its own host ``h``,
+   ``common == {h}``: every slow group touches ``h``.
+
+   * inter-machine groups are slow too: ``MACHINE_LOCAL``, replace ``h``
+     (scope ``machine``); ``ranks`` are the intra-group ranks that also sit in a
+     slow inter-machine group (Figure 3: ``r4``);
+   * no inter-machine group is slow: ``INTRA_MACHINE_COMM`` on ``h`` (scope
+     ``machine``).
+4. Only inter-machine groups are slow and they share a machine:
+   ``INTER_MACHINE_COMM``, scope ``group``; the groups are reported and link-level
+   localization is left to network diagnosis. ``hosts`` are the shared machines;
+   ``ranks`` are the ranks in every slow group when there are several (a shared
+   endpoint), else empty.
+
+Everything is a pure function of its inputs, so every rank that sees the same
+slow groups reaches the same diagnosis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from scout_core.vocabulary import Scope
+
+__all__ = ["Diagnosis", "DiagnosisKind", "SlowGroup", "diagnose"]
+
+
+@dataclass(frozen=True)
+class SlowGroup:
+    """A process group whose communication timing was found slow."""
+
+    kind: str
+    """Label of the group's dimension (``"tp"``, ``"fsdp"``, ``"replica"`` ...)."""
+    ranks: tuple[int, ...]
+    """Member global ranks; stored ascending."""
+
+    def __post_init__(self) -> None:
+        ranks = tuple(sorted(int(r) for r in self.ranks))
+        if not ranks:
+            raise ValueError(f"slow group {self.kind!r} has no ranks")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"slow group {self.kind!r} lists a rank twice: {self.ranks}")
+        object.__setattr__(self, "ranks", ranks)
+
+
+class DiagnosisKind(str, Enum):
+    """The four outcomes of cross-PG validation (paper Figure 3)."""
+
+    MACHINE_LOCAL = "machine_local"
+    """Intra- and inter-machine groups through one machine are slow: replace it."""
+    INTRA_MACHINE_COMM = "intra_machine_comm"
+    """Only a group inside one machine is slow: its internal interconnect."""
+    INTER_MACHINE_COMM = "inter_machine_comm"
+    """Only groups spanning machines are slow: the network between them."""
+    JOB_LEVEL = "job_level"
+    """Slow groups no single machine explains: software or cluster-wide contention."""
+
+
+_SCOPES = {
+    DiagnosisKind.MACHINE_LOCAL: Scope.MACHINE,
+    DiagnosisKind.INTRA_MACHINE_COMM: Scope.MACHINE,
+    DiagnosisKind.INTER_MACHINE_COMM: Scope.GROUP,
+    DiagnosisKind.JOB_LEVEL: Scope.JOB,
+}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What the slow groups, taken together, point at."""
+
+    kind: DiagnosisKind
+    scope: Scope
+    hosts: tuple[str, ...]
+    """Machines the diagnosis points at (all machines involved, for job level), sorted."""
+    ranks: tuple[int, ...]
+    """Ranks where the slow groups meet, if the evidence narrows that far; else empty."""
+    groups: tuple[SlowGroup, ...]
+    """The slow groups behind the diagnosis, sorted by kind then ranks."""
+    explanation: str
+    """One sentence for a person."""
+
+
+def _describe(group: SlowGroup) -> str:
+    return f"{group.kind} {{{', '.join(f'r{r}' for r in group.ranks)}}}"
+
+
+def _hosts_of(group: SlowGroup, hosts: Mapping[int, str]) -> frozenset[str]:
+    return frozenset(hosts[r] for r in group.ranks)
+
+
+def diagnose(slow: Sequence[SlowGroup], hosts: Mapping[int, str]) -> Diagnosis | None:
+    """Combine slow groups of different kinds into one diagnosis (rule in the module doc).
+
+    ``hosts`` maps every global rank of every slow group to its machine; a missing
+    rank is a :class:`ValueError`, because guessing a host could blame the wrong
+    machine. Returns ``None`` when nothing is slow.
+    """
+    groups = tuple(sorted(set(slow), key=lambda g: (g.kind, g.ranks)))
+    if not groups:
+        return None
+    missing = sorted({r for g in groups for r in g.ranks if r not in hosts})
+    if missing:
+        raise ValueError(f"host map has no machine for ranks {missing}")
+
+    spans = [_hosts_of(g, hosts) for g in groups]
+    everywhere = sorted(frozenset().union(*spans))
+    common = frozenset.intersection(*spans)
+    listed = ", ".join(_describe(g) for g in groups)
+
+    if not common:
+        return Diagnosis(
+            kind=DiagnosisKind.JOB_LEVEL,
+            scope=_SCOPES[DiagnosisKind.JOB_LEVEL],
+            hosts=tuple(everywhere),
+            ranks=(),
+            groups=groups,
+            explanation=(
+                f"{len(groups)} slow groups ({listed}) on {len(everywhere)} machines share "
+                "no machine: a job-level software issue or cluster-wide contention"
+            ),
+        )
+
+    intra = [g for g, span in zip(groups, spans, strict=True) if len(span) == 1]
+    inter = [g for g, span in zip(groups, spans, strict=True) if len(span) > 1]
+    if intra:
+        (host,) = common  # an intra group touches only its own host
+        if inter:
+            inter_ranks = {r for g in inter for r in g.ranks}
+            meet = tuple(sorted({r for g in intra for r in g.ranks} & inter_ranks))
+            where = f" at {', '.join(f'r{r}' for r in meet)}" if meet else ""
+            return Diagnosis(
+                kind=DiagnosisKind.MACHINE_LOCAL,
+                scope=_SCOPES[DiagnosisKind.MACHINE_LOCAL],
+                hosts=(host,),
+                ranks=meet,
+                groups=groups,
+                explanation=(
+                    f"slow groups {listed} meet on machine {host}{where}: "
+                    f"a machine-local problem; replace {host}"
+                ),
+            )
+        return Diagnosis(
+            kind=DiagnosisKind.INTRA_MACHINE_COMM,
+            scope=_SCOPES[DiagnosisKind.INTRA_MACHINE_COMM],
+            hosts=(host,),
+            ranks=(),
+            groups=groups,
+            explanation=(
+                f"only intra-machine groups are slow ({listed}) while the groups leaving "
+                f"the machine are not: an intra-machine communication problem on {host}"
+            ),
+        )
+
+    shared = frozenset.intersection(*(frozenset(g.ranks) for g in groups))
+    endpoint = tuple(sorted(shared)) if len(groups) > 1 else ()
+    where = f", meeting at {', '.join(f'r{r}' for r in endpoint)}" if endpoint else ""
+    return Diagnosis(
+        kind=DiagnosisKind.INTER_MACHINE_COMM,
+        scope=_SCOPES[DiagnosisKind.INTER_MACHINE_COMM],
+        hosts=tuple(sorted(common)),
+        ranks=endpoint,
+        groups=groups,
+        explanation=(
+            f"only groups spanning machines are slow ({listed}){where}: an inter-machine "
+            "communication problem; the groups are reported for network diagnosis"
+        ),
+    )

@@ -1,0 +1,182 @@
+"""Process groups for SCOUT's own collectives, one per peer group of a mesh layout.
+
+C3 and replay exchange evidence inside peer groups (:mod:`scout_core.mesh`). Those
+exchanges must never share a communicator with training: a wedged NCCL group
+would wedge diagnosis with it, and extra traffic on a training group could
+reorder its collectives. So every diagnostic group is a *new* Gloo group made
+here, never ``WORLD`` and never a group the framework created. Tensor payloads
+(replay broadcasts, signature folds on the device) may optionally get a second,
+device-backend group over the same members (``payload_backend="nccl"`` on CUDA).
+
+[Why every rank creates every group]
+``dist.new_group`` is collective over the whole default group: every rank must
+call it for every group, in the same order, even for groups it is not in.
+:meth:`MeshLayout.groups` returns the groups of a kind in a deterministic sorted
+order, and kinds are processed in the order given, so all ranks agree. Kinds
+that resolve to the same axes (``"peer"`` and ``"replica"`` when d > 1) share one
+set of process groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from scout_core.errors import ConfigError, UnsupportedSetupError
+from scout_core.mesh import Axis, MeshLayout, attribution_scope
+from scout_core.vocabulary import Scope
+
+__all__ = ["PeerGroup", "create_peer_groups"]
+
+_DEVICE_BACKENDS = frozenset({"nccl", "xccl", "hccl"})
+
+# (members, evidence group, payload group) of one kind, as this rank sees it.
+_Created = tuple[tuple[int, ...], dist.ProcessGroup, dist.ProcessGroup | None]
+
+
+@dataclass(frozen=True)
+class PeerGroup:
+    """This rank's group of one kind and the process group(s) to talk to it on."""
+
+    kind: str
+    """``"replica"``, ``"shard"``, or an axis name (``"t"``, ``"p"`` ...)."""
+    ranks: tuple[int, ...]
+    """Members in ascending global rank; a member's index here is its peer index."""
+    pg: dist.ProcessGroup = field(compare=False, repr=False)
+    """A new Gloo group over ``ranks`` for metadata and CPU evidence."""
+    payload_pg: dist.ProcessGroup | None = field(default=None, compare=False, repr=False)
+    """A device-backend group over the same ranks for tensor payloads, if requested."""
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def scope(self) -> Scope | None:
+        """How far a disagreement in this group can point (:func:`attribution_scope`)."""
+        return attribution_scope(len(self.ranks))
+
+    def index_of(self, global_rank: int) -> int:
+        """Peer index of ``global_rank``; :class:`ValueError` if it is not a member."""
+        try:
+            return self.ranks.index(global_rank)
+        except ValueError:
+            raise ValueError(
+                f"rank {global_rank} is not in {self.kind} group {self.ranks}"
+            ) from None
+
+
+def _kind_label(layout: MeshLayout, kind: str) -> str:
+    axes = layout.axes_for(kind)
+    if axes == (Axis.D,) and kind.strip().lower() in ("replica", "peer"):
+        return "replica"
+    if axes == (Axis.S,) and kind.strip().lower() in ("shard", "peer"):
+        return "shard"
+    return "+".join(a.value for a in axes)
+
+
+def _check_world(layout: MeshLayout, rank: int) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise UnsupportedSetupError(
+            "torch.distributed is not initialised; SCOUT's peer groups need a process group"
+        )
+    world = dist.get_world_size()
+    if layout.ranks != tuple(range(world)):
+        raise ConfigError(
+            f"mesh layout covers ranks {layout.ranks[0]}..{layout.ranks[-1]} "
+            f"({layout.world_size} ranks) but the job has world size {world}"
+        )
+    if rank != dist.get_rank():
+        raise ConfigError(f"rank {rank} does not match this process's rank {dist.get_rank()}")
+
+
+def create_peer_groups(
+    layout: MeshLayout,
+    rank: int,
+    kinds: Sequence[str] = ("replica",),
+    *,
+    backend: str = "gloo",
+    timeout: timedelta | None = None,
+    payload_backend: str | None = None,
+) -> dict[str, PeerGroup]:
+    """Create this job's diagnostic groups and return ``rank``'s group of each kind.
+
+    Collective: every rank of the default group must call it with the same layout
+    and kinds. Kinds are ``"replica"``, ``"shard"``, ``"peer"`` (replica when
+    d > 1, else shard) and axis names (``"t"``, ``"tp"``, ``"p"`` ...). The result
+    is keyed by the kinds as given. ``backend`` is the CPU backend of the evidence
+    groups (Gloo, so diagnosis keeps working when the device communicator is
+    stuck); ``payload_backend`` adds a second group per peer group for tensor
+    payloads.
+    """
+    _check_world(layout, rank)
+    if backend.lower() in _DEVICE_BACKENDS:
+        raise ConfigError(
+            f"backend={backend!r}: the evidence groups must use a CPU backend such as 'gloo'; "
+            "use payload_backend for a device-backend group"
+        )
+    if (
+        payload_backend is not None
+        and payload_backend.lower() == "nccl"
+        and not torch.cuda.is_available()
+    ):
+        raise UnsupportedSetupError("payload_backend='nccl' needs CUDA, which is not available")
+
+    axes_of = {kind: layout.axes_for(kind) for kind in kinds}  # validates every kind first
+    made: dict[tuple[Axis, ...], _Created] = {}
+    result: dict[str, PeerGroup] = {}
+    for kind in kinds:
+        axes = axes_of[kind]
+        if axes not in made:
+            made[axes] = _create_kind(
+                layout,
+                rank,
+                axes,
+                backend=backend,
+                timeout=timeout,
+                payload_backend=payload_backend,
+            )
+        members, pg, payload_pg = made[axes]
+        result[kind] = PeerGroup(
+            kind=_kind_label(layout, kind), ranks=members, pg=pg, payload_pg=payload_pg
+        )
+    return result
+
+
+def _create_kind(
+    layout: MeshLayout,
+    rank: int,
+    axes: tuple[Axis, ...],
+    *,
+    backend: str,
+    timeout: timedelta | None,
+    payload_backend: str | None,
+) -> _Created:
+    """Create every group along ``axes`` (all ranks, same order); return ``rank``'s."""
+    mine: _Created | None = None
+    for members in layout.groups(axes):
+        pg = _new_group(members, backend, timeout)
+        payload_pg = None
+        if payload_backend is not None:
+            payload_pg = _new_group(members, payload_backend, timeout)
+        if rank in members:
+            if pg is None or (payload_backend is not None and payload_pg is None):
+                raise UnsupportedSetupError(f"new_group gave rank {rank} no group for {members}")
+            mine = (members, pg, payload_pg)
+    if mine is None:  # groups partition the layout, and _check_world put rank in it
+        raise AssertionError(f"rank {rank} is in no group along {axes}")
+    return mine
+
+
+def _new_group(
+    members: tuple[int, ...], backend: str, timeout: timedelta | None
+) -> dist.ProcessGroup | None:
+    """``dist.new_group``; ``None`` for a non-member (torch returns a sentinel)."""
+    pg = dist.new_group(ranks=list(members), backend=backend, timeout=timeout)
+    if not isinstance(pg, dist.ProcessGroup):
+        return None
+    return pg

@@ -1,0 +1,450 @@
+"""Mesh addresses: which ranks run equivalent work, and so may be compared.
+
+SCOUT compares a rank only with peers that execute the same model partition at
+the same training coordinate. Every rank has an address ``(d, s, t, p, c, e)``
+(data replica, FSDP state shard, tensor, pipeline, context and expert
+coordinates); an axis the job does not use has degree 1. Two peer groups matter
+(paper §4, DESIGN §3):
+
+* ``G_rep(r)`` varies ``d`` and fixes ``s, t, p, c, e``: replicas holding the same
+  shard of the same partition.
+* ``G_shard(r)`` varies ``s`` and fixes ``t, p, c, e`` (and ``d``): the shards of one
+  replica, used when the job has no replica axis (pure FSDP).
+
+The context axis is fixed in both because context-parallel ranks hold different
+sequence shards. The size of a group sets how far a disagreement can point
+(:func:`attribution_scope`).
+
+A :class:`MeshLayout` maps global ranks to addresses. It is built from a
+Megatron-style order string (:meth:`MeshLayout.from_order`, first axis varies
+fastest), from a ``DeviceMesh`` (:meth:`MeshLayout.from_device_mesh`, whose rank
+tensor may be any arrangement of ranks), or from a bare rank grid
+(:meth:`MeshLayout.from_grid`). Everything is pure arithmetic, so layouts with
+thousands of ranks can be checked without a process group.
+
+[Axis names]
+:class:`Axis` is the one vocabulary of axis names; framework spellings (``dp``,
+``dp_shard``, ``tp`` ...) are translated by one table, :data:`AXIS_ALIASES`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
+
+import torch
+
+from scout_core.errors import ConfigError
+from scout_core.vocabulary import Scope
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = [
+    "Axis",
+    "AXES",
+    "AXIS_ALIASES",
+    "GROUP_KINDS",
+    "parse_axis",
+    "MeshAddress",
+    "MeshLayout",
+    "PeerSpec",
+    "attribution_scope",
+]
+
+
+class Axis(str, Enum):
+    """A parallelism axis of the mesh; the value is the field name in :class:`MeshAddress`."""
+
+    D = "d"
+    """Data replica: ranks holding identical copies of the same state."""
+    S = "s"
+    """FSDP state shard: ranks holding different shards of one replica."""
+    T = "t"
+    """Tensor parallel."""
+    P = "p"
+    """Pipeline stage."""
+    C = "c"
+    """Context (sequence) shard."""
+    E = "e"
+    """Expert parallel."""
+
+
+AXES: Final[tuple[Axis, ...]] = tuple(Axis)
+"""All axes in canonical order, the field order of :class:`MeshAddress`."""
+
+AXIS_ALIASES: Final[Mapping[str, Axis]] = MappingProxyType(
+    {
+        "d": Axis.D,
+        "dp": Axis.D,
+        "dp_replicate": Axis.D,
+        "s": Axis.S,
+        "fsdp": Axis.S,
+        "dp_shard": Axis.S,
+        "shard": Axis.S,
+        "t": Axis.T,
+        "tp": Axis.T,
+        "p": Axis.P,
+        "pp": Axis.P,
+        "c": Axis.C,
+        "cp": Axis.C,
+        "e": Axis.E,
+        "ep": Axis.E,
+    }
+)
+"""Every accepted spelling of an axis name (lower case) and the axis it means."""
+
+REPLICA: Final = "replica"
+SHARD: Final = "shard"
+PEER: Final = "peer"
+GROUP_KINDS: Final[tuple[str, ...]] = (REPLICA, SHARD, PEER)
+"""Named group kinds; an axis name (``"t"``, ``"tp"`` ...) is also a kind."""
+
+
+def parse_axis(name: Axis | str) -> Axis:
+    """Return the axis a short or framework name means; :class:`ConfigError` if none."""
+    if isinstance(name, Axis):
+        return name
+    try:
+        return AXIS_ALIASES[str(name).strip().lower()]
+    except KeyError:
+        raise ConfigError(
+            f"unknown mesh axis {name!r}; valid names: {', '.join(AXIS_ALIASES)}"
+        ) from None
+
+
+def attribution_scope(group_size: int) -> Scope | None:
+    """How far a disagreement inside a group of ``group_size`` peers can point.
+
+    One peer has nothing to compare with (``None``). Two can detect a disagreement
+    but not say which side is wrong, so the verdict names the group. Three or more
+    can name a rank whenever the healthy peers are a strict majority.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if group_size == 1:
+        return None
+    if group_size == 2:
+        return Scope.GROUP
+    return Scope.RANK
+
+
+@dataclass(frozen=True)
+class MeshAddress:
+    """A rank's coordinate on every axis; an unused axis has coordinate 0."""
+
+    d: int = 0
+    s: int = 0
+    t: int = 0
+    p: int = 0
+    c: int = 0
+    e: int = 0
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            value = getattr(self, axis.value)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"coordinate {axis.value} must be an int >= 0, got {value!r}")
+
+    def get(self, axis: Axis | str) -> int:
+        """The coordinate on ``axis`` (any accepted spelling)."""
+        value: int = getattr(self, parse_axis(axis).value)
+        return value
+
+    def as_tuple(self) -> tuple[int, ...]:
+        """Coordinates in canonical order ``(d, s, t, p, c, e)``."""
+        return tuple(getattr(self, axis.value) for axis in AXES)
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """The group a rank is compared in: its kind and its members, by global rank."""
+
+    kind: str
+    """``"replica"`` (vary d) or ``"shard"`` (vary s)."""
+    ranks: tuple[int, ...]
+    """Members in ascending global rank; position in this tuple is the peer index."""
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def scope(self) -> Scope | None:
+        """See :func:`attribution_scope`."""
+        return attribution_scope(len(self.ranks))
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """Sizes of the six axes, how ranks are laid out over them, and the peer groups.
+
+    ``sizes`` is in canonical order ``(d, s, t, p, c, e)``. ``order`` lists the axes
+    fastest-varying first; it is normalised so that degree-1 axes come last in
+    canonical order (they do not affect the layout), which makes equal layouts
+    compare equal however they were built. Position ``i`` of the mesh (the
+    mixed-radix number of an address under ``order``) holds global rank
+    ``grid[i]``, or rank ``i`` when ``grid`` is ``None``. ``world_size`` is the
+    number of ranks in the layout.
+    """
+
+    sizes: tuple[int, ...]
+    order: tuple[Axis, ...] = AXES
+    grid: tuple[int, ...] | None = None
+    _strides: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _positions: Mapping[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = tuple(self.sizes)
+        if len(sizes) != len(AXES):
+            raise ConfigError(f"sizes must give all six axes (d, s, t, p, c, e), got {sizes}")
+        for axis, size in zip(AXES, sizes, strict=True):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ConfigError(f"size of axis {axis.value!r} must be an int >= 1, got {size!r}")
+        order = tuple(parse_axis(a) for a in self.order)
+        if sorted(order) != sorted(AXES):
+            raise ConfigError(
+                f"order must name each of {', '.join(a.value for a in AXES)} once, "
+                f"got {', '.join(a.value for a in order)}"
+            )
+        order = tuple(a for a in order if sizes[AXES.index(a)] > 1) + tuple(
+            a for a in AXES if sizes[AXES.index(a)] == 1
+        )
+        strides = [0] * len(AXES)
+        stride = 1
+        for axis in order:
+            strides[AXES.index(axis)] = stride
+            stride *= sizes[AXES.index(axis)]
+        world = stride
+        grid = None if self.grid is None else tuple(self.grid)
+        positions: dict[int, int] = {}
+        if grid is not None:
+            if len(grid) != world:
+                raise ConfigError(f"rank grid has {len(grid)} entries, the axis sizes give {world}")
+            for pos, rank in enumerate(grid):
+                if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+                    raise ConfigError(f"rank grid entries must be ints >= 0, got {rank!r}")
+                if rank in positions:
+                    raise ConfigError(f"rank {rank} appears twice in the rank grid")
+                positions[rank] = pos
+            if grid == tuple(range(world)):
+                grid, positions = None, {}
+        object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "order", order)
+        object.__setattr__(self, "grid", grid)
+        object.__setattr__(self, "_strides", tuple(strides))
+        object.__setattr__(self, "_positions", MappingProxyType(positions))
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_order(cls, order: str, **sizes: int) -> MeshLayout:
+        """Megatron convention: ``from_order("tp-cp-ep-dp-pp", tp=2, dp=4)``.
+
+        The first axis of ``order`` varies fastest (Megatron's tensor-parallel ranks
+        are contiguous). Sizes take short or framework names; an axis in ``order``
+        without a size has degree 1, an axis missing from ``order`` has degree 1 and
+        varies slowest.
+        """
+        axes: list[Axis] = []
+        for name in order.split("-"):
+            axis = parse_axis(name)
+            if axis in axes:
+                raise ConfigError(f"axis {name!r} appears twice in order {order!r}")
+            axes.append(axis)
+        by_axis = [1] * len(AXES)
+        given: dict[Axis, str] = {}
+        for key, value in sizes.items():
+            axis = parse_axis(key)
+            if axis in given:
+                raise ConfigError(f"sizes {given[axis]!r} and {key!r} both set axis {axis.value!r}")
+            if axis not in axes:
+                raise ConfigError(
+                    f"size {key!r} names an axis that order {order!r} does not contain; "
+                    f"axes in order: {', '.join(order.split('-'))}"
+                )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"size {key!r} must be an int >= 1, got {value!r}")
+            given[axis] = key
+            by_axis[AXES.index(axis)] = value
+        full_order = tuple(axes) + tuple(a for a in AXES if a not in axes)
+        return cls(sizes=tuple(by_axis), order=full_order)
+
+    @classmethod
+    def from_grid(
+        cls,
+        grid: torch.Tensor | Sequence[object],
+        names: Sequence[str],
+        axes: Mapping[str, Axis | str] | None = None,
+    ) -> MeshLayout:
+        """A layout from a rank grid (tensor or nested lists) with one name per dimension.
+
+        Follows ``DeviceMesh``: ``grid[i0, i1, ...]`` is a global rank, the last
+        dimension varies fastest. ``axes`` maps dimension names to axes where the
+        default table (:data:`AXIS_ALIASES`) does not know them or should not apply.
+        """
+        tensor = torch.as_tensor(grid).detach().to("cpu")
+        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+            raise ConfigError(f"rank grid must hold integers, got dtype {tensor.dtype}")
+        if tensor.dim() != len(names):
+            raise ConfigError(
+                f"rank grid has {tensor.dim()} dimensions but {len(names)} names {tuple(names)}"
+            )
+        overrides = dict(axes or {})
+        dim_axes: list[Axis] = []
+        for name in names:
+            if name in overrides:
+                axis = parse_axis(overrides[name])
+            elif str(name).strip().lower() in AXIS_ALIASES:
+                axis = parse_axis(name)
+            else:
+                raise ConfigError(
+                    f"mesh dimension {name!r} has no axis; valid names: "
+                    f"{', '.join(AXIS_ALIASES)} (or map it with axes={{{name!r}: Axis...}})"
+                )
+            if axis in dim_axes:
+                other = names[dim_axes.index(axis)]
+                raise ConfigError(
+                    f"mesh dimensions {other!r} and {name!r} both map to {axis.value!r}"
+                )
+            dim_axes.append(axis)
+        by_axis = [1] * len(AXES)
+        for axis, size in zip(dim_axes, tensor.shape, strict=True):
+            by_axis[AXES.index(axis)] = int(size)
+        fastest_first = tuple(reversed(dim_axes))
+        full_order = fastest_first + tuple(a for a in AXES if a not in dim_axes)
+        ranks = [int(r) for r in tensor.reshape(-1).tolist()]
+        return cls(sizes=tuple(by_axis), order=full_order, grid=tuple(ranks))
+
+    @classmethod
+    def from_device_mesh(
+        cls, mesh: DeviceMesh, axes: Mapping[str, Axis | str] | None = None
+    ) -> MeshLayout:
+        """A layout from a ``DeviceMesh`` with named dimensions (its rank tensor is used)."""
+        names = mesh.mesh_dim_names
+        if names is None:
+            raise ConfigError(
+                "DeviceMesh has no mesh_dim_names; name its dimensions "
+                f"(valid names: {', '.join(AXIS_ALIASES)}) or pass axes="
+            )
+        return cls.from_grid(mesh.mesh, names, axes)
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks in the layout."""
+        world = 1
+        for size in self.sizes:
+            world *= size
+        return world
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank of the layout, ascending."""
+        if self.grid is None:
+            return tuple(range(self.world_size))
+        return tuple(sorted(self.grid))
+
+    def size(self, axis: Axis | str) -> int:
+        """Degree of ``axis`` (1 when the job does not use it)."""
+        return self.sizes[AXES.index(parse_axis(axis))]
+
+    def address(self, rank: int) -> MeshAddress:
+        """The mesh address of global ``rank``."""
+        if self.grid is None:
+            if not 0 <= rank < self.world_size:
+                raise ValueError(f"rank {rank} is not in this layout of {self.world_size} ranks")
+            pos = rank
+        else:
+            if rank not in self._positions:
+                raise ValueError(f"rank {rank} is not in this layout's rank grid")
+            pos = self._positions[rank]
+        coords = [
+            (pos // stride) % size for stride, size in zip(self._strides, self.sizes, strict=True)
+        ]
+        return MeshAddress(*coords)
+
+    def rank_of(self, address: MeshAddress) -> int:
+        """The global rank at ``address``."""
+        pos = 0
+        for axis, coord, stride, size in zip(
+            AXES, address.as_tuple(), self._strides, self.sizes, strict=True
+        ):
+            if coord >= size:
+                raise ValueError(f"coordinate {axis.value}={coord} is outside size {size}")
+            pos += coord * stride
+        return pos if self.grid is None else self.grid[pos]
+
+    # ------------------------------------------------------------------ groups
+
+    @property
+    def peer_kind(self) -> str:
+        """The comparison group SCOUT uses: ``"replica"`` when d > 1, else ``"shard"``."""
+        return REPLICA if self.size(Axis.D) > 1 else SHARD
+
+    def axes_for(self, kind: str | Axis | Iterable[str | Axis]) -> tuple[Axis, ...]:
+        """The axes a group kind varies, canonical order.
+
+        ``"replica"`` varies d, ``"shard"`` varies s, ``"peer"`` is whichever of the
+        two :attr:`peer_kind` picks; an axis name varies that axis; an iterable of
+        axis names varies all of them.
+        """
+        if isinstance(kind, str):
+            name = kind.strip().lower() if not isinstance(kind, Axis) else kind.value
+            if name == PEER:
+                name = self.peer_kind
+            if name == REPLICA:
+                return (Axis.D,)
+            if name == SHARD:
+                return (Axis.S,)
+            if name not in AXIS_ALIASES:
+                raise ConfigError(
+                    f"unknown group kind {kind!r}; valid kinds: {', '.join(GROUP_KINDS)}, "
+                    f"or an axis name: {', '.join(AXIS_ALIASES)}"
+                )
+            return (AXIS_ALIASES[name],)
+        varied = {parse_axis(a) for a in kind}
+        return tuple(a for a in AXES if a in varied)
+
+    def group_along(self, rank: int, axes: Iterable[Axis | str]) -> tuple[int, ...]:
+        """Ranks sharing every coordinate of ``rank`` except those on ``axes``, ascending."""
+        varied = {parse_axis(a) for a in axes}
+        base = self.address(rank).as_tuple()
+        choices = [
+            range(size) if axis in varied else (coord,)
+            for axis, coord, size in zip(AXES, base, self.sizes, strict=True)
+        ]
+        return tuple(sorted(self.rank_of(MeshAddress(*c)) for c in itertools.product(*choices)))
+
+    def replica_group(self, rank: int) -> tuple[int, ...]:
+        """``G_rep(rank)``: vary d, fix s, t, p, c, e."""
+        return self.group_along(rank, (Axis.D,))
+
+    def shard_group(self, rank: int) -> tuple[int, ...]:
+        """``G_shard(rank)``: vary s, fix t, p, c, e and d."""
+        return self.group_along(rank, (Axis.S,))
+
+    def peer_group(self, rank: int) -> PeerSpec:
+        """The group ``rank`` is compared in (DESIGN §3): ``G_rep`` if d > 1, else ``G_shard``."""
+        kind = self.peer_kind
+        ranks = self.replica_group(rank) if kind == REPLICA else self.shard_group(rank)
+        return PeerSpec(kind=kind, ranks=ranks)
+
+    def groups(self, kind_or_axes: str | Axis | Iterable[str | Axis]) -> list[tuple[int, ...]]:
+        """Every group of a kind (see :meth:`axes_for`), sorted; they partition the ranks.
+
+        The order is deterministic, so every rank can create the matching process
+        groups in the same sequence.
+        """
+        varied = set(self.axes_for(kind_or_axes))
+        buckets: dict[tuple[int, ...], list[int]] = {}
+        for rank in self.ranks:
+            coords = self.address(rank).as_tuple()
+            key = tuple(c for axis, c in zip(AXES, coords, strict=True) if axis not in varied)
+            buckets.setdefault(key, []).append(rank)
+        return sorted(tuple(members) for members in buckets.values())
