@@ -1,0 +1,170 @@
+"""The C3 decision rule (paper §5, Algorithm 1) as pure functions.
+
+Every peer of a C3 group ends up holding the same gathered evidence vector; each
+then applies the functions here *locally*. Because they are pure and
+deterministic, every peer derives the same ``(status, bitmap)`` without a
+coordinator, and the rule can be tested without a process group.
+
+Two modes:
+
+* **Exact** (:func:`decide_exact`) for values whose healthy copies are
+  identical: numerical signatures, progress coordinates, collective
+  fingerprints. The most frequent value wins only with a *strict* majority;
+  otherwise the result is inconclusive with an all-zero bitmap, so a 2-rank
+  split or a 2-vs-2 tie never names an arbitrary culprit.
+* **Statistical** (:func:`decide_statistical`) for timings. A peer is an
+  outlier iff ``|τ_j - m| > κ·d`` around the median ``m`` with the robust scale
+  ``d`` of :func:`robust_scale`. A fleet-wide slowdown moves the median with
+  everyone and is deliberately not flagged.
+
+[Why the MAD is unscaled]
+The paper defines the scale as ``median|τ_i - m|`` itself, not the
+``1.4826·MAD`` that estimates a Gaussian standard deviation. SCOUT keeps the
+paper's unscaled form, so ``κ`` counts raw MADs; :func:`robust_scale` is the one
+place any module computes it, and nothing rescales it elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from scout_core.vocabulary import Status
+
+__all__ = ["Decision", "decide_exact", "decide_statistical", "robust_scale"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of the rule on one surface: a status and an N-bit outlier bitmap.
+
+    ``bitmap[j]`` is true iff peer ``j`` (position in the ordered group) is
+    attributed. It is all false unless ``status`` is ``ATTRIBUTED``.
+    """
+
+    status: Status
+    bitmap: tuple[bool, ...]
+
+
+def _quiet(n: int, status: Status) -> Decision:
+    return Decision(status, (False,) * n)
+
+
+def decide_exact(values: Sequence[Hashable]) -> Decision:
+    """Strict-majority consensus over values that healthy peers hold identically.
+
+    Let ``v*`` be the most frequent value and ``c*`` its count among the ``N``
+    values. If ``c* ≤ N/2`` there is no strict-majority reference: inconclusive,
+    all-zero bitmap. Otherwise every peer whose value differs from ``v*`` is
+    flagged (several distinct minority values are all flagged); attributed if any
+    bit is set, else agree.
+
+    Raises ``ValueError`` for an empty group. One peer trivially agrees.
+    """
+    n = len(values)
+    if n == 0:
+        raise ValueError("C3 needs at least one peer value, got none")
+    if values.count(values[0]) == n:  # the healthy path, at C speed
+        return _quiet(n, Status.AGREE)
+    # Count in first-appearance order (dicts keep insertion order) and keep the
+    # first value reaching the highest count. A tie can never exceed N/2, so the
+    # choice never changes a verdict, but this makes it visibly deterministic.
+    counts: dict[Hashable, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    winner, top = next(iter(counts.items()))
+    for v, c in counts.items():
+        if c > top:
+            winner, top = v, c
+    if 2 * top <= n:  # c* ≤ N/2, in integers
+        return _quiet(n, Status.INCONCLUSIVE)
+    bitmap = tuple(v != winner for v in values)
+    return Decision(Status.ATTRIBUTED if any(bitmap) else Status.AGREE, bitmap)
+
+
+def _median_sorted(xs: Sequence[float]) -> float:
+    """Median of an already sorted, non-empty sequence (mean of the middle pair for even N)."""
+    n = len(xs)
+    mid = n // 2
+    if n % 2:
+        return float(xs[mid])
+    return (xs[mid - 1] + xs[mid]) / 2.0
+
+
+def robust_scale(values: Sequence[float]) -> float:
+    """The robust dispersion ``d`` of statistical C3: MAD, then IQR, then scaled range.
+
+    1. **MAD**, unscaled as in the paper: ``median_i |τ_i - m|`` with ``m`` the
+       median (the mean of the middle pair for even N).
+    2. If the MAD is 0 (at least half the peers tie with the median), the
+       **inner IQR** ``q3 - q1`` with ``q1 = x[ceil(0.25·(N-1))]`` and
+       ``q3 = x[floor(0.75·(N-1))]`` on the sorted values (0-based; numpy's
+       ``quantile(method="higher")`` for q1 and ``method="lower"`` for q3; 0 when
+       N ≤ 2, where the indices cross). Both quartiles are observed values from
+       inside the central half, so unlike linear interpolation an extreme value
+       beside a quartile position cannot leak into the scale: for ``[1, 1, 1, 9]``
+       interpolation would report an IQR of 2 and hide the outlier behind its
+       own weight.
+    3. If that is 0 too (the central half is tied), ``(max - min) / (2·N)``. The
+       healthy bulk has no measurable spread, so the range only supplies a
+       nonzero unit. Dividing by ``2N`` keeps it small enough that, with the
+       default ``κ = 5``, a lone deviant from a tied bulk is flagged in any group
+       of three or more (its deviation is the whole range), while a value only
+       slightly off the bulk, relative to the other deviants, is not.
+
+    The result is 0 only when every value is equal. Raises ``ValueError`` for an
+    empty sequence or a non-finite value.
+    """
+    n = len(values)
+    if n == 0:
+        raise ValueError("robust_scale needs at least one value, got none")
+    xs = sorted(float(v) for v in values)
+    if not all(math.isfinite(x) for x in xs):
+        raise ValueError(f"robust_scale needs finite values, got {list(values)!r}")
+    m = _median_sorted(xs)
+    mad = _median_sorted(sorted(abs(x - m) for x in xs))
+    if mad > 0.0:
+        return mad
+    lo = math.ceil(0.25 * (n - 1))
+    hi = math.floor(0.75 * (n - 1))
+    iqr = xs[hi] - xs[lo] if hi > lo else 0.0
+    if iqr > 0.0:
+        return iqr
+    spread = xs[-1] - xs[0]
+    scaled = spread / (2 * n)
+    # A subnormal spread can underflow to 0 when divided; the contract is that
+    # only an all-equal group has zero scale, so fall back to the spread itself.
+    return scaled if scaled > 0.0 else spread
+
+
+def decide_statistical(values: Sequence[float], kappa: float) -> Decision:
+    """Robust outlier rule for timings: flag ``|τ_j - m| > κ·d``.
+
+    ``m`` is the median and ``d`` is :func:`robust_scale`. ``d = 0`` happens only
+    when every timing is equal, which is agreement. A fleet-wide slowdown shifts
+    ``m`` with all peers and flags no one, by design (paper §5).
+
+    A non-finite timing (NaN or ±inf) means a measurement failed or never
+    finished on some peer. Its size is unknown, so nothing can be attributed from
+    it, and it may not be read as agreement either: the result is inconclusive
+    with an all-zero bitmap (fail closed).
+
+    Raises ``ValueError`` for an empty group or a ``kappa`` that is not a finite
+    positive number.
+    """
+    if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
+        raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
+    n = len(values)
+    if n == 0:
+        raise ValueError("C3 needs at least one peer value, got none")
+    taus = [float(v) for v in values]
+    if not all(math.isfinite(t) for t in taus):
+        return _quiet(n, Status.INCONCLUSIVE)
+    d = robust_scale(taus)
+    if d == 0.0:
+        return _quiet(n, Status.AGREE)
+    m = _median_sorted(sorted(taus))
+    limit = kappa * d
+    bitmap = tuple(abs(t - m) > limit for t in taus)
+    return Decision(Status.ATTRIBUTED if any(bitmap) else Status.AGREE, bitmap)
