@@ -11,8 +11,8 @@ replay, the observer and the checkpoint gate need:
 * the underlying ``torch.optim.Optimizer`` objects and whether their state is
   replicated across replica peers or uniquely owned;
 * every RNG stream replay must reproduce (CPU, device, framework trackers);
-* how to materialise one module's parameters for replay (FSDP, ZeRO-3) and the
-  current optimizer step.
+* how to materialise one module's parameters for replay (FSDP, ZeRO-3), how to
+  call it functionally without the framework's hooks, and the optimizer step.
 
 The protocol is deliberately small and structural (:class:`typing.Protocol`), so
 Megatron chunks, DeepSpeed engines and TorchTitan trainers all fit it without
@@ -22,16 +22,17 @@ one shared conformance test every plugin runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
+    from scout_core.groups import PeerGroup
     from scout_core.mesh import MeshAddress, MeshLayout
 
 __all__ = ["FrameworkAdapter", "ModuleRef", "Ownership", "RngStream"]
@@ -119,10 +120,38 @@ class FrameworkAdapter(Protocol):
         """The optimizer step count (completed updates)."""
         ...
 
-    def materialize(self, ref: ModuleRef) -> AbstractContextManager[Iterator[None] | None]:
-        """Context in which ``ref.module``'s parameters are full, unsharded tensors.
+    def materialize(self, ref: ModuleRef) -> AbstractContextManager[Mapping[str, torch.Tensor]]:
+        """Context yielding full, unsharded copies of ``ref.module``'s parameters by name.
 
-        A no-op for replicated parameters. Sharded frameworks gather only this module
-        (FSDP2 unshard, ``deepspeed.zero.GatheredParameters``).
+        Replicated parameters are simply cloned. Sharded frameworks gather only this
+        module, off the training path where they can (FSDP2: SCOUT's diagnostic shard
+        group; ZeRO-3: ``deepspeed.zero.GatheredParameters``). Replay times this gather.
         """
+        ...
+
+    def local_shards(self, ref: ModuleRef) -> Sequence[torch.Tensor]:
+        """This rank's local parameter shards of ``ref``, in name order.
+
+        Replica peers hold equal shards; comparing them localises a corrupted shard
+        to its holder before any gather mixes it into everyone's full tensor.
+        """
+        ...
+
+    def call(
+        self,
+        module: torch.nn.Module,
+        state: Mapping[str, torch.Tensor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run ``module`` functionally on ``state`` (full parameters), bypassing framework
+        hooks that would talk on the training communicator or touch live ``.grad``."""
+        ...
+
+    def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
+        """Receive SCOUT's diagnostic peer groups (``"peer"``, and ``"shard"`` under HSDP)."""
+        ...
+
+    def close(self) -> None:
+        """Remove whatever the adapter attached (its own step counter hooks)."""
         ...

@@ -1,0 +1,171 @@
+"""Find the modules replay samples: the repeated layers, the embedding and the LM head.
+
+SCOUT must attach to a model it has never seen without the user naming anything.
+Transformer-style models keep their blocks in one ``nn.ModuleList`` of same-class
+modules (``model.layers``, ``transformer.h``, ``decoder.layers``), so the repeated
+layers are the largest such list. The embedding is an ``nn.Embedding`` at the top
+of the model and the LM head is the last ``nn.Linear`` outside the blocks. Each of
+the three can be named in config instead (``Config.layers``, ``.embedding``,
+``.lm_head``); a name that does not resolve fails at ``enable`` with the names that
+would have worked, never later inside a replay.
+
+Wrappers that only add a ``.module`` attribute (DDP) are looked through, and paths
+are reported relative to the unwrapped model so evidence names match the user's
+own module names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from scout_core.adapter import ModuleRef
+from scout_core.errors import ConfigError
+
+__all__ = [
+    "Discovered",
+    "candidate_lists",
+    "discover",
+    "find_embedding",
+    "find_layers",
+    "find_lm_head",
+    "unwrap",
+]
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What discovery found in one model."""
+
+    layers: tuple[ModuleRef, ...]
+    """The repeated blocks in model order; paths like ``layers.3``."""
+    embedding: ModuleRef | None
+    lm_head: ModuleRef | None
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside DDP-style wrappers (those exposing ``.module``)."""
+    seen = 0
+    while isinstance(model, nn.parallel.DistributedDataParallel) or (
+        type(model).__name__ in {"DistributedDataParallel", "DataParallel"}
+        and isinstance(getattr(model, "module", None), nn.Module)
+    ):
+        inner = model.module
+        assert isinstance(inner, nn.Module)
+        model = inner
+        seen += 1
+        if seen > 8:  # pragma: no cover - a wrapper cycle would be a bug elsewhere
+            break
+    return model
+
+
+def _base_class(module: nn.Module) -> type:
+    """The user's class of ``module``, looking through FSDP2's generated subclass.
+
+    ``fully_shard`` swaps a module's class for ``FSDP<Name>``, a subclass of both
+    ``FSDPModule`` and the original; blocks sharded individually must still count as
+    the same class.
+    """
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) >= 2:
+        return cls.__bases__[-1]
+    return cls
+
+
+def candidate_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """Every non-empty ``ModuleList`` whose children all share one class, largest first."""
+    found: list[tuple[str, nn.ModuleList]] = []
+    for path, module in unwrap(model).named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        classes = {_base_class(child) for child in module}
+        if len(classes) == 1:
+            found.append((path, module))
+    # Stable: on a tie the list met first in module order wins.
+    found.sort(key=lambda item: -len(item[1]))
+    return found
+
+
+def _resolve(model: nn.Module, path: str, key: str) -> nn.Module:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return _missing(model, path, key)
+
+
+def _missing(model: nn.Module, path: str, key: str) -> nn.Module:
+    if key == "layers":
+        names = [p for p, _ in candidate_lists(model)] or ["(no ModuleList of same-class blocks)"]
+        what = "candidate ModuleLists"
+    else:
+        want: type = nn.Embedding if key == "embedding" else nn.Linear
+        names = [p for p, m in model.named_modules() if isinstance(m, want)][:20] or ["(none)"]
+        what = f"{want.__name__} modules"
+    raise ConfigError(f"key {key!r}: the model has no module {path!r}; {what}: {', '.join(names)}")
+
+
+def find_layers(model: nn.Module, path: str | None = None) -> tuple[ModuleRef, ...]:
+    """The repeated blocks: the ``ModuleList`` at ``path``, or the largest candidate."""
+    root = unwrap(model)
+    if path is not None:
+        found = _resolve(root, path, "layers")
+        if not isinstance(found, nn.ModuleList | nn.Sequential) or len(found) == 0:
+            names = [p for p, _ in candidate_lists(root)] or ["(none)"]
+            raise ConfigError(
+                f"key 'layers': {path!r} is a {type(found).__name__}, not a non-empty "
+                f"ModuleList of blocks; candidate ModuleLists: {', '.join(names)}"
+            )
+        base = path
+        blocks = list(found)
+    else:
+        candidates = candidate_lists(root)
+        if not candidates:
+            return ()
+        base, found_list = candidates[0]
+        blocks = list(found_list)
+    return tuple(ModuleRef(f"{base}.{i}" if base else str(i), b) for i, b in enumerate(blocks))
+
+
+def find_embedding(model: nn.Module, path: str | None = None) -> ModuleRef | None:
+    """The token embedding: ``path``, else the first ``nn.Embedding`` outside any block list."""
+    root = unwrap(model)
+    if path is not None:
+        return ModuleRef(path, _resolve(root, path, "embedding"))
+    for name, module in root.named_modules():
+        if isinstance(module, nn.Embedding) and name.count(".") <= 1:
+            return ModuleRef(name, module)
+    return None
+
+
+def find_lm_head(
+    model: nn.Module, layers: tuple[ModuleRef, ...] = (), path: str | None = None
+) -> ModuleRef | None:
+    """The output projection: ``path``, else the last ``nn.Linear`` outside the blocks."""
+    root = unwrap(model)
+    if path is not None:
+        return ModuleRef(path, _resolve(root, path, "lm_head"))
+    inside = {id(m) for ref in layers for m in ref.module.modules()}
+    last: ModuleRef | None = None
+    for name, module in root.named_modules():
+        if isinstance(module, nn.Linear) and id(module) not in inside:
+            last = ModuleRef(name, module)
+    return last
+
+
+def discover(
+    model: nn.Module,
+    *,
+    layers: str | None = None,
+    embedding: str | None = None,
+    lm_head: str | None = None,
+) -> Discovered:
+    """Run all three searches; configured paths override, unknown paths raise ConfigError."""
+    blocks = find_layers(model, layers)
+    emb = find_embedding(model, embedding)
+    head = find_lm_head(model, blocks, lm_head)
+    # A tied LM head (weight shared with the embedding) is still a separate call
+    # with its own inputs, so it keeps its own recipe.
+    if head is not None and emb is not None and head.module is emb.module:
+        head = None
+    return Discovered(layers=blocks, embedding=emb, lm_head=head)

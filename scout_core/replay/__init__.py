@@ -1,0 +1,1 @@
+"""In-situ replay: capture, schedule, run and judge layer and optimizer recipes."""

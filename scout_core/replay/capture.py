@@ -1,0 +1,183 @@
+"""Capture one module call during training so it can be replayed at the step boundary.
+
+Replay re-runs a sampled layer on exactly the inputs it saw in training. A forward
+pre-hook records the call's args/kwargs pytree, which of its tensors require
+grad, and the RNG states just before the call (so dropout replays the same
+masks); a tensor hook on each output records the gradient flowing back into it,
+which backward replay feeds to ``autograd.grad``. Only tensors are cloned, because
+only they must outlive the step (activations are freed or overwritten after
+backward); everything else is kept by reference. Hooks stay registered for the
+whole run but return at once unless the module is armed for the current
+iteration, so the healthy path costs one Python call per sampled module.
+
+A capture belongs to the first grad-enabled call of an armed module in an
+iteration; later calls (gradient accumulation, activation-checkpoint recompute) and
+calls made by replay itself are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from scout_core.adapter import ModuleRef, RngStream
+from scout_core.replay import taps
+
+__all__ = ["Capture", "Capturer", "flatten", "unflatten"]
+
+
+def flatten(tree: Any) -> tuple[list[Any], Any]:
+    """Leaves of a tuple/list/dict pytree and a spec to rebuild it with :func:`unflatten`."""
+    if isinstance(tree, tuple | list):
+        leaves: list[Any] = []
+        specs: list[Any] = []
+        for item in tree:
+            sub, spec = flatten(item)
+            leaves.extend(sub)
+            specs.append((len(sub), spec))
+        return leaves, (type(tree), specs)
+    if isinstance(tree, dict):
+        leaves = []
+        specs = []  # (key, leaf count, sub-spec) per entry
+        for key in tree:
+            sub, spec = flatten(tree[key])
+            leaves.extend(sub)
+            specs.append((key, len(sub), spec))
+        return leaves, (dict, specs)
+    return [tree], None
+
+
+def unflatten(leaves: Sequence[Any], spec: Any) -> Any:
+    """Inverse of :func:`flatten`."""
+    if spec is None:
+        return leaves[0]
+    kind, specs = spec
+    at = 0
+    if kind is dict:
+        out: dict[Any, Any] = {}
+        for key, n, sub in specs:
+            out[key] = unflatten(leaves[at : at + n], sub)
+            at += n
+        return out
+    items = []
+    for n, sub in specs:
+        items.append(unflatten(leaves[at : at + n], sub))
+        at += n
+    if kind is tuple or kind is list:
+        return kind(items)
+    return kind(*items)  # a namedtuple
+
+
+@dataclass
+class Capture:
+    """One recorded module call."""
+
+    path: str
+    step: int
+    leaves: list[Any]
+    """Flattened ``(args, kwargs)``; tensors are detached clones."""
+    spec: Any
+    requires_grad: tuple[bool, ...]
+    """Per leaf: whether it was a tensor that required grad."""
+    rng: dict[str, torch.Tensor]
+    """Pre-call state of every RNG stream the adapter names."""
+    out_requires_grad: tuple[bool, ...] = ()
+    """Per output tensor leaf: whether it required grad (and so expects a gradient)."""
+    grads: list[torch.Tensor | None] = field(default_factory=list)
+    """Gradient that flowed into each output tensor leaf; None until it arrives."""
+    outputs_seen: bool = False
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [x for x in self.leaves if isinstance(x, torch.Tensor)]
+
+    def complete(self) -> bool:
+        """Inputs recorded and every output that required grad received one."""
+        return self.outputs_seen and all(
+            g is not None or not rg
+            for g, rg in zip(self.grads, self.out_requires_grad, strict=True)
+        )
+
+
+class Capturer:
+    """Hooks on the candidate modules; arms the ones due and keeps their captures."""
+
+    def __init__(self, refs: Iterable[ModuleRef], rng_streams: Sequence[RngStream]) -> None:
+        self._rng = list(rng_streams)
+        self._armed: set[str] = set()
+        self._step = 0
+        self._captures: dict[str, Capture] = {}
+        self.replaying = False
+        self._handles: list[RemovableHandle] = []
+        for ref in refs:
+            self._handles.append(
+                ref.module.register_forward_pre_hook(self._pre(ref.path), with_kwargs=True)
+            )
+            self._handles.append(ref.module.register_forward_hook(self._post(ref.path)))
+
+    def arm(self, step: int, paths: Iterable[str]) -> None:
+        """Capture ``paths`` during iteration ``step``; drops older captures."""
+        self._step = step
+        self._armed = set(paths)
+        self._captures = {}
+
+    def take(self, path: str) -> Capture | None:
+        """This iteration's capture of ``path`` if it is complete, else None."""
+        cap = self._captures.pop(path, None)
+        if cap is None or cap.step != self._step or not cap.complete():
+            return None
+        return cap
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._captures = {}
+        self._armed = set()
+
+    def _pre(self, path: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if (
+                path not in self._armed
+                or self.replaying
+                or path in self._captures
+                or not torch.is_grad_enabled()
+            ):
+                return
+            if taps._vetoes and taps.capture_vetoed(path):
+                return
+            leaves, spec = flatten((args, kwargs))
+            kept = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+            mask = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
+            rng = {s.name: s.get() for s in self._rng}
+            self._captures[path] = Capture(path, self._step, kept, spec, mask, rng)
+
+        return hook
+
+    def _post(self, path: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            cap = self._captures.get(path)
+            if cap is None or self.replaying or cap.outputs_seen:
+                return
+            cap.outputs_seen = True
+            outs = [x for x in flatten(output)[0] if isinstance(x, torch.Tensor)]
+            cap.out_requires_grad = tuple(t.requires_grad for t in outs)
+            cap.grads = [None] * len(outs)
+            for i, t in enumerate(outs):
+                if t.requires_grad:
+                    t.register_hook(self._grad_hook(cap, i))  # type: ignore[no-untyped-call]  # torch stub lacks annotations
+
+        return hook
+
+    @staticmethod
+    def _grad_hook(cap: Capture, i: int) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            if cap.grads[i] is None:
+                cap.grads[i] = grad.detach().clone()
+
+        return hook

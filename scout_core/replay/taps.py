@@ -1,0 +1,40 @@
+"""The one seam replay offers for fault simulation: capture vetoes and comm delays.
+
+Two faults cannot be injected through public PyTorch hooks: a rank that misses a
+replay capture, and a slow link as SCOUT's own timed communication sees it (SCOUT's
+diagnostic collectives run on groups no user code touches). Injectors register
+here; replay consults these lists at exactly two points. Nothing registers in
+production, so the cost is one empty-list check per capture and per timed
+collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["add_capture_veto", "add_comm_delay", "capture_vetoed", "comm_delay_s"]
+
+_vetoes: list[Callable[[str], bool]] = []
+_delays: list[Callable[[str], float]] = []
+
+
+def add_capture_veto(fn: Callable[[str], bool]) -> Callable[[], None]:
+    """``fn(module_path)`` returning True makes this rank skip that capture; returns a remover."""
+    _vetoes.append(fn)
+    return lambda: _vetoes.remove(fn) if fn in _vetoes else None
+
+
+def add_comm_delay(fn: Callable[[str], float]) -> Callable[[], None]:
+    """``fn(group_kind)`` returns seconds to stall inside a timed collective; returns a remover."""
+    _delays.append(fn)
+    return lambda: _delays.remove(fn) if fn in _delays else None
+
+
+def capture_vetoed(path: str) -> bool:
+    """Whether an injector asks this rank to skip capturing ``path``."""
+    return any(fn(path) for fn in list(_vetoes))
+
+
+def comm_delay_s(kind: str) -> float:
+    """Seconds injected into this rank's timed collective on a group of ``kind``."""
+    return sum(fn(kind) for fn in list(_delays)) if _delays else 0.0

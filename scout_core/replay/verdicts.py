@@ -1,0 +1,297 @@
+"""Turn a recipe round's C3 results into evidence records.
+
+C3 says which peers disagree on one surface in one round; a verdict says what that
+means for a person or a recovery policy. The rules, identical on every peer
+because their inputs are:
+
+* readiness not agreed, or received inputs not identical → ``inconclusive``
+  (the round compared nothing; a missing capture is never a pass);
+* an exact surface attributed → ``sdc`` naming exactly the outlier ranks and the
+  surface, scope ``rank``;
+* an exact surface without a strict majority → ``inconclusive``; in a group of two
+  this is how a disagreement shows, so it is a group-scoped ``sdc`` with no culprit;
+* a ``t_M`` outlier counts toward ``straggler`` only if it is slower than the
+  median by at least ``straggler_min_excess_s`` and ``straggler_min_ratio``, and
+  the verdict needs ``straggler_rounds`` consecutive such rounds for the same rank
+  (timing on a shared machine is noisy; a fleet-wide slowdown is never flagged);
+* a communication timing (``t_gather``, ``t_comm``) outlier under the same guards
+  marks the communication group it measured slow; slow groups go through the
+  cross-PG validation of :mod:`scout_core.diagnosis` and give a group-scoped
+  ``comm_straggler`` (machine-scoped when groups of several kinds meet on one
+  machine), never a compute straggler.
+
+Agreeing rounds produce no record.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from scout_core.c3 import C3Result
+from scout_core.diagnosis import SlowGroup, diagnose
+from scout_core.evidence import VERDICT_SCHEMA, Record
+from scout_core.mesh import attribution_scope
+from scout_core.replay.runner import RoundOutcome
+from scout_core.vocabulary import Failure, Mode, Scope, Status
+
+__all__ = ["VerdictMaker"]
+
+_TIMING_COMPUTE = ("t_M",)
+_TIMING_COMM = ("t_gather", "t_comm")
+
+
+class VerdictMaker:
+    """Stateful across rounds only for the straggler confirmation counters."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        hosts: Mapping[int, str],
+        rounds: int,
+        min_excess_s: float,
+        min_ratio: float,
+        comm_group_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.hosts = dict(hosts)
+        self.rounds = rounds
+        self.min_excess_s = min_excess_s
+        self.min_ratio = min_ratio
+        self.comm_group_of = comm_group_of
+        self._streak: dict[tuple[str, int], int] = {}
+
+    def _record(
+        self,
+        outcome: RoundOutcome,
+        result: C3Result | None,
+        *,
+        surface: str,
+        mode: Mode,
+        status: Status,
+        failure: Failure | None,
+        outliers: Sequence[int] = (),
+        scope: Scope | None,
+        group: Sequence[int] | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Record:
+        info: dict[str, Any] = {"recipe": outcome.recipe.kind}
+        if outcome.recipe.path is not None:
+            info["module"] = outcome.recipe.path
+        if result is not None:
+            info["evidence"] = [f"{e:016x}" if isinstance(e, int) else e for e in result.evidence]
+        info.update(detail or {})
+        return Record(
+            schema=VERDICT_SCHEMA,
+            run_id=self.run_id,
+            step=outcome.step,
+            surface=surface,
+            mode=mode,
+            status=status,
+            failure=failure,
+            group=tuple(outcome.group if group is None else group),
+            outliers=tuple(outliers),
+            scope=scope,
+            hosts=tuple(sorted({self.hosts.get(r, "?") for r in outliers})),
+            detail=info,
+        )
+
+    def judge(self, outcome: RoundOutcome) -> list[Record]:
+        """Records for one round (empty when every surface agrees)."""
+        name = outcome.recipe.name
+        if not outcome.ready:
+            ready = outcome.results.get(f"{name}/ready")
+            odd = list(ready.outliers) if ready is not None else []
+            return [
+                self._record(
+                    outcome,
+                    ready,
+                    surface=f"{name}/ready",
+                    mode=Mode.EXACT,
+                    status=Status.INCONCLUSIVE,
+                    failure=None,
+                    scope=Scope.GROUP,
+                    detail={"reason": outcome.reason, "differing": odd},
+                )
+            ]
+        received = outcome.results.get(f"{name}/received")
+        if received is not None and received.status is not Status.AGREE:
+            return [
+                self._record(
+                    outcome,
+                    received,
+                    surface=received.surface,
+                    mode=Mode.EXACT,
+                    status=Status.INCONCLUSIVE,
+                    failure=None,
+                    scope=Scope.GROUP,
+                    detail={"reason": "peers did not receive identical replay inputs"},
+                )
+            ]
+        shard = outcome.results.get(f"{name}/shard")
+        params = outcome.results.get(f"{name}/params")
+        if (
+            shard is not None
+            and params is not None
+            and shard.status is Status.AGREE
+            and params.status is not Status.AGREE
+        ):
+            # Replica peers hold identical local shards, yet the gathered parameters
+            # differ: the difference came in through the gather from a shard partner,
+            # whose own replica group names it. Blaming this group's member would be
+            # wrong, so this group reports no culprit.
+            return [
+                self._record(
+                    outcome,
+                    params,
+                    surface=params.surface,
+                    mode=Mode.EXACT,
+                    status=Status.INCONCLUSIVE,
+                    failure=None,
+                    scope=Scope.GROUP,
+                    detail={
+                        "reason": "local shards agree but gathered parameters differ: "
+                        "a shard partner's shard differs",
+                        "differing": list(params.outliers),
+                    },
+                )
+            ]
+        records: list[Record] = []
+        for key, result in outcome.results.items():
+            leaf = key.rsplit("/", 1)[-1]
+            if key.endswith(("/ready", "/threads", "/received")):
+                continue
+            if result.mode is Mode.EXACT:
+                records.extend(self._exact(outcome, result))
+            elif leaf in _TIMING_COMPUTE:
+                records.extend(self._straggler(outcome, result))
+        records.extend(self._comm(outcome))
+        return records
+
+    def _exact(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
+        if result.status is Status.AGREE:
+            return []
+        if result.status is Status.ATTRIBUTED:
+            scope = attribution_scope(len(result.ranks)) or Scope.GROUP
+            return [
+                self._record(
+                    outcome,
+                    result,
+                    surface=result.surface,
+                    mode=Mode.EXACT,
+                    status=Status.ATTRIBUTED,
+                    failure=Failure.SDC,
+                    outliers=result.outliers,
+                    scope=scope,
+                )
+            ]
+        missing = any(e is None for e in result.evidence)
+        reason = "evidence missing on some peer" if missing else "no strict majority"
+        return [
+            self._record(
+                outcome,
+                result,
+                surface=result.surface,
+                mode=Mode.EXACT,
+                status=Status.INCONCLUSIVE,
+                failure=None if missing else Failure.SDC,
+                scope=Scope.GROUP,
+                detail={"reason": reason},
+            )
+        ]
+
+    def _slow(self, result: C3Result) -> tuple[list[int], float]:
+        """Ranks whose timing is an outlier *and* passes the excess and ratio guards."""
+        values = [e for e in result.evidence if isinstance(e, float)]
+        if result.status is not Status.ATTRIBUTED or len(values) != len(result.ranks):
+            return [], 0.0
+        median = statistics.median(values)
+        slow = [
+            r
+            for r, bit, t in zip(result.ranks, result.bitmap, values, strict=True)
+            if bit
+            and t - median >= self.min_excess_s
+            and (median <= 0 or t / median >= self.min_ratio)
+        ]
+        return slow, median
+
+    def _confirm(self, kind: str, result: C3Result, slow: Sequence[int]) -> list[int]:
+        confirmed = []
+        for r in result.ranks:
+            key = (kind, r)
+            self._streak[key] = self._streak.get(key, 0) + 1 if r in slow else 0
+            if self._streak[key] >= self.rounds:
+                confirmed.append(r)
+        return confirmed
+
+    def _straggler(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
+        if result.status is Status.INCONCLUSIVE:
+            return []  # a timing that went missing neither confirms nor clears a streak
+        slow, median = self._slow(result)
+        confirmed = self._confirm("t_M", result, slow)
+        if not confirmed or (attribution_scope(len(result.ranks)) is not Scope.RANK):
+            return []
+        return [
+            self._record(
+                outcome,
+                result,
+                surface=result.surface,
+                mode=Mode.STATISTICAL,
+                status=Status.ATTRIBUTED,
+                failure=Failure.STRAGGLER,
+                outliers=confirmed,
+                scope=Scope.RANK,
+                detail={"median_s": median, "rounds": self.rounds},
+            )
+        ]
+
+    def _comm(self, outcome: RoundOutcome) -> list[Record]:
+        slow_groups: list[SlowGroup] = []
+        timings: dict[str, Any] = {}
+        base: C3Result | None = None
+        for key, result in outcome.results.items():
+            leaf = key.rsplit("/", 1)[-1]
+            if result.mode is not Mode.STATISTICAL or not leaf.startswith(_TIMING_COMM):
+                continue
+            if result.status is Status.INCONCLUSIVE:
+                continue
+            slow, median = self._slow(result)
+            confirmed = self._confirm(leaf, result, slow)
+            timings[leaf] = {"median_s": median, "evidence": list(result.evidence)}
+            for r in confirmed:
+                found = self.comm_group_of(leaf, r) if self.comm_group_of else None
+                if found is not None:
+                    slow_groups.append(SlowGroup(found[0], found[1]))
+                    base = result
+        if not slow_groups:
+            return []
+        diagnosis = diagnose(slow_groups, self.hosts)
+        assert diagnosis is not None
+        members = tuple(sorted({r for g in diagnosis.groups for r in g.ranks}))
+        kinds = {g.kind for g in diagnosis.groups}
+        scope = (
+            Scope.MACHINE if diagnosis.scope is Scope.MACHINE and len(kinds) > 1 else Scope.GROUP
+        )
+        if diagnosis.scope is Scope.JOB:
+            scope = Scope.JOB
+        return [
+            self._record(
+                outcome,
+                base,
+                surface=base.surface if base is not None else f"{outcome.recipe.name}/t_comm",
+                mode=Mode.STATISTICAL,
+                status=Status.ATTRIBUTED,
+                failure=Failure.COMM_STRAGGLER,
+                outliers=members,
+                group=members,
+                scope=scope,
+                detail={
+                    "diagnosis": diagnosis.kind.value,
+                    "explanation": diagnosis.explanation,
+                    "slow_groups": [[g.kind, list(g.ranks)] for g in diagnosis.groups],
+                    "timings": timings,
+                },
+            )
+        ]

@@ -1,0 +1,169 @@
+"""A SCOUT session on a plain-PyTorch job, and ``enable_torch`` that starts one.
+
+``enable_torch(model, optimizer, config)`` wires replay into a training loop that
+stays exactly as the user wrote it. Everything attaches through public hooks:
+module forward hooks capture the sampled layer's call, a step pre-hook snapshots
+the optimizer slice, and a step post-hook is the *replay boundary* where due
+recipes run. Verdicts go to the evidence files, to ``session.verdicts`` and to the
+user's callback.
+
+Every rank must call ``enable_torch`` at the same point (it creates SCOUT's
+diagnostic Gloo groups, a collective). Calling it twice on the same model returns
+the live session. ``close`` removes every hook and runs the closers other parts of
+SCOUT registered (the observer, the checkpoint gate); it is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from scout_core.adapter import FrameworkAdapter
+from scout_core.config import Config
+from scout_core.discovery import discover, unwrap
+from scout_core.evidence import EvidenceWriter, Record
+from scout_core.mesh import MeshLayout
+from scout_core.replay.driver import ReplayDriver
+from scout_core.replay.runner import RoundOutcome
+from scout_core.torch_adapter import TorchAdapter
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["Session", "enable_adapter", "enable_torch"]
+
+log = logging.getLogger("scout")
+
+_live: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+
+
+class Session:
+    """What ``enable`` returns: owns SCOUT's hooks on one job until :meth:`close`."""
+
+    def __init__(self, config: Config, *, callback: Callable[[Record], None] | None = None) -> None:
+        self.config = config
+        self.callback = callback
+        self.verdicts: list[Record] = []
+        """Every verdict this rank learned of (agreeing rounds are not recorded)."""
+        self.rounds: list[RoundOutcome] = []
+        """Every recipe round this rank took part in, agreeing ones included."""
+        self.step = 0
+        """The current iteration (0-based): completed optimizer steps."""
+        self.adapter: FrameworkAdapter | None = None
+        """The framework adapter (None when SCOUT is disabled)."""
+        self._closers: list[Callable[[], None]] = []
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def add_closer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on :meth:`close` (last added, first run)."""
+        self._closers.append(fn)
+
+    def close(self) -> None:
+        """Detach everything; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._closers:
+            fn = self._closers.pop()
+            try:
+                fn()
+            except Exception as exc:  # one failing closer must not keep the others open
+                log.warning("scout: error while closing: %s", exc)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def emit(self, record: Record, writer: EvidenceWriter | None) -> None:
+        """Deliver one verdict: evidence file (group's lowest rank), list, callback."""
+        self.verdicts.append(record)
+        if writer is not None and (not record.group or writer.rank in record.group):
+            # A group's record is written once, by its lowest rank; a record about
+            # another group (a slow shard group seen from a replica group) is written
+            # by that group's members.
+            writer.write_group(record) if record.group else writer.write(record)
+        if self.callback is not None:
+            self.callback(record)
+
+
+def _forget(key: object) -> None:
+    _live.pop(key, None)
+
+
+def enable_adapter(
+    adapter: FrameworkAdapter,
+    config: Config,
+    *,
+    callback: Callable[[Record], None] | None = None,
+    key: object | None = None,
+) -> Session:
+    """Start a session on any :class:`~scout_core.adapter.FrameworkAdapter`.
+
+    Plugins call this after building their adapter; :func:`enable_torch` is the
+    plain-PyTorch caller. Collective over the job. ``key`` (the user's model or
+    engine) makes enabling twice return the live session instead of attaching twice.
+    """
+    if key is not None:
+        existing = _live.get(key)
+        if existing is not None and not existing.closed:
+            adapter.close()
+            return existing
+    session = Session(config, callback=callback)
+    if not config.enabled:
+        adapter.close()
+        return session
+    writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
+    replay = ReplayDriver(session, adapter, config, writer)
+    session.adapter = adapter
+    session.add_closer(writer.close)
+    session.add_closer(replay.close)
+    if key is not None:
+        _live[key] = session
+        session.add_closer(lambda: _forget(key))
+    return session
+
+
+def enable_torch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Config | None = None,
+    *,
+    callback: Callable[[Record], None] | None = None,
+    mesh: DeviceMesh | MeshLayout | None = None,
+) -> Session:
+    """Attach SCOUT to a plain-PyTorch job (DDP, FSDP2, HSDP, DeviceMesh layouts).
+
+    Collective over the job: every rank calls it at the same point. Raises
+    :class:`~scout_core.errors.ConfigError` for a configured module path that does
+    not exist and :class:`~scout_core.errors.UnsupportedSetupError` for a setup it
+    cannot watch, before attaching anything.
+    """
+    config = Config() if config is None else config
+    root = unwrap(model)
+    existing = _live.get(root)
+    if existing is not None and not existing.closed:
+        return existing
+    if not config.enabled:
+        return Session(config, callback=callback)
+    found = discover(root, layers=config.layers, embedding=config.embedding, lm_head=config.lm_head)
+    adapter = TorchAdapter(model, optimizer, found, mesh=mesh)
+    return enable_adapter(adapter, config, callback=callback, key=root)

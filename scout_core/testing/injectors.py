@@ -1,0 +1,360 @@
+"""Deterministic fault injectors keyed by (rank, step), for tests, the demo and users.
+
+A test says *what* goes wrong, *where* and *when*, and the injector does exactly
+that and nothing else::
+
+    faults = (
+        Faults()
+        .at(rank=1, step=5).corrupt_output("layers.3", BitFlip(bit=0))
+        .at(rank=2, steps=range(4, 12)).delay_compute("layers.1", 0.2)
+    )
+    faults.attach(model, optimizer)
+
+Injectors attach through the same public seams SCOUT uses (module forward hooks,
+``Optimizer.register_step_pre_hook`` / ``register_step_post_hook``), so they never
+reach into SCOUT's internals, except two that simulate what a hook cannot: a slow
+link seen by SCOUT's own timed communication (:meth:`Trigger.delay_collective`)
+and a rank that misses a capture (:meth:`Trigger.skip_capture`). Those register
+with :mod:`scout_core.replay.taps`, the one seam replay offers for fault
+simulation.
+
+[What "step" means]
+The step is the 0-based training iteration: the number of optimizer steps that had
+completed when the iteration's first forward ran. It advances lazily, at the first
+forward after an optimizer step, so everything that belongs to iteration ``s`` (its
+forward, backward, optimizer step and the replay boundary right after it) sees the
+same ``s`` whatever order hooks were registered in.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from scout_core.replay import taps
+
+__all__ = [
+    "AddNoise",
+    "BitFlip",
+    "Corruption",
+    "Faults",
+    "Scale",
+    "Trigger",
+    "flip_bit",
+]
+
+
+def flip_bit(t: torch.Tensor, *, index: int = 0, bit: int = 0) -> torch.Tensor:
+    """Flip bit ``bit`` of element ``index`` (flat) of ``t`` in place; return ``t``.
+
+    Bit 0 is the lowest mantissa bit of a float: the smallest change there is, which
+    no tolerance-based check sees and only a bitwise signature does.
+    """
+    if t.numel() == 0:
+        raise ValueError("cannot flip a bit of an empty tensor")
+    flat = t.detach().view(-1)
+    i = index % flat.numel()
+    width = t.element_size() * 8
+    if not 0 <= bit < width:
+        raise ValueError(f"bit must be in 0..{width - 1} for {t.dtype}, got {bit}")
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    with torch.no_grad():
+        raw = flat[i : i + 1].view(ints)
+        mask = 1 << bit
+        if bit == width - 1:  # the sign bit: flip it without overflowing a Python int
+            mask = -(1 << (width - 1))
+        raw.bitwise_xor_(torch.tensor(mask, dtype=ints))
+    return t
+
+
+class Corruption:
+    """A numerical corruption: applied in place to a tensor (a copy for outputs)."""
+
+    def apply_(self, t: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class BitFlip(Corruption):
+    """Flip one bit of one element; ``bit=0`` is the near-invisible lowest mantissa bit."""
+
+    bit: int = 0
+    index: int = 0
+
+    def apply_(self, t: torch.Tensor) -> None:
+        flip_bit(t, index=self.index, bit=self.bit)
+
+
+@dataclass(frozen=True)
+class Scale(Corruption):
+    """Multiply every element by ``factor``."""
+
+    factor: float = 2.0
+
+    def apply_(self, t: torch.Tensor) -> None:
+        with torch.no_grad():
+            t.mul_(self.factor)
+
+
+@dataclass(frozen=True)
+class AddNoise(Corruption):
+    """Add seeded Gaussian noise of standard deviation ``std`` (same noise every time)."""
+
+    std: float = 1e-3
+    seed: int = 0
+
+    def apply_(self, t: torch.Tensor) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        noise = torch.randn(t.shape, generator=gen, dtype=torch.float64)
+        with torch.no_grad():
+            t.add_(noise.to(dtype=t.dtype, device=t.device) * self.std)
+
+
+@dataclass(frozen=True)
+class _When:
+    rank: int | None
+    steps: frozenset[int] | None  # None = every step (persistent)
+
+    def active(self, rank: int, step: int) -> bool:
+        return (self.rank is None or self.rank == rank) and (
+            self.steps is None or step in self.steps
+        )
+
+
+@dataclass
+class _Fault:
+    when: _When
+    kind: str
+    target: str | None
+    payload: Any
+    fired: list[int] = field(default_factory=list)
+
+
+class Trigger:
+    """The faults scheduled at one (rank, steps); each method returns the :class:`Faults`."""
+
+    def __init__(self, faults: Faults, when: _When) -> None:
+        self._faults = faults
+        self._when = when
+
+    def _add(self, kind: str, target: str | None, payload: Any) -> Faults:
+        self._faults.faults.append(_Fault(self._when, kind, target, payload))
+        return self._faults
+
+    def corrupt_output(self, module: str, how: Corruption) -> Faults:
+        """Corrupt the first floating tensor a module returns (training and replay calls)."""
+        return self._add("output", module, how)
+
+    def corrupt_param(self, param: str, how: Corruption) -> Faults:
+        """Corrupt a parameter after backward, before the optimizer step."""
+        return self._add("param", param, how)
+
+    def corrupt_grad(self, param: str, how: Corruption) -> Faults:
+        """Corrupt a parameter's (already reduced) gradient before the optimizer step."""
+        return self._add("grad", param, how)
+
+    def corrupt_optimizer_state(self, param: str, how: Corruption, *, key: str = "") -> Faults:
+        """Corrupt an optimizer slot of ``param`` (``key`` e.g. ``exp_avg``; default the first
+        floating slot) before the step."""
+        return self._add("optim", param, (how, key))
+
+    def delay_compute(self, module: str, seconds: float) -> Faults:
+        """Sleep ``seconds`` inside a module's forward (training and replay calls)."""
+        return self._add("delay", module, float(seconds))
+
+    def delay_collective(self, seconds: float, *, group: str = "any") -> Faults:
+        """Delay this rank inside SCOUT's timed communication on ``group`` (``"shard"``,
+        ``"tp"``, ``"replica"`` or ``"any"``): a slow link as replay measures it."""
+        return self._add("collective", group, float(seconds))
+
+    def skip_capture(self, module: str | None = None) -> Faults:
+        """Make this rank miss the replay capture of ``module`` (default: every module)."""
+        return self._add("skip", module, None)
+
+
+class Faults:
+    """A chainable, deterministic schedule of faults; :meth:`attach` arms it on one rank."""
+
+    def __init__(self) -> None:
+        self.faults: list[_Fault] = []
+        self.step = 0
+        self._advance = False
+        self._rank = 0
+        self._handles: list[RemovableHandle] = []
+        self._taps: list[Callable[[], None]] = []
+
+    def at(
+        self,
+        *,
+        rank: int | None = None,
+        step: int | None = None,
+        steps: Iterable[int] | None = None,
+        persistent: bool = False,
+    ) -> Trigger:
+        """Schedule at ``rank`` (None: every rank) and ``step``, ``steps`` or ``persistent``."""
+        if sum(x is not None and x is not False for x in (step, steps, persistent or None)) != 1:
+            raise ValueError("give exactly one of step=, steps= or persistent=True")
+        chosen: frozenset[int] | None
+        if persistent:
+            chosen = None
+        elif step is not None:
+            chosen = frozenset({int(step)})
+        else:
+            assert steps is not None
+            chosen = frozenset(int(s) for s in steps)
+        return Trigger(self, _When(rank, chosen))
+
+    def fired(self) -> list[tuple[str, str | None, int]]:
+        """(kind, target, step) of every injection that happened on this rank."""
+        return sorted((f.kind, f.target, s) for f in self.faults for s in f.fired)
+
+    # -- attaching ----------------------------------------------------------------------
+
+    def attach(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int | None = None
+    ) -> Faults:
+        """Arm the faults for this process's rank (``RANK`` env or ``dist.get_rank()``)."""
+        from scout_core.discovery import unwrap
+
+        self._rank = _this_rank() if rank is None else rank
+        root = unwrap(model)
+        self._handles.append(model.register_forward_pre_hook(self._on_forward))
+        self._handles.append(optimizer.register_step_pre_hook(self._pre_step(root, optimizer)))
+        self._handles.append(optimizer.register_step_post_hook(self._post_step))
+        mine = [f for f in self.faults if f.when.rank in (None, self._rank)]
+        for f in mine:
+            if f.kind in {"output", "delay"}:
+                assert f.target is not None
+                module = root.get_submodule(f.target)
+                self._handles.append(module.register_forward_hook(self._module_hook(f)))
+            elif f.kind == "collective":
+                self._taps.append(taps.add_comm_delay(self._comm_delay(f)))
+            elif f.kind == "skip":
+                self._taps.append(taps.add_capture_veto(self._veto(f)))
+        return self
+
+    def detach(self) -> None:
+        """Remove every hook and tap this schedule installed."""
+        for h in self._handles:
+            h.remove()
+        for remove in self._taps:
+            remove()
+        self._handles.clear()
+        self._taps.clear()
+
+    def _active(self, f: _Fault) -> bool:
+        return f.when.active(self._rank, self.step)
+
+    def _fire(self, f: _Fault) -> None:
+        if not f.fired or f.fired[-1] != self.step:
+            f.fired.append(self.step)
+
+    def _on_forward(self, module: nn.Module, args: Any) -> None:
+        if self._advance:
+            self.step += 1
+            self._advance = False
+
+    def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._advance = True
+
+    def _module_hook(self, f: _Fault) -> Callable[[nn.Module, Any, Any], Any]:
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            if not self._active(f):
+                return None
+            self._fire(f)
+            if f.kind == "delay":
+                time.sleep(f.payload)
+                return None
+            return _corrupt_first(output, f.payload)
+
+        return hook
+
+    def _pre_step(
+        self, root: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> Callable[[torch.optim.Optimizer, Any, Any], None]:
+        def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            for f in self.faults:
+                if f.kind not in {"param", "grad", "optim"} or not self._active(f):
+                    continue
+                assert f.target is not None
+                p = _local(root.get_parameter(f.target))
+                if f.kind == "param":
+                    f.payload.apply_(p)
+                elif f.kind == "grad":
+                    if p.grad is None:
+                        continue
+                    f.payload.apply_(_local(p.grad))
+                else:
+                    how, key = f.payload
+                    state = optimizer.state.get(root.get_parameter(f.target), {})
+                    slots = [
+                        k
+                        for k, v in state.items()
+                        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1
+                    ]
+                    if not slots:
+                        continue  # no state yet (first step): nothing to corrupt
+                    how.apply_(_local(state[key or slots[0]]))
+                self._fire(f)
+
+        return hook
+
+    def _comm_delay(self, f: _Fault) -> Callable[[str], float]:
+        def delay(kind: str) -> float:
+            if self._active(f) and f.target in ("any", kind):
+                self._fire(f)
+                return float(f.payload)
+            return 0.0
+
+        return delay
+
+    def _veto(self, f: _Fault) -> Callable[[str], bool]:
+        def veto(path: str) -> bool:
+            if self._active(f) and f.target in (None, path):
+                self._fire(f)
+                return True
+            return False
+
+        return veto
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2/TP), the tensor itself otherwise."""
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):
+        local = to_local()
+        assert isinstance(local, torch.Tensor)
+        return local
+    return t
+
+
+def _corrupt_first(output: Any, how: Corruption) -> Any:
+    if isinstance(output, torch.Tensor):
+        if output.is_floating_point():
+            bad = output.clone()
+            how.apply_(bad)
+            return bad
+        return output
+    if isinstance(output, tuple | list):
+        items = list(output)
+        for i, item in enumerate(items):
+            if isinstance(item, torch.Tensor) and item.is_floating_point():
+                items[i] = _corrupt_first(item, how)
+                return type(output)(items)
+        return output
+    return output
+
+
+def _this_rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
