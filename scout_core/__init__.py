@@ -1,0 +1,113 @@
+"""SCOUT: symmetric consensus outlier detection for distributed LLM training.
+
+The public API. Everything not listed in ``__all__`` is private::
+
+    import scout_core as scout
+    session = scout.enable(model, optimizer, config=scout.Config(report_dir="runs/scout"))
+    ...            # the training loop, unchanged
+    session.close()
+
+``enable`` also accepts a framework object (a DeepSpeed engine, a TorchTitan trainer,
+Megatron model chunks) and hands it to the plugin registered for it under the
+``scout.plugins`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from scout_core.c3 import C3Result, Surface, exchange
+from scout_core.config import Config
+from scout_core.errors import (
+    CheckpointError,
+    ConfigError,
+    EvidenceError,
+    PluginNotReadyError,
+    ProtocolError,
+    ScoutError,
+    UnsupportedSetupError,
+)
+from scout_core.evidence import EvidenceWriter, Record, Report, load_report
+from scout_core.mesh import Axis, MeshAddress, MeshLayout
+from scout_core.signature import signature
+from scout_core.vocabulary import Failure, Mode, Scope, Status
+
+__all__ = [
+    # entry point
+    "enable",
+    "Config",
+    # decisions and evidence
+    "C3Result",
+    "Surface",
+    "exchange",
+    "signature",
+    "Record",
+    "Report",
+    "EvidenceWriter",
+    "load_report",
+    # vocabulary
+    "Axis",
+    "MeshAddress",
+    "MeshLayout",
+    "Failure",
+    "Mode",
+    "Scope",
+    "Status",
+    # errors
+    "ScoutError",
+    "ConfigError",
+    "UnsupportedSetupError",
+    "PluginNotReadyError",
+    "EvidenceError",
+    "ProtocolError",
+    "CheckpointError",
+]
+
+__version__ = "0.1.0"
+
+
+def _resolve_config(config: Config | str | os.PathLike[str] | None) -> Config:
+    if config is None:
+        return Config.from_env()
+    if isinstance(config, Config):
+        return config
+    return Config.from_file(config)
+
+
+def enable(
+    obj: Any,
+    optimizer: Any = None,
+    *,
+    config: Config | str | os.PathLike[str] | None = None,
+    callback: Callable[[Record], None] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Attach SCOUT to a training job and return its session.
+
+    ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``) or a framework object
+    that an installed plugin handles. ``config`` is a :class:`Config`, a path to a
+    TOML/JSON file, or None (``SCOUT_*`` environment variables and defaults).
+    ``callback`` receives every verdict record. Bad configuration raises
+    :class:`ConfigError` here, before anything is attached.
+    """
+    from scout_core.plugins import describe_unsupported, select_plugin
+
+    loaded = select_plugin(obj)
+    if loaded is not None:
+        cfg = None if config is None else _resolve_config(config)
+        args = () if optimizer is None else (optimizer,)
+        return loaded.plugin.enable(obj, *args, config=cfg, callback=callback, **kwargs)
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UnsupportedSetupError(
+                "scout.enable(model, optimizer): plain PyTorch needs the torch.optim.Optimizer "
+                f"that trains the model, got {type(optimizer).__name__}"
+            )
+        from scout_core.session import enable_torch
+
+        return enable_torch(obj, optimizer, _resolve_config(config), callback=callback, **kwargs)
+    raise describe_unsupported(obj)

@@ -1,0 +1,63 @@
+"""The ``scout`` command line.
+
+``scout demo``           a small multi-rank CPU job with injected faults, and its verdicts
+``scout c3-round``       one C3 round across local ranks, one of them disagreeing
+``scout report DIR``     print the evidence records of a report directory for a person
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _report(args: argparse.Namespace) -> int:
+    from scout_core.errors import EvidenceError
+    from scout_core.evidence import load_report
+    from scout_core.render import render_records
+
+    try:
+        report = load_report(args.dir)
+    except EvidenceError as exc:
+        print(f"scout report: {exc}", file=sys.stderr)
+        return 2
+    print(render_records(report.records, include_agree=args.all))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from scout_core.demo import main as demo_main
+
+    return demo_main(args.rest)
+
+
+def _c3_round(args: argparse.Namespace) -> int:
+    from scout_core.c3_round import main as round_main
+
+    return round_main(ranks=args.ranks, odd_rank=args.odd_rank)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scout", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="run the multi-rank fault-localization demo on CPU")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the demo")
+    p.set_defaults(func=_demo)
+    p = sub.add_parser("c3-round", help="one C3 round across local ranks, printing its verdict")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--odd-rank", type=int, default=2, help="the rank that disagrees (-1: none)")
+    p.set_defaults(func=_c3_round)
+    p = sub.add_parser("report", help="render a report directory's evidence records")
+    p.add_argument("dir")
+    p.add_argument("--all", action="store_true", help="also list agreeing rounds")
+    p.set_defaults(func=_report)
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

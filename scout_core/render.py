@@ -1,0 +1,66 @@
+"""Render evidence records as a table a person reads first when a run goes wrong.
+
+One line per record: step, failure, culprit, scope, surface and the peer group.
+Agreeing rounds are left out unless asked for, since a healthy run writes many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scout_core.evidence import Record
+from scout_core.vocabulary import Status
+
+__all__ = ["culprit", "render_records"]
+
+_HEADER = ("step", "failure", "culprit", "scope", "surface", "peers")
+
+
+def culprit(record: Record) -> str:
+    """Who the record points at, in words."""
+    if record.outliers and record.scope is not None and record.scope.value == "rank":
+        return "rank " + ",".join(str(r) for r in record.outliers)
+    if record.hosts and record.scope is not None and record.scope.value == "machine":
+        return "host " + ",".join(record.hosts)
+    if record.status is Status.INCONCLUSIVE:
+        return "(no majority)"
+    if record.failure is None:
+        return "-"
+    return f"(whole {record.scope.value if record.scope else 'group'})"
+
+
+def _row(record: Record) -> tuple[str, ...]:
+    if record.action is not None:  # a checkpoint-gate decision
+        what = f"ckpt {record.action}"
+        who = f"{record.selected or ''} step {record.checkpoint_step}".strip()
+    else:
+        what = (
+            record.failure.value
+            if record.failure
+            else (record.status.value if record.status else "-")
+        )
+        who = culprit(record)
+    peers = "[" + ",".join(str(r) for r in record.group) + "]"
+    scope = record.scope.value if record.scope else "-"
+    return (str(record.step), what, who, scope, record.surface, peers)
+
+
+def render_records(records: Iterable[Record], *, include_agree: bool = False) -> str:
+    """A fixed-width table of ``records`` (agreeing rounds only with ``include_agree``)."""
+    rows = [
+        _row(r)
+        for r in records
+        if include_agree
+        or r.action is not None
+        or r.failure is not None
+        or r.status is not Status.AGREE
+    ]
+    if not rows:
+        return "no failures recorded"
+    table = [_HEADER, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(_HEADER))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""The public API is exactly what ``scout_core.__all__`` lists; renaming breaks users."""
+
+from __future__ import annotations
+
+import pytest
+
+import scout_core
+
+EXPECTED = {
+    "enable",
+    "Config",
+    "C3Result",
+    "Surface",
+    "exchange",
+    "signature",
+    "Record",
+    "Report",
+    "EvidenceWriter",
+    "load_report",
+    "Axis",
+    "MeshAddress",
+    "MeshLayout",
+    "Failure",
+    "Mode",
+    "Scope",
+    "Status",
+    "ScoutError",
+    "ConfigError",
+    "UnsupportedSetupError",
+    "PluginNotReadyError",
+    "EvidenceError",
+    "ProtocolError",
+    "CheckpointError",
+}
+
+
+def test_exported_names_are_pinned() -> None:
+    assert set(scout_core.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert getattr(scout_core, name) is not None, name
+
+
+def test_enable_refuses_an_unknown_object_and_names_it() -> None:
+    with pytest.raises(scout_core.UnsupportedSetupError, match="no plugin handles builtins.dict"):
+        scout_core.enable({})
+
+
+def test_enable_plain_torch_needs_an_optimizer() -> None:
+    import torch
+
+    with pytest.raises(scout_core.UnsupportedSetupError, match="torch.optim.Optimizer"):
+        scout_core.enable(torch.nn.Linear(2, 2), None)
