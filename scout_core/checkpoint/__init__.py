@@ -1,0 +1,42 @@
+"""Gate checkpoints: in-memory generations, durable DCP persistence and recovery.
+
+* :mod:`.state`: one rank's training state as a tree (capture, flatten, restore);
+* :mod:`.memory`: host-memory generations (latest / candidate / verified), async
+  capture on CUDA, optional peer replication;
+* :mod:`.durable`: DCP shards, JSON manifests, atomic commit, consistent loading;
+* :mod:`.coordinator`: runs the gate at each replay boundary and writes the records;
+* :mod:`.recovery`: restores the generation the gate selects, or a fresh process
+  from disk alone.
+
+The decision logic itself lives in :mod:`scout_core.gate`.
+"""
+
+from __future__ import annotations
+
+from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
+from scout_core.checkpoint.durable import DurableStore, Generation, scan
+from scout_core.checkpoint.memory import (
+    InMemoryCheckpoints,
+    PeerReplica,
+    Snapshot,
+    fetch_from_peer,
+    replicate_to_peer,
+)
+from scout_core.checkpoint.recovery import Restored, default_rng_streams, recover, restore_from_disk
+
+__all__ = [
+    "BoundaryResult",
+    "CheckpointCoordinator",
+    "DurableStore",
+    "Generation",
+    "scan",
+    "InMemoryCheckpoints",
+    "PeerReplica",
+    "Snapshot",
+    "fetch_from_peer",
+    "replicate_to_peer",
+    "Restored",
+    "default_rng_streams",
+    "recover",
+    "restore_from_disk",
+]

@@ -1,0 +1,258 @@
+"""The checkpoint coordinator: turns replay outcomes into gate decisions and checkpoints.
+
+This is the piece the paper calls SCOUT's checkpoint coordinator. It owns one
+rank's :class:`~scout_core.gate.Gate`, its in-memory generations and, when a
+``checkpoint_dir`` is configured, the durable store, and runs one replay boundary
+end to end (:meth:`CheckpointCoordinator.on_boundary`):
+
+1. the rank's outcome becomes :class:`~scout_core.gate.LocalFlags`, combined
+   job-wide with one all-reduce on the diagnostic group (errors if ranks disagree
+   about the step, the recipe, the gate state or the cycle boundary);
+2. the gate decides (capture / rotate / skip / retrieve);
+3. the decision is carried out: capture ``latest`` in host memory; at a cycle
+   boundary promote the candidate (in memory and on disk), replicate and persist
+   the new candidate and drop generations nobody selects any more; on a skip drop
+   the candidate everywhere; on SDC or hang select the generation recovery should
+   use;
+4. every decision is a ``scout.checkpoint/1`` evidence record (capture, candidate,
+   promote, retrieve), written once for the job by its lowest rank.
+
+Restoring is :mod:`.recovery`'s job; :meth:`CheckpointCoordinator.recover` calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from scout_core.adapter import RngStream
+from scout_core.checkpoint.durable import DurableStore
+from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, replicate_to_peer
+from scout_core.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
+from scout_core.gate import (
+    Action,
+    Decision,
+    Gate,
+    Outcome,
+    Retrieval,
+    Selection,
+    combine,
+    combine_outcome,
+)
+from scout_core.vocabulary import Failure, Scope
+
+if TYPE_CHECKING:
+    from scout_core.checkpoint.recovery import Restored
+
+__all__ = ["BoundaryResult", "CheckpointCoordinator"]
+
+
+@dataclass(frozen=True)
+class BoundaryResult:
+    """What one replay boundary did."""
+
+    decision: Decision
+    retrieval: Retrieval | None = None
+    """Set when the boundary saw SDC or a hang: the generation recovery should use."""
+    capture_s: float = 0.0
+    """Host time the in-memory capture blocked for (0 when nothing was captured)."""
+
+
+class CheckpointCoordinator:
+    """One rank's gate, in-memory generations and durable store, driven per boundary.
+
+    Collective: every rank of the job constructs one with the same ``catalog_size``
+    and ``ranks`` and calls :meth:`on_boundary` at the same replay boundaries.
+    ``group`` is a diagnostic Gloo group over ``ranks`` (the whole job).
+    ``sweep`` runs the full recipe catalog now and returns this rank's outcome
+    (retrieval after failures that are neither SDC nor slowness needs it).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizers: Sequence[torch.optim.Optimizer],
+        *,
+        rng_streams: Sequence[RngStream],
+        catalog_size: int,
+        group: dist.ProcessGroup,
+        ranks: Sequence[int],
+        run_id: str,
+        writer: EvidenceWriter | None = None,
+        checkpoint_dir: str | None = None,
+        peer_replication: bool = False,
+        sweep: Callable[[], Outcome] | None = None,
+    ) -> None:
+        if group is None or group == dist.group.WORLD:
+            raise ValueError("the checkpoint coordinator needs a diagnostic group, never WORLD")
+        self.gate = Gate(catalog_size)
+        self.memory = InMemoryCheckpoints(model, optimizers, rng_streams)
+        self.group = group
+        self.ranks = tuple(ranks)
+        self.run_id = run_id
+        self.writer = writer
+        self.sweep = sweep
+        self.peer_replication = peer_replication and len(self.ranks) > 1
+        self.replicas: dict[int, PeerReplica] = {}
+        """Peer replicas this rank holds, by step (the candidate and the verified)."""
+        self.durable = (
+            None
+            if checkpoint_dir is None
+            else DurableStore(checkpoint_dir, group=group, ranks=list(self.ranks), run_id=run_id)
+        )
+
+    # -- evidence ------------------------------------------------------------------------
+
+    def record(
+        self,
+        action: str,
+        step: int,
+        checkpoint_step: int | None,
+        *,
+        selected: Selection | None = None,
+        failure: Failure | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write one ``scout.checkpoint/1`` record (once for the job, by its lowest rank)."""
+        if self.writer is None:
+            return
+        self.writer.write_group(
+            Record(
+                schema=CHECKPOINT_SCHEMA,
+                run_id=self.run_id,
+                step=step,
+                surface="gate",
+                failure=failure,
+                group=self.ranks,
+                scope=Scope.JOB,
+                action=action,
+                selected=None if selected is None else selected.value,
+                checkpoint_step=checkpoint_step,
+                detail=dict(detail or {}),
+            )
+        )
+
+    # -- the boundary --------------------------------------------------------------------
+
+    def on_boundary(
+        self,
+        step: int,
+        outcome: Outcome,
+        recipes: int | Iterable[int] | None,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        machines_accessible: bool = True,
+    ) -> BoundaryResult:
+        """Algorithm 3's ``CheckpointSave`` at the replay boundary of ``step``.
+
+        ``outcome`` is this rank's result for the boundary (all its recipe rounds and
+        peer groups together, e.g. :func:`~scout_core.gate.worst` of them) and
+        ``recipes`` the catalog indices of the recipes checked (``None`` when this
+        rank has no result). ``extra`` is the caller's state to capture with the
+        model. Collective over the diagnostic group.
+        """
+        gate = self.gate
+        local = gate.local_flags(step, outcome, recipes)
+        job = combine(local, group=self.group)
+        decision = gate.decide(job, local)
+        detail = {
+            "q": gate.q,
+            "K": gate.catalog_size,
+            "recipes": list(local.recipes),
+            "reason": decision.reason,
+        }
+
+        if decision.action is Action.RETRIEVE:
+            found = self.select(
+                decision.failure, step=step, machines_accessible=machines_accessible
+            )
+            return BoundaryResult(decision, retrieval=found)
+
+        if decision.action is Action.SKIP:
+            gate.apply(decision)
+            self.memory.drop_candidate()
+            if decision.dropped is not None:
+                if self.durable is not None:
+                    self.durable.discard(decision.dropped)
+                self.record("candidate", step, decision.dropped, detail={**detail, "dropped": True})
+            return BoundaryResult(decision)
+
+        snap = self.memory.capture(step, extra)
+        gate.apply(decision)
+        self.record("capture", step, step, detail={**detail, "q": gate.q})
+        if decision.action is Action.ROTATE:
+            self._rotate(decision, step, detail)
+        return BoundaryResult(decision, capture_s=snap.blocking_s)
+
+    def _rotate(self, decision: Decision, step: int, detail: Mapping[str, Any]) -> None:
+        self.memory.rotate()
+        candidate = self.memory.candidate
+        assert candidate is not None  # rotate() just made latest the candidate
+        if decision.promote is not None:
+            if self.durable is not None:
+                self.durable.set_role(decision.promote, "verified")
+            self.record("promote", step, decision.promote, detail=detail)
+        if self.peer_replication:
+            got = replicate_to_peer(candidate, group=self.group, ranks=self.ranks)
+            self.replicas[got.step] = got
+        if self.durable is not None:
+            candidate.wait()
+            self.durable.persist(step, candidate.tree, role="candidate")
+            keep = {step} | ({self.gate.verified} if self.gate.verified is not None else set())
+            self.durable.discard_except(keep)
+        live = {step, self.gate.verified}
+        self.replicas = {k: v for k, v in self.replicas.items() if k in live}
+        self.record("candidate", step, step, detail=detail)
+
+    # -- retrieval -----------------------------------------------------------------------
+
+    def job_sweep(self) -> Callable[[], Outcome] | None:
+        """The caller's full-catalog sweep, its result combined job-wide (or ``None``)."""
+        sweep = self.sweep
+        if sweep is None:
+            return None
+        return lambda: combine_outcome(sweep(), group=self.group)
+
+    def select(
+        self, failure: Failure | None, *, step: int, machines_accessible: bool = True
+    ) -> Retrieval:
+        """Algorithm 3's ``CheckpointRetrieval`` on this gate; writes a retrieve record."""
+        found = self.gate.retrieve(
+            failure, machines_accessible=machines_accessible, sweep=self.job_sweep()
+        )
+        self.record(
+            "retrieve",
+            step,
+            found.step,
+            selected=found.selected,
+            failure=failure,
+            detail={
+                "reason": found.reason,
+                "phase": "select",
+                "sweep": None if found.sweep is None else found.sweep.value,
+            },
+        )
+        return found
+
+    def recover(
+        self,
+        failure: Failure | None,
+        *,
+        step: int | None = None,
+        machines_accessible: bool = True,
+        extra: MutableMapping[str, Any] | None = None,
+    ) -> Restored:
+        """Select and restore the generation the gate trusts (see :func:`.recovery.recover`)."""
+        from scout_core.checkpoint.recovery import recover  # recovery imports this module
+
+        return recover(
+            self, failure, step=step, machines_accessible=machines_accessible, extra=extra
+        )
+
+    def close(self) -> None:
+        """Detach from the optimizers (idempotent)."""
+        self.memory.close()

@@ -1,0 +1,179 @@
+"""DCP storage for one rank's shard, with its metadata as JSON: nothing is unpickled.
+
+``torch.distributed.checkpoint``'s ``FileSystemWriter`` stores the checkpoint
+metadata (which tensor lives at which byte range of which file) with ``pickle``, and
+``FileSystemReader.read_metadata`` reads it back with ``pickle.load``. SCOUT keeps
+DCP's writer, so the standard ``.metadata`` file is still there for tools that read
+DCP checkpoints, but also writes the same metadata as JSON (``.metadata.json``) and
+loads through a reader that reads only the JSON. Tensor data itself is read by DCP
+with ``torch.load(weights_only=True)``.
+
+Gate checkpoints put only tensors into DCP (everything else goes into the JSON shard
+description, :mod:`.durable`), so the JSON metadata has one kind of entry:
+a tensor's dtype, global size and chunks, and where each chunk's bytes are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter, _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from scout_core.checkpoint.state import dtype_from_name
+from scout_core.errors import CheckpointError
+
+__all__ = [
+    "JSON_METADATA",
+    "JsonMetadataReader",
+    "JsonMetadataWriter",
+    "metadata_to_json",
+    "metadata_from_json",
+    "fsync_dir",
+    "per_rank_dcp",
+    "read_json",
+    "write_json",
+]
+
+JSON_METADATA = ".metadata.json"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically: temp file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Parse a JSON file; :class:`CheckpointError` when it is missing, corrupt or truncated."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{what} {path} is corrupt or truncated: {exc}") from None
+
+
+@contextlib.contextmanager
+def per_rank_dcp() -> Iterator[None]:
+    """DCP with ``no_dist=True`` warns that it assumes a single process; that is the
+    intent here (one independent DCP checkpoint per rank), so that one warning is muted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.distributed is .*assuming the intent", category=UserWarning
+        )
+        yield
+
+
+def metadata_to_json(md: Metadata) -> dict[str, Any]:
+    """DCP ``Metadata`` (tensor entries only) as a JSON-safe dict."""
+    tensors = {}
+    for fqn, item in md.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise CheckpointError(f"gate checkpoints store tensors only; {fqn!r} is not one")
+        tensors[fqn] = {
+            "dtype": str(item.properties.dtype).removeprefix("torch."),
+            "size": list(item.size),
+            "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in item.chunks],
+        }
+    storage = []
+    for index, info in (md.storage_data or {}).items():
+        storage.append(
+            {
+                "fqn": index.fqn,
+                "offset": None if index.offset is None else list(index.offset),
+                "index": index.index,
+                "path": info.relative_path,
+                "file_offset": info.offset,
+                "length": info.length,
+                "transforms": None
+                if info.transform_descriptors is None
+                else list(info.transform_descriptors),
+            }
+        )
+    return {"version": md.version, "tensors": tensors, "storage": storage}
+
+
+def metadata_from_json(data: Any, where: Path) -> Metadata:
+    """Inverse of :func:`metadata_to_json`; :class:`CheckpointError` if malformed."""
+    try:
+        sd_md: dict[str, Any] = {
+            fqn: TensorStorageMetadata(
+                properties=TensorProperties(dtype=dtype_from_name(t["dtype"])),
+                size=torch.Size(t["size"]),
+                chunks=[
+                    ChunkStorageMetadata(
+                        offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"])
+                    )
+                    for c in t["chunks"]
+                ],
+            )
+            for fqn, t in data["tensors"].items()
+        }
+        storage = {
+            MetadataIndex(
+                fqn=s["fqn"],
+                offset=None if s["offset"] is None else torch.Size(s["offset"]),
+                index=s["index"],
+            ): _StorageInfo(
+                relative_path=str(s["path"]),
+                offset=int(s["file_offset"]),
+                length=int(s["length"]),
+                transform_descriptors=s["transforms"],
+            )
+            for s in data["storage"]
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"DCP metadata {where} is malformed: {exc!r}") from None
+    return Metadata(
+        state_dict_metadata=sd_md,
+        storage_data=storage,
+        storage_meta=StorageMeta(),
+        version=data.get("version"),
+    )
+
+
+class JsonMetadataWriter(FileSystemWriter):
+    """DCP's filesystem writer, plus a JSON copy of the metadata SCOUT reads back."""
+
+    def finish(self, metadata: Metadata, results: Any) -> None:
+        super().finish(metadata, results)  # fills metadata.storage_data
+        write_json(Path(self.path) / JSON_METADATA, metadata_to_json(metadata))
+
+
+class JsonMetadataReader(FileSystemReader):
+    """DCP's filesystem reader that reads the JSON metadata and never unpickles."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / JSON_METADATA
+        md = metadata_from_json(read_json(path, "DCP metadata"), path)
+        if md.storage_meta is not None:
+            md.storage_meta.load_id = self.load_id
+        return md

@@ -1,0 +1,363 @@
+"""One rank's training state as a tree: captured, flattened for storage, restored.
+
+A gate checkpoint holds everything a bitwise resume needs: the model's state dict,
+each optimizer's state dict, every RNG stream the adapter names (CPU, device,
+framework trackers) and the caller's own state (a dict of tensors and JSON-safe
+values: a step counter, a data-loader position). This module is the one place
+that walks that tree, so the in-memory store, peer replication and the durable
+store all agree on its shape:
+
+* :func:`capture_tree` copies the live state into a tree of host tensors through a
+  copy function the caller supplies (a plain clone on CPU, an asynchronous copy to
+  pinned memory on CUDA);
+* :func:`flatten` / :func:`unflatten` split a tree into a JSON skeleton and a flat
+  ``{key: tensor}`` map (what DCP stores and what peer replication sends) and put
+  it back together; nothing is pickled;
+* :func:`restore_tree` writes a tree back into the live model, optimizers, RNG
+  streams and caller state, bitwise.
+
+[Sharded parameters]
+A DTensor (FSDP2, HSDP, TP) is captured as its *local* shard (:class:`HostShard`)
+with its global shape, stride and placements. Restoring rebuilds the DTensor on the
+live parameter's mesh and placements and refuses, with a
+:class:`~scout_core.errors.CheckpointError`, a layout whose global shape or
+placements changed: a gate checkpoint restores onto the same layout (the same rank
+holds the same shard), which is what replacing a failed machine needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from scout_core.adapter import RngStream
+from scout_core.errors import CheckpointError
+
+__all__ = [
+    "HostShard",
+    "capture_tree",
+    "restore_tree",
+    "flatten",
+    "unflatten",
+    "tensor_specs",
+    "dtype_from_name",
+]
+
+Copy = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class HostShard:
+    """A DTensor's local shard in host memory, and the layout it came from."""
+
+    local: torch.Tensor
+    shape: tuple[int, ...]
+    """Global shape of the DTensor."""
+    stride: tuple[int, ...]
+    """Global stride of the DTensor."""
+    placements: str
+    """``repr`` of the placements, checked against the live layout on restore."""
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """``"float32"`` → ``torch.float32``; :class:`CheckpointError` for anything else."""
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise CheckpointError(f"unknown tensor dtype {name!r} in checkpoint metadata")
+    return value
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _copy_leaf(t: torch.Tensor, copy: Copy) -> torch.Tensor | HostShard:
+    t = t.detach()
+    if isinstance(t, DTensor):
+        return HostShard(
+            local=copy(t.to_local()),
+            shape=tuple(t.shape),
+            stride=tuple(t.stride()),
+            placements=repr(tuple(t.placements)),
+        )
+    return copy(t)
+
+
+def _copy_tree(value: Any, copy: Copy) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _copy_leaf(value, copy)
+    if isinstance(value, Mapping):
+        return {k: _copy_tree(v, copy) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_tree(v, copy) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_tree(v, copy) for v in value)
+    return value
+
+
+def capture_tree(
+    model: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    rng_streams: Sequence[RngStream],
+    extra: Mapping[str, Any] | None,
+    copy: Copy,
+) -> dict[str, Any]:
+    """Copy the live training state into a tree whose tensors ``copy`` produced."""
+    extra_tree = {}
+    if extra is not None:
+        # The caller keeps using its own tensors right after capture, so device
+        # tensors are cloned first and the clone is what ``copy`` may move lazily.
+        extra_tree = {
+            str(k): _copy_tree(
+                v.detach().clone() if isinstance(v, torch.Tensor) and v.device.type != "cpu" else v,
+                copy,
+            )
+            for k, v in extra.items()
+        }
+    return {
+        "model": _copy_tree(model.state_dict(), copy),
+        "optim": [_copy_tree(o.state_dict(), copy) for o in optimizers],
+        "rng": {s.name: copy(s.get()) for s in rng_streams},
+        "extra": extra_tree,
+    }
+
+
+# -- restore ---------------------------------------------------------------------------
+
+
+def _check_shard(path: str, leaf: HostShard, live: torch.Tensor) -> DTensor:
+    if not isinstance(live, DTensor):
+        raise CheckpointError(
+            f"{path}: checkpoint holds a shard but the live tensor is not sharded"
+        )
+    if tuple(live.shape) != leaf.shape or repr(tuple(live.placements)) != leaf.placements:
+        raise CheckpointError(
+            f"{path}: layout changed (checkpoint {leaf.shape} {leaf.placements}, live "
+            f"{tuple(live.shape)} {tuple(live.placements)!r}); gate checkpoints restore "
+            "onto the layout they were taken on"
+        )
+    if tuple(live.to_local().shape) != tuple(leaf.local.shape):
+        raise CheckpointError(f"{path}: local shard shape differs from the checkpoint")
+    return live
+
+
+def _restore_model(model: torch.nn.Module, tree: Mapping[str, Any]) -> None:
+    live = model.state_dict()
+    if set(live) != set(tree):
+        missing, unexpected = sorted(set(live) - set(tree)), sorted(set(tree) - set(live))
+        raise CheckpointError(
+            f"model state does not match the checkpoint (missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]})"
+        )
+    with torch.no_grad():
+        for key, leaf in tree.items():
+            target = live[key]
+            if isinstance(leaf, HostShard):
+                _check_shard(f"model/{key}", leaf, target).to_local().copy_(leaf.local)
+            else:
+                if target.shape != leaf.shape or target.dtype != leaf.dtype:
+                    raise CheckpointError(
+                        f"model/{key}: shape or dtype differs from the checkpoint"
+                    )
+                target.copy_(leaf)
+
+
+def _optimizer_params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    # state_dict() numbers parameters in param_groups order; this is that order.
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def _rebuild_optim(path: str, value: Any, param: torch.Tensor | None) -> Any:
+    if isinstance(value, HostShard):
+        if param is None or tuple(param.shape) != value.shape:
+            raise CheckpointError(f"{path}: sharded optimizer state does not match its parameter")
+        live = _check_shard(path, value, param)
+        local = value.local.clone().to(live.to_local().device)
+        return DTensor.from_local(
+            local,
+            live.device_mesh,
+            live.placements,
+            run_check=False,
+            shape=torch.Size(value.shape),
+            stride=value.stride,
+        )
+    if isinstance(value, torch.Tensor):
+        # A fresh clone: load_state_dict may keep the tensor it is given, and the
+        # checkpoint must stay intact for a later restore.
+        return value.clone()
+    if isinstance(value, Mapping):
+        return {k: _rebuild_optim(f"{path}/{k}", v, param) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rebuild_optim(f"{path}/{i}", v, param) for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return tuple(_rebuild_optim(f"{path}/{i}", v, param) for i, v in enumerate(value))
+    return value
+
+
+def _restore_optimizer(index: int, opt: torch.optim.Optimizer, tree: Mapping[str, Any]) -> None:
+    params = _optimizer_params(opt)
+    state = {}
+    for pid, per_param in tree.get("state", {}).items():
+        param = params[int(pid)] if 0 <= int(pid) < len(params) else None
+        state[pid] = _rebuild_optim(f"optim/{index}/state/{pid}", per_param, param)
+    groups = _rebuild_optim(f"optim/{index}/param_groups", tree.get("param_groups", []), None)
+    try:
+        opt.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"optimizer {index} does not match the checkpoint: {exc}") from exc
+
+
+def _restore_extra(
+    tree: Mapping[str, Any], target: MutableMapping[str, Any] | None
+) -> dict[str, Any]:
+    restored = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in tree.items()}
+    if target is not None:
+        for key, value in restored.items():
+            live = target.get(key)
+            if (
+                isinstance(live, torch.Tensor)
+                and isinstance(value, torch.Tensor)
+                and live.shape == value.shape
+                and live.dtype == value.dtype
+            ):
+                with torch.no_grad():
+                    live.copy_(value)  # keep the caller's tensor object (and device)
+            else:
+                target[key] = value
+    return restored
+
+
+def restore_tree(
+    tree: Mapping[str, Any],
+    model: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    rng_streams: Sequence[RngStream],
+    extra: MutableMapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``tree`` back into the live objects; return the restored caller state.
+
+    Model tensors are copied in place (parameters keep their identity, so the
+    optimizers still hold them); optimizer state goes through ``load_state_dict``;
+    each RNG stream is set; caller tensors in ``extra`` are copied in place and other
+    values replaced. The tree itself is never aliased, so it can be restored again.
+    """
+    optims = tree.get("optim", [])
+    if len(optims) != len(optimizers):
+        raise CheckpointError(
+            f"checkpoint holds {len(optims)} optimizer(s), the job has {len(optimizers)}"
+        )
+    rng = tree.get("rng", {})
+    names = [s.name for s in rng_streams]
+    absent = sorted(set(names) - set(rng))
+    if absent:
+        raise CheckpointError(f"checkpoint lacks RNG stream(s) {absent}; it holds {sorted(rng)}")
+    _restore_model(model, tree.get("model", {}))
+    for i, (opt, sub) in enumerate(zip(optimizers, optims, strict=True)):
+        _restore_optimizer(i, opt, sub)
+    for stream in rng_streams:
+        stream.set(rng[stream.name].clone())
+    return _restore_extra(tree.get("extra", {}), extra)
+
+
+# -- flatten / unflatten ---------------------------------------------------------------
+
+
+def flatten(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Split ``tree`` into a JSON-safe skeleton and ``{key: host tensor}``.
+
+    Dict keys keep their type (optimizer state is keyed by int), tuples stay tuples;
+    tensors are named by their path. A value that is neither a tensor, a container
+    nor a JSON scalar raises :class:`CheckpointError` naming its path.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def enc(value: Any, path: str) -> Any:
+        if isinstance(value, HostShard):
+            tensors[path] = value.local
+            return {
+                "S": path,
+                "dtype": _dtype_name(value.local.dtype),
+                "local_shape": list(value.local.shape),
+                "shape": list(value.shape),
+                "stride": list(value.stride),
+                "placements": value.placements,
+            }
+        if isinstance(value, torch.Tensor):
+            tensors[path] = value
+            return {"T": path, "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}
+        if isinstance(value, Mapping):
+            items = []
+            for k, v in value.items():
+                if isinstance(k, bool) or not isinstance(k, str | int):
+                    raise CheckpointError(f"{path}: dict key {k!r} is neither str nor int")
+                items.append([k, enc(v, f"{path}/{k}")])
+            return {"d": items}
+        if isinstance(value, list):
+            return {"l": [enc(v, f"{path}/{i}") for i, v in enumerate(value)]}
+        if isinstance(value, tuple):
+            return {"t": [enc(v, f"{path}/{i}") for i, v in enumerate(value)]}
+        if value is None or isinstance(value, bool | int | float | str):
+            return {"v": value}
+        raise CheckpointError(
+            f"{path}: cannot store a {type(value).__name__} in a gate checkpoint "
+            "(tensors and JSON values only)"
+        )
+
+    return enc(tree, "state"), tensors
+
+
+def tensor_specs(skeleton: Any) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """``{key: (dtype, local shape)}`` of every tensor a skeleton names."""
+    out: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+
+    def walk(node: Any) -> None:
+        if not isinstance(node, dict):
+            raise CheckpointError(f"malformed checkpoint skeleton node {node!r:.80}")
+        if "T" in node:
+            out[str(node["T"])] = (dtype_from_name(node["dtype"]), tuple(node["shape"]))
+        elif "S" in node:
+            out[str(node["S"])] = (dtype_from_name(node["dtype"]), tuple(node["local_shape"]))
+        elif "d" in node:
+            for _, v in node["d"]:
+                walk(v)
+        elif "l" in node or "t" in node:
+            for v in node["l"] if "l" in node else node["t"]:
+                walk(v)
+
+    walk(skeleton)
+    return out
+
+
+def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten`."""
+
+    def dec(node: Any) -> Any:
+        if not isinstance(node, dict) or len(node) == 0:
+            raise CheckpointError(f"malformed checkpoint skeleton node {node!r:.80}")
+        try:
+            if "T" in node:
+                return tensors[node["T"]]
+            if "S" in node:
+                return HostShard(
+                    local=tensors[node["S"]],
+                    shape=tuple(node["shape"]),
+                    stride=tuple(node["stride"]),
+                    placements=str(node["placements"]),
+                )
+            if "d" in node:
+                return {k: dec(v) for k, v in node["d"]}
+            if "l" in node:
+                return [dec(v) for v in node["l"]]
+            if "t" in node:
+                return tuple(dec(v) for v in node["t"])
+            if "v" in node:
+                return node["v"]
+        except KeyError as exc:
+            raise CheckpointError(f"checkpoint is missing tensor {exc}") from None
+        raise CheckpointError(f"malformed checkpoint skeleton node {node!r:.80}")
+
+    return dec(skeleton)

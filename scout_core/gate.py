@@ -1,0 +1,505 @@
+"""The checkpoint gate (paper §8, Algorithm 3): which checkpoint recovery may trust.
+
+A checksum proves that stored bytes equal captured bytes; it cannot prove the
+captured state was numerically right. The gate couples checkpoint eligibility to
+replay evidence instead. It tracks three generations, by optimizer step:
+
+* ``latest``: the newest in-memory checkpoint, captured at an accepted replay boundary;
+* ``candidate``: the checkpoint captured (and persisted) when a recipe cycle closed,
+  awaiting one more clean cycle;
+* ``verified``: a former candidate that survived a further clean cycle.
+
+[What a cycle is]
+A *cycle* is one full rotation of the recipe catalog: ``K`` distinct recipes (for a
+dense model the rotated hidden layers plus embedding, LM head and optimizer). A
+clean check of one sampled layer says nothing about corruption sitting in another
+layer, so a cycle closes only when every catalog recipe has been accepted since the
+cycle began. ``K = 1`` (one check covers all state) is an explicit configuration,
+never the default. A fault can corrupt state after its triggering recipe already
+ran, so the checkpoint captured when a cycle closes may hold corruption that cycle
+never tested; it is only promoted after the *next* cycle is clean too: two
+consecutive clean cycles, ``2K`` accepted checks.
+
+[What is not clean]
+An inconclusive result or a missing one (a rank without a result) is *not clean*:
+the boundary captures nothing, the current cycle restarts, and the candidate is
+dropped, because the cycles around it are no longer consecutive clean cycles. SDC
+or a hang goes to :func:`retrieval`. A straggler verdict is reported by replay but
+counts as accepted here: slowness alone is not numerical divergence.
+
+[Job-wide agreement]
+Before any change of gate state the ranks combine their flags (missing result, SDC,
+hang, not clean, cycle boundary, plus the step, a digest of the recipes that ran and
+a digest of the gate state) with one all-reduce on a diagnostic Gloo group
+(:func:`combine`); the pure fold of the same flags is :func:`merge_flags`. Any
+rank's SDC or hang triggers retrieval everywhere; any rank's incomplete evidence
+skips capture everywhere; and ranks that disagree about the step, the recipes, the
+gate state or whether the cycle closes raise
+:class:`~scout_core.errors.ProtocolError` instead of guessing.
+
+The gate itself is pure: :meth:`Gate.decide` maps job-wide flags to a
+:class:`Decision` without side effects and :meth:`Gate.apply` commits it. Capturing
+and persisting the checkpoints the decisions name is the job of
+:mod:`scout_core.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+from scout_core.errors import ProtocolError
+from scout_core.vocabulary import Failure
+
+__all__ = [
+    "Outcome",
+    "Action",
+    "Selection",
+    "LocalFlags",
+    "JobFlags",
+    "Decision",
+    "Retrieval",
+    "Gate",
+    "merge_flags",
+    "combine",
+    "retrieval",
+    "combine_outcome",
+    "worst",
+    "SLOWNESS",
+]
+
+
+class Outcome(str, Enum):
+    """What one replay boundary showed on one rank (all of its peer groups together)."""
+
+    CLEAN = "clean"
+    """Every comparison agreed (a completed straggler verdict is still clean)."""
+    SDC = "sdc"
+    """A numerical comparison attributed an outlier."""
+    INCONCLUSIVE = "inconclusive"
+    """A numerical comparison had no strict majority: not clean."""
+    MISSING = "missing"
+    """This rank has no result for the boundary: incomplete evidence."""
+    HANG = "hang"
+    """The observer diagnosed a hang."""
+
+
+class Action(str, Enum):
+    """What the gate does at one replay boundary."""
+
+    CAPTURE = "capture"
+    """Accepted check inside a cycle: capture ``latest``."""
+    ROTATE = "rotate"
+    """Accepted check that closes the cycle: capture ``latest``, promote the candidate
+    to verified, make ``latest`` the new (persisted) candidate."""
+    SKIP = "skip"
+    """Not clean (inconclusive or missing somewhere): capture nothing, restart the
+    cycle, drop the candidate."""
+    RETRIEVE = "retrieve"
+    """SDC or hang somewhere in the job: select a checkpoint for recovery."""
+
+
+class Selection(str, Enum):
+    """Which generation a retrieval selects (the evidence field ``selected``)."""
+
+    LATEST = "latest"
+    VERIFIED = "verified"
+
+
+SLOWNESS: frozenset[Failure] = frozenset({Failure.STRAGGLER, Failure.COMM_STRAGGLER})
+"""Failures that are slowness alone; retrieval trusts ``latest`` after them."""
+
+_NONE = -1  # wire value of "no recipes" (the rank has no result)
+_FAR = 1 << 62  # neutral element for a max over negated values of absent entries
+
+
+def _digest(value: object) -> int:
+    """Stable 62-bit digest (non-negative, so it fits the MAX/MIN wire words)."""
+    raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 2
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFlags:
+    """One rank's view of a boundary, before the job-wide combine."""
+
+    step: int
+    recipes: tuple[int, ...]
+    """Catalog indices of the recipes checked at this boundary (empty when missing)."""
+    state: int
+    """62-bit digest of the gate state (counter, accepted set, generations)."""
+    missing: bool
+    sdc: bool
+    hang: bool
+    unclean: bool
+    closes: bool
+    """Accepting these recipes would close the cycle (meaningful when present)."""
+
+    def words(self) -> list[int]:
+        """The int64 words :func:`combine` reduces with MAX (mins ride negated)."""
+        present = not self.missing
+        return [
+            int(self.missing),
+            int(self.sdc),
+            int(self.hang),
+            int(self.unclean),
+            int(present and self.closes),
+            int(present and not self.closes),
+            self.step,
+            -self.step,
+            _digest(self.recipes) if present else _NONE,
+            -_digest(self.recipes) if present else -_FAR,
+            self.state,
+            -self.state,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class JobFlags:
+    """The job-wide combination of every rank's :class:`LocalFlags` (identical everywhere)."""
+
+    step: int
+    recipes: int
+    """Digest of the recipes the present ranks checked (``-1``: every rank missing)."""
+    missing: bool
+    sdc: bool
+    hang: bool
+    unclean: bool
+    closes: bool
+
+
+def _fold_words(maxima: Sequence[int]) -> JobFlags:
+    """Turn the MAX-reduced words back into :class:`JobFlags`, checking agreement."""
+    (missing, sdc, hang, unclean, closes, not_closes, s_hi, s_lo, r_hi, r_lo, g_hi, g_lo) = (
+        int(w) for w in maxima
+    )
+    if s_hi != -s_lo:
+        raise ProtocolError(
+            f"gate boundary at different steps across the job ({-s_lo}..{s_hi}); "
+            "every rank must reach the same replay boundary"
+        )
+    if g_hi != -g_lo:
+        raise ProtocolError(
+            f"gate state differs across the job at step {s_hi} "
+            "(counter, accepted recipes or generations); refusing to change it"
+        )
+    present = r_hi != _NONE
+    if present and r_hi != -r_lo:
+        raise ProtocolError(
+            f"ranks checked different recipes at step {s_hi}; every rank must run the same schedule"
+        )
+    if closes and not_closes:
+        raise ProtocolError(
+            f"ranks disagree about the recipe-cycle boundary at step {s_hi}; "
+            "a cycle boundary is never guessed"
+        )
+    return JobFlags(
+        step=s_hi,
+        recipes=r_hi,
+        missing=bool(missing),
+        sdc=bool(sdc),
+        hang=bool(hang),
+        unclean=bool(unclean),
+        closes=bool(closes),
+    )
+
+
+def merge_flags(flags: Sequence[LocalFlags]) -> JobFlags:
+    """What :func:`combine` computes, as a pure function of every rank's flags."""
+    if not flags:
+        raise ValueError("merge_flags needs the flags of at least one rank")
+    columns = zip(*(f.words() for f in flags), strict=True)
+    return _fold_words([max(c) for c in columns])
+
+
+def combine(local: LocalFlags, *, group: dist.ProcessGroup) -> JobFlags:
+    """Combine ``local`` with every other rank's flags: one MAX all-reduce on ``group``.
+
+    ``group`` must be a diagnostic Gloo group spanning the whole job (made with
+    ``dist.new_group(..., backend="gloo")``), never ``WORLD`` or a training group.
+    Raises :class:`ProtocolError` on every rank when the ranks disagree.
+    """
+    if group is None or group == dist.group.WORLD:
+        raise ValueError("the gate combines flags on a diagnostic group, never WORLD")
+    words = torch.tensor(local.words(), dtype=torch.int64)
+    dist.all_reduce(words, op=dist.ReduceOp.MAX, group=group)
+    return _fold_words(words.tolist())
+
+
+_SEVERITY = (Outcome.CLEAN, Outcome.INCONCLUSIVE, Outcome.MISSING, Outcome.HANG, Outcome.SDC)
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    """One rank's boundary outcome from its recipe rounds: SDC > hang > missing >
+    inconclusive > clean. No rounds at all is ``MISSING`` (fail closed)."""
+    found = [Outcome(o) for o in outcomes]
+    if not found:
+        return Outcome.MISSING
+    return max(found, key=_SEVERITY.index)
+
+
+def combine_outcome(outcome: Outcome, *, group: dist.ProcessGroup) -> Outcome:
+    """The job-wide outcome of a check every rank ran (the full-catalog sweep).
+
+    SDC anywhere wins, then any hang, inconclusive or missing result (not clean);
+    clean only when every rank was clean. One MAX all-reduce on ``group``.
+    """
+    if group is None or group == dist.group.WORLD:
+        raise ValueError("the gate combines outcomes on a diagnostic group, never WORLD")
+    outcome = Outcome(outcome)
+    words = torch.tensor(
+        [int(outcome is Outcome.SDC), int(outcome is not Outcome.CLEAN)], dtype=torch.int64
+    )
+    dist.all_reduce(words, op=dist.ReduceOp.MAX, group=group)
+    sdc, unclean = words.tolist()
+    if sdc:
+        return Outcome.SDC
+    return Outcome.INCONCLUSIVE if unclean else Outcome.CLEAN
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the gate decided at one boundary (pure data; :meth:`Gate.apply` commits it)."""
+
+    action: Action
+    step: int
+    recipes: tuple[int, ...] = ()
+    """CAPTURE / ROTATE: the catalog recipes accepted at this boundary."""
+    promote: int | None = None
+    """ROTATE: the candidate step that becomes verified (``None`` in the first cycle)."""
+    candidate: int | None = None
+    """ROTATE: the step that becomes the new candidate (this boundary)."""
+    dropped: int | None = None
+    """SKIP: the candidate that lost its chance of promotion."""
+    failure: Failure | None = None
+    """RETRIEVE: SDC or hang."""
+    reason: str = ""
+
+    @property
+    def captures(self) -> bool:
+        """Whether this boundary captures an in-memory checkpoint."""
+        return self.action in (Action.CAPTURE, Action.ROTATE)
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieval:
+    """Which checkpoint recovery should use, and why."""
+
+    selected: Selection
+    step: int | None
+    """Step of the selected generation, ``None`` when the gate holds none."""
+    reason: str
+    sweep: Outcome | None = None
+    """The full-catalog sweep's job-wide outcome, when one ran."""
+
+
+class Gate:
+    """Algorithm 3's state machine for one job; every rank holds an identical copy."""
+
+    def __init__(self, catalog_size: int) -> None:
+        if isinstance(catalog_size, bool) or not isinstance(catalog_size, int) or catalog_size < 1:
+            raise ValueError(f"catalog_size (K) must be an int >= 1, got {catalog_size!r}")
+        self.catalog_size = catalog_size
+        self.latest: int | None = None
+        self.candidate: int | None = None
+        self.verified: int | None = None
+        self.cycles = 0
+        """Clean cycles closed so far."""
+        self._accepted: set[int] = set()
+
+    @property
+    def q(self) -> int:
+        """Accepted recipes in the current cycle (Algorithm 3's counter)."""
+        return len(self._accepted)
+
+    @property
+    def accepted(self) -> frozenset[int]:
+        """Catalog indices accepted in the current cycle."""
+        return frozenset(self._accepted)
+
+    def digest(self) -> int:
+        """62-bit digest of the whole state; equal on ranks whose gates agree."""
+        return _digest(
+            (
+                self.catalog_size,
+                sorted(self._accepted),
+                self.cycles,
+                self.latest,
+                self.candidate,
+                self.verified,
+            )
+        )
+
+    def local_flags(
+        self, step: int, outcome: Outcome, recipes: int | Iterable[int] | None
+    ) -> LocalFlags:
+        """This rank's flags for the boundary at ``step``.
+
+        ``recipes`` are the catalog indices of the recipes checked at this boundary
+        (one int, several, or ``None`` / empty when this rank has no result).
+        """
+        outcome = Outcome(outcome)
+        if recipes is None:
+            checked: tuple[int, ...] = ()
+        elif isinstance(recipes, int):
+            checked = (recipes,)
+        else:
+            checked = tuple(sorted(set(recipes)))
+        bad = [r for r in checked if not 0 <= r < self.catalog_size]
+        if bad:
+            raise ValueError(
+                f"recipe indices {bad} are outside the catalog of K={self.catalog_size}"
+            )
+        missing = outcome is Outcome.MISSING or not checked
+        closes = not missing and len(self._accepted | set(checked)) == self.catalog_size
+        return LocalFlags(
+            step=int(step),
+            recipes=() if missing else checked,
+            state=self.digest(),
+            missing=missing,
+            sdc=outcome is Outcome.SDC,
+            hang=outcome is Outcome.HANG,
+            unclean=outcome is Outcome.INCONCLUSIVE,
+            closes=closes,
+        )
+
+    def decide(self, job: JobFlags, local: LocalFlags) -> Decision:
+        """Algorithm 3's ``CheckpointSave`` as a pure function of the job-wide flags.
+
+        ``local`` is this rank's own flags (from :meth:`local_flags`); it only
+        supplies the recipe indices, which :func:`combine` checked are the same on
+        every rank that has a result.
+        """
+        if job.sdc or job.hang:
+            failure = Failure.SDC if job.sdc else Failure.HANG
+            return Decision(
+                Action.RETRIEVE,
+                job.step,
+                failure=failure,
+                reason=f"job-wide outcome is {failure.value}",
+            )
+        if job.missing or job.unclean:
+            why = "a rank has no result" if job.missing else "a check was inconclusive"
+            return Decision(
+                Action.SKIP,
+                job.step,
+                dropped=self.candidate,
+                reason=f"not clean: {why}; capture skipped, cycle restarts",
+            )
+        if job.closes:
+            return Decision(
+                Action.ROTATE,
+                job.step,
+                local.recipes,
+                promote=self.candidate,
+                candidate=job.step,
+                reason=f"cycle {self.cycles + 1} of K={self.catalog_size} recipes closed clean",
+            )
+        accepted = len(self._accepted | set(local.recipes))
+        return Decision(
+            Action.CAPTURE,
+            job.step,
+            local.recipes,
+            reason=f"accepted {accepted} of K={self.catalog_size} recipes in this cycle",
+        )
+
+    def apply(self, decision: Decision) -> None:
+        """Commit ``decision`` (from :meth:`decide` on this gate) to the state."""
+        if decision.action is Action.CAPTURE:
+            self.latest = decision.step
+            self._accepted.update(decision.recipes)
+        elif decision.action is Action.ROTATE:
+            self.latest = decision.step
+            if self.candidate is not None:
+                self.verified = self.candidate
+            self.candidate = decision.step
+            self._accepted.clear()
+            self.cycles += 1
+        elif decision.action is Action.SKIP:
+            self._accepted.clear()
+            self.candidate = None
+        # RETRIEVE changes nothing until a generation is restored (after_restore).
+
+    def after_restore(self, selection: Selection, step: int) -> None:
+        """Training resumes from generation ``step``, selected as ``selection``.
+
+        Restoring ``verified`` discards everything newer (the candidate may hold the
+        corruption that triggered recovery) and restarts the cycle; restoring
+        ``latest`` keeps the evidence, which was clean.
+        """
+        if Selection(selection) is Selection.VERIFIED:
+            self.latest = step
+            self.candidate = None
+            self._accepted.clear()
+        else:
+            self.latest = step
+
+    def retrieve(
+        self,
+        failure: Failure | None,
+        *,
+        machines_accessible: bool = True,
+        sweep: Callable[[], Outcome] | None = None,
+    ) -> Retrieval:
+        """:func:`retrieval` on this gate's ``latest`` and ``verified``."""
+        return retrieval(
+            failure,
+            latest=self.latest,
+            verified=self.verified,
+            machines_accessible=machines_accessible,
+            sweep=sweep,
+        )
+
+
+def retrieval(
+    failure: Failure | None,
+    *,
+    latest: int | None,
+    verified: int | None,
+    machines_accessible: bool = True,
+    sweep: Callable[[], Outcome] | None = None,
+) -> Retrieval:
+    """Algorithm 3's ``CheckpointRetrieval``: choose ``latest`` or ``verified``.
+
+    * SDC, or some machine unreachable (its latest shard cannot be inspected) →
+      verified;
+    * a straggler (compute or communication) → latest: slowness is not divergence;
+    * anything else → run the full recipe catalog now via ``sweep`` (which must
+      return the *job-wide* outcome) and trust latest only when it is clean; an
+      SDC, inconclusive or missing sweep, or no sweep at all, selects verified.
+    """
+    failure = None if failure is None else Failure(failure)
+    if failure is Failure.SDC:
+        return Retrieval(Selection.VERIFIED, verified, "sdc: only certified state is trusted")
+    if not machines_accessible:
+        return Retrieval(
+            Selection.VERIFIED,
+            verified,
+            "a machine is unreachable: its latest shard cannot be checked",
+        )
+    if failure in SLOWNESS:
+        assert failure is not None  # narrowed for the message
+        return Retrieval(
+            Selection.LATEST, latest, f"{failure.value}: slowness alone is not corruption"
+        )
+    what = "no failure class" if failure is None else failure.value
+    if sweep is None:
+        return Retrieval(
+            Selection.VERIFIED, verified, f"{what}: no full-catalog sweep available (fail closed)"
+        )
+    result = Outcome(sweep())
+    if result is Outcome.CLEAN:
+        return Retrieval(
+            Selection.LATEST, latest, f"{what}: full-catalog sweep was clean", sweep=result
+        )
+    return Retrieval(
+        Selection.VERIFIED,
+        verified,
+        f"{what}: full-catalog sweep was {result.value}, latest not trusted",
+        sweep=result,
+    )

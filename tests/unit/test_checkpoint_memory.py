@@ -1,0 +1,140 @@
+"""In-memory gate checkpoints: capture, generations, bitwise restore, flatten round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scout_core.checkpoint.dcp_io import metadata_from_json, metadata_to_json
+from scout_core.checkpoint.memory import InMemoryCheckpoints, _decode, _encode
+from scout_core.checkpoint.recovery import default_rng_streams
+from scout_core.checkpoint.state import flatten, unflatten
+from scout_core.errors import CheckpointError
+from scout_core.gate import Selection
+
+
+def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        x = torch.randn(3, 4)  # draws from the CPU RNG, so RNG state matters
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def fingerprint(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[bytes]:
+    out = [t.detach().numpy().tobytes() for t in model.state_dict().values()]
+    for state in opt.state.values():
+        out.extend(v.numpy().tobytes() for v in state.values() if isinstance(v, torch.Tensor))
+    out.append(torch.get_rng_state().numpy().tobytes())
+    return out
+
+
+def test_capture_restore_is_bitwise_and_does_not_alias() -> None:
+    model, opt = make()
+    train(model, opt, 3)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    extra = {"step": 3, "cursor": torch.tensor([7, 8]), "note": "epoch-0"}
+    snap = mem.capture(3, extra)
+    assert snap.ready and snap.blocking_s >= 0 and snap.nbytes() > 0
+    before = fingerprint(model, opt)
+    train(model, opt, 2)  # diverge: params, AdamW moments, step count, RNG
+    extra["cursor"] += 100
+    extra["step"] = 5
+    assert fingerprint(model, opt) != before
+    cursor = extra["cursor"]
+    restored = mem.restore(snap, extra)
+    assert fingerprint(model, opt) == before
+    assert extra["step"] == 3 and extra["cursor"] is cursor and cursor.tolist() == [7, 8]
+    assert restored["note"] == "epoch-0"
+    # Training from the restore must not write into the snapshot: restore twice.
+    train(model, opt, 2)
+    mem.restore(snap)
+    assert fingerprint(model, opt) == before
+    mem.close()
+
+
+def test_generations_rotate_like_the_gate() -> None:
+    model, opt = make()
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    with pytest.raises(CheckpointError):
+        mem.rotate()
+    s1 = mem.capture(1)
+    mem.rotate()
+    assert (mem.latest, mem.candidate, mem.verified) == (s1, s1, None)
+    s2 = mem.capture(2)
+    assert (mem.latest, mem.candidate) == (s2, s1)
+    mem.rotate()
+    assert (mem.candidate, mem.verified) == (s2, s1)
+    assert mem.get(Selection.VERIFIED) is s1 and mem.get(Selection.LATEST) is s2
+    assert mem.drop_candidate() is s2 and mem.candidate is None
+    mem.close()
+
+
+def test_restore_refuses_a_different_model() -> None:
+    model, opt = make()
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    snap = mem.capture(1)
+    other = torch.nn.Linear(4, 2)
+    bad = InMemoryCheckpoints(other, [torch.optim.AdamW(other.parameters())], default_rng_streams())
+    with pytest.raises(CheckpointError, match="model state does not match"):
+        bad.restore(snap)
+
+
+def test_flatten_round_trip_keeps_types_and_is_json() -> None:
+    model, opt = make()
+    train(model, opt, 1)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    snap = mem.capture(1, {"k": (1, 2.5, None), "t": torch.arange(3)})
+    skeleton, tensors = flatten(snap.tree)
+    text = json.dumps(skeleton)
+    back = unflatten(json.loads(text), tensors)
+    assert set(back["optim"][0]["state"]) == set(snap.tree["optim"][0]["state"])  # int keys
+    assert back["extra"]["k"] == (1, 2.5, None)
+    assert back["optim"][0]["param_groups"][0]["betas"] == opt.param_groups[0]["betas"]
+    with pytest.raises(CheckpointError, match="cannot store"):
+        flatten({"x": object()})
+    # The peer-replication wire format round-trips too, bit for bit.
+    header, payload = _encode(1, 5, snap.tree)
+    replica = _decode(header, payload)
+    assert replica.owner == 5 and replica.step == 1
+    _, again = flatten(replica.tree)
+    assert all(torch.equal(again[k], tensors[k]) for k in tensors)
+
+
+def test_dcp_metadata_json_round_trip() -> None:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    md = Metadata(
+        state_dict_metadata={
+            "w": TensorStorageMetadata(
+                TensorProperties(dtype=torch.bfloat16),
+                torch.Size([4, 2]),
+                [ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([4, 2]))],
+            )
+        },
+        storage_data={
+            MetadataIndex("w", torch.Size([0, 0]), 0): _StorageInfo("__0_0.distcp", 0, 99)
+        },
+    )
+    back = metadata_from_json(json.loads(json.dumps(metadata_to_json(md))), None)  # type: ignore[arg-type]
+    assert back.state_dict_metadata == md.state_dict_metadata
+    assert back.storage_data == md.storage_data
+    with pytest.raises(CheckpointError, match="malformed"):
+        metadata_from_json({"tensors": {"w": {}}}, None)  # type: ignore[arg-type]
