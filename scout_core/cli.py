@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--all", action="store_true", help="also list agreeing rounds")
     p.set_defaults(func=_report)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # the demo parses its own options, "--help" included
+        return _demo(argparse.Namespace(rest=argv[1:]))
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code

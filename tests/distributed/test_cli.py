@@ -1,0 +1,72 @@
+"""The command line: a C3 round across local ranks, and report rendering."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_c3_round_names_the_odd_rank() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "scout_core.cli", "c3-round", "--ranks", "4", "--odd-rank", "2"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verdict: attributed, outliers [2]; identical on every rank: True" in out.stdout
+    assert out.stdout.count("<- outlier") == 1
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_c3_round_without_fault_agrees() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "scout_core.cli", "c3-round", "--ranks", "3", "--odd-rank", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verdict: agree, outliers []" in out.stdout
+
+
+def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
+    from scout_core.cli import main
+    from scout_core.evidence import VERDICT_SCHEMA, EvidenceWriter, Record
+    from scout_core.vocabulary import Failure, Mode, Scope, Status
+
+    with EvidenceWriter(tmp_path, 0, run_id="t") as w:
+        w.write(
+            Record(
+                schema=VERDICT_SCHEMA,
+                run_id="t",
+                step=5,
+                surface="layer/layers.1/forward",
+                mode=Mode.EXACT,
+                status=Status.ATTRIBUTED,
+                failure=Failure.SDC,
+                group=(0, 2, 4),
+                outliers=(2,),
+                scope=Scope.RANK,
+                hosts=("h2",),
+            )
+        )
+    from scout_core.evidence import load_report
+    from scout_core.render import render_records
+
+    table = render_records(load_report(tmp_path).records)
+    lines = table.splitlines()
+    assert lines[0].split() == ["step", "failure", "culprit", "scope", "surface", "peers"]
+    row = ["5", "sdc", "rank", "2", "rank", "layer/layers.1/forward", "[0,2,4]"]
+    assert lines[1].split() == row
+    assert main(["report", str(tmp_path)]) == 0
+    (tmp_path / "rank-1.jsonl").write_text("{not json\n")
+    assert main(["report", str(tmp_path)]) == 2
