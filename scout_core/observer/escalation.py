@@ -1,0 +1,256 @@
+"""What happens after a hang verdict: evidence, the user's callback, an optional action.
+
+Verdicts become ``scout.verdict/1`` evidence records (written once per group, by
+its lowest rank) and are handed to the trainer of every member, where a
+background thread passes them to the user's callback. The channel is a pipe
+from the observer to its trainer carrying one JSON object per line (never
+pickle). A thread blocked reading a pipe has released the GIL, so a trainer
+whose main thread waits inside a collective still runs the callback; a trainer
+that is frozen (``SIGSTOP``, a thread spinning with the GIL held) does not, and
+that is the rank the verdict names anyway.
+
+``Config.on_hang`` picks the action on a *localized* verdict (one naming ranks):
+
+* ``report``: evidence and callback only.
+* ``dump_stacks``: the observer of each named rank sends :data:`STACK_SIGNAL` to
+  its trainer, where :mod:`faulthandler` (registered at start) writes every
+  thread's Python stack to ``<report_dir>/stacks-rank-<r>.txt``. faulthandler
+  dumps from the C signal handler without taking the GIL, so it works while a
+  thread holds the GIL; a ``SIGSTOP``-ed process dumps once it is continued.
+* ``terminate``: every member's trainer exits with ``Config.hang_exit_code``
+  (default 86; never 16/17, Megatron's rerun codes, or 93, nvidia-resiliency-ext's)
+  so a launcher or a recovery policy can tell a SCOUT hang exit from a crash. A
+  trainer that cannot run code within :data:`TERMINATE_GRACE_S` (the frozen one)
+  is sent ``SIGCONT`` then ``SIGKILL`` by its observer.
+
+:func:`check_watchdog` makes sure SCOUT speaks first: the hang timeouts plus
+:data:`VERDICT_MARGIN_S` must be shorter than the training communicator's own
+timeout, after which NCCL's watchdog (or Gloo) tears the job down and the
+evidence with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+
+from scout_core.config import Config
+from scout_core.errors import ConfigError
+from scout_core.evidence import VERDICT_SCHEMA, Record
+from scout_core.observer.verdict import Verdict
+from scout_core.vocabulary import Mode
+
+__all__ = [
+    "STACK_SIGNAL",
+    "TERMINATE_GRACE_S",
+    "VERDICT_MARGIN_S",
+    "ControlListener",
+    "check_watchdog",
+    "communicator_timeout",
+    "install_stack_dump",
+    "send_command",
+    "terminate_trainer",
+    "to_record",
+]
+
+STACK_SIGNAL: int = int(signal.SIGRTMIN) + 5
+"""Signal the observer sends to dump the trainer's stacks (a real-time signal that
+launchers and frameworks do not use, unlike SIGUSR1/SIGUSR2)."""
+TERMINATE_GRACE_S = 2.0
+"""Seconds a trainer gets to exit by itself before its observer kills it."""
+VERDICT_MARGIN_S = 5.0
+"""Time a diagnosis round needs beyond the hang timeout (rendezvous, one AllGather,
+the records): what ``check_watchdog`` adds before comparing with the communicator."""
+
+
+def to_record(
+    verdict: Verdict,
+    *,
+    run_id: str,
+    group: Sequence[int],
+    hosts: Mapping[int, str],
+) -> Record:
+    """The evidence record of one verdict."""
+    return Record(
+        schema=VERDICT_SCHEMA,
+        run_id=run_id,
+        step=verdict.step,
+        surface=verdict.surface,
+        mode=Mode.EXACT,
+        status=verdict.status,
+        failure=verdict.failure,
+        group=tuple(group),
+        outliers=verdict.outliers,
+        scope=verdict.scope,
+        hosts=tuple(hosts.get(r, "") for r in verdict.outliers),
+        detail=verdict.detail,
+    )
+
+
+# -- observer side ----------------------------------------------------------------------
+
+
+def send_command(fd: int, message: Mapping[str, Any]) -> None:
+    """One JSON line to the trainer's control pipe; a gone trainer is not an error."""
+    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def terminate_trainer(fd: int, trainer_pid: int, exit_code: int) -> None:
+    """Ask the trainer to exit with ``exit_code``; kill it if it cannot."""
+    send_command(fd, {"terminate": exit_code})
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    while time.monotonic() < deadline:
+        if not _alive(trainer_pid):
+            return
+        time.sleep(0.05)
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.kill(trainer_pid, sig)
+        except ProcessLookupError:
+            return
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- trainer side -----------------------------------------------------------------------
+
+
+def install_stack_dump(report_dir: str, rank: int) -> Callable[[], None]:
+    """Register faulthandler on :data:`STACK_SIGNAL`; return the undo."""
+    path = Path(report_dir) / f"stacks-rank-{rank}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out: IO[str] = open(path, "a")  # noqa: SIM115 - faulthandler needs it open for life
+    faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
+
+    def undo() -> None:
+        faulthandler.unregister(STACK_SIGNAL)
+        out.close()
+
+    return undo
+
+
+class ControlListener:
+    """The trainer's thread reading its observer's pipe: callbacks and terminate."""
+
+    def __init__(self, fd: int, callbacks: Sequence[Callable[[Record], None]]) -> None:
+        self._fd = fd
+        self._callbacks = list(callbacks)
+        self.verdicts: list[Record] = []
+        self._thread = threading.Thread(
+            target=self._run, name="scout-observer-control", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError:
+                return
+            if not chunk:  # the observer exited
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self._handle(json.loads(line))
+
+    def _handle(self, message: Mapping[str, Any]) -> None:
+        if "terminate" in message:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(int(message["terminate"]))
+        if "verdict" in message:
+            record = Record.from_dict(message["verdict"])
+            self.verdicts.append(record)
+            for cb in self._callbacks:
+                try:
+                    cb(record)
+                except Exception as exc:  # a user callback must not kill the listener
+                    print(f"scout: hang callback raised {exc!r}", file=sys.stderr)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the thread (it ends when the observer closes its end), then close."""
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+def communicator_timeout(group: dist.ProcessGroup | None = None) -> timedelta | None:
+    """The shortest collective timeout of ``group``'s backends (default group if None).
+
+    Reads the backend options' ``_timeout`` (no public accessor exists in torch);
+    falls back to the backend's default timeout. ``None`` without a process group.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    found: list[timedelta] = []
+    for device in getattr(pg, "_device_types", []) or [torch.device("cpu")]:
+        try:
+            backend = pg._get_backend(device)
+        except RuntimeError:
+            continue
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        if isinstance(timeout, timedelta):
+            found.append(timeout)
+    if found:
+        return min(found)
+    default: timedelta = dist.distributed_c10d._get_default_timeout(dist.get_backend(pg))
+    return default
+
+
+def check_watchdog(config: Config, group: dist.ProcessGroup | None = None) -> None:
+    """Raise :class:`ConfigError` unless SCOUT's hang verdict comes before the watchdog.
+
+    Requires ``max(hang_timeout_s, stage timeout) + VERDICT_MARGIN_S`` to be shorter
+    than the training communicator's timeout (the default group unless given).
+    """
+    if not config.observer:
+        return
+    timeout = communicator_timeout(group)
+    if timeout is None:
+        return
+    slowest = max(config.hang_timeout_s, config.resolved_stage_timeout_s())
+    need = slowest + VERDICT_MARGIN_S
+    if need >= timeout.total_seconds():
+        key = (
+            "hang_timeout_s"
+            if config.hang_timeout_s >= config.resolved_stage_timeout_s()
+            else "stage_timeout_s"
+        )
+        raise ConfigError(
+            f"{key} = {slowest:g} s leaves no time before the training communicator's "
+            f"timeout of {timeout.total_seconds():g} s: the hang verdict needs "
+            f"{key} + {VERDICT_MARGIN_S:g} s < that timeout, or the watchdog tears the job "
+            f"down first. Lower {key} below {timeout.total_seconds() - VERDICT_MARGIN_S:g} s "
+            "or raise the process group timeout (init_process_group(timeout=...))."
+        )

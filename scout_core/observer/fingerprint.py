@@ -1,0 +1,387 @@
+"""Collective fingerprints, published just before a ``torch.distributed`` collective runs.
+
+A fingerprint is what every member of a collective must agree on for it to
+complete: the process group (its global ranks), the collective type, the
+tensor shape and dtype, the reduction and the root. It is hashed into three
+int64 words (:data:`Fingerprint`) so the progress record stays fixed-size and
+the observers can compare it with exact C3. Values that legitimately differ
+between ranks are left out of equality: all-to-all split sizes (and so the
+split dimension of its tensors), the peer of a point-to-point operation, the
+device index, ``async_op``.
+
+[What is patched, and why patching]
+torch has no public pre-collective hook: ``register_comm_hook`` is DDP-only and
+runs after the reducer decided to communicate, and the c10d ``Work`` callbacks
+fire on completion, too late to say what a hung rank was waiting for. So
+:func:`install_collective_fingerprints` replaces the module-level functions named
+in :data:`COLLECTIVES` on ``torch.distributed`` and on
+``torch.distributed.distributed_c10d`` (the same function objects) with thin
+wrappers that publish the fingerprint, call the original, and publish the exit.
+Nothing else is touched. The closer it returns restores each original if the
+attribute still holds SCOUT's wrapper; installing twice shares one patch.
+Nested calls (``all_gather_into_tensor`` calls ``all_gather_single``) publish
+once, at the outermost call, so every entry point gives the same coordinate.
+
+Collectives issued from C++ (DDP's reducer, FSDP2's all-gather/reduce-scatter,
+functional collectives in compiled graphs) and functions a module imported by
+name before the patch (``from torch.distributed import all_reduce``) are not
+seen; ``docs/observer.md`` lists them and what covers the gap (layer and
+optimizer boundaries).
+
+[Why these hashes]
+Python's ``hash`` of a tuple of ints is deterministic across processes (only
+str/bytes hashing is salted), and costs ~100 ns; dtypes go through a fixed
+table, process groups through a cached blake2b of their rank list. All ranks
+of a job must run the same Python minor version, which a job does anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "COLLECTIVES",
+    "CollectiveSink",
+    "Fingerprint",
+    "OpSpec",
+    "describe",
+    "fingerprint",
+    "install_collective_fingerprints",
+]
+
+Fingerprint: TypeAlias = tuple[int, int, int]
+"""Three int64 words: (op code | reduction | root, group hash, shape/dtype hash)."""
+
+_MASK63 = (1 << 63) - 1
+
+
+class CollectiveSink(Protocol):
+    """What receives fingerprints: the trainer's :class:`~.record.Publisher`, or a counter."""
+
+    def enter_collective(self, fp: Fingerprint) -> None: ...
+
+    def exit_collective(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Where a collective's compared arguments are, by parameter name."""
+
+    code: int
+    """Collective type; ops with the same wire protocol share a code."""
+    tensor: str | None = None
+    """The parameter whose shape and dtype are compared."""
+    kind: str = "tensor"
+    """``tensor``, ``list`` (a tensor list: its length, first tensor's shape),
+    ``split`` (all-to-all: leading dimension excluded), ``p2p``, ``none``."""
+    reduce: str | None = None
+    root: str | None = None
+    group_root: str | None = None
+
+
+# The one table of supported collectives. Codes are part of the fingerprint: never
+# renumber. all_gather_into_tensor is the old name of all_gather_single (same code).
+COLLECTIVES: dict[str, OpSpec] = {
+    "all_reduce": OpSpec(1, "tensor", reduce="op"),
+    "all_reduce_coalesced": OpSpec(2, "tensors", "list", reduce="op"),
+    "all_gather": OpSpec(3, "tensor"),
+    "all_gather_coalesced": OpSpec(4, "input_tensor_list", "list"),
+    "all_gather_single": OpSpec(5, "input_tensor"),
+    "all_gather_into_tensor": OpSpec(5, "input_tensor"),
+    "reduce_scatter": OpSpec(6, "output", reduce="op"),
+    "reduce_scatter_single": OpSpec(7, "output", reduce="op"),
+    "reduce_scatter_tensor": OpSpec(7, "output", reduce="op"),
+    "broadcast": OpSpec(8, "tensor", root="src", group_root="group_src"),
+    "reduce": OpSpec(9, "tensor", reduce="op", root="dst", group_root="group_dst"),
+    "gather": OpSpec(10, "tensor", root="dst", group_root="group_dst"),
+    "scatter": OpSpec(11, "tensor", root="src", group_root="group_src"),
+    "all_to_all": OpSpec(12, "input_tensor_list", "split"),
+    "all_to_all_single": OpSpec(13, "input", "split"),
+    "barrier": OpSpec(14, kind="none"),
+    "monitored_barrier": OpSpec(15, kind="none"),
+    # Point-to-point: send and recv of one transfer must look alike, so the peer
+    # and the direction are excluded; only shape and dtype are compared.
+    "send": OpSpec(16, "tensor", "p2p"),
+    "recv": OpSpec(16, "tensor", "p2p"),
+    "isend": OpSpec(16, "tensor", "p2p"),
+    "irecv": OpSpec(16, "tensor", "p2p"),
+    "batch_isend_irecv": OpSpec(17, kind="none"),
+}
+
+_BATCH_P2P = COLLECTIVES["batch_isend_irecv"].code
+_SUM = dist.ReduceOp.SUM
+_CODE_NAMES = {spec.code: name for name, spec in reversed(list(COLLECTIVES.items()))}
+
+_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+_DTYPE_CODE: dict[torch.dtype, int] = {d: i + 1 for i, d in enumerate(_DTYPES)}
+_GROUP_HASH: dict[Any, int] = {}
+_REDUCE_CODE: dict[Any, int] = {}
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    code = _DTYPE_CODE.get(dtype)
+    if code is None:  # rare dtypes (fp8 ...): a stable hash of the name, cached
+        code = 1000 + zlib.crc32(str(dtype).encode())
+        _DTYPE_CODE[dtype] = code
+    return code
+
+
+def _group_hash(group: Any) -> int:
+    """blake2b of the group's global ranks, cached per group object."""
+    h = _GROUP_HASH.get(group) if group is not None else None
+    if h is not None:
+        return h
+    key = group if group is not None else dist.group.WORLD
+    h = _GROUP_HASH.get(key)
+    if h is None:
+        try:
+            ranks = dist.get_process_group_ranks(key)
+        except (RuntimeError, ValueError, AttributeError):
+            ranks = []
+        digest = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=8).digest()
+        h = int.from_bytes(digest, "little") & _MASK63
+        _GROUP_HASH[key] = h
+    return h
+
+
+def _reduce_code(op: Any) -> int:
+    try:
+        return _REDUCE_CODE[op]
+    except (KeyError, TypeError):
+        pass
+    try:
+        code = int(op) + 1
+    except (TypeError, ValueError):  # a ReduceOp instance (e.g. premul-sum)
+        return 200 + zlib.crc32(repr(op).encode()) % 50
+    _REDUCE_CODE[op] = code
+    return code
+
+
+def _shape_hash(value: Any, kind: str) -> int:
+    if kind == "none" or value is None:
+        return 0
+    if not isinstance(value, torch.Tensor):  # a tensor list (all_to_all, coalesced ops)
+        seq = list(value)
+        if not seq:
+            return 0  # an empty list: nothing to compare beyond the collective type
+        first = seq[0]
+        dims = tuple(first.shape)
+        if kind == "split":  # split sizes are rank-dependent: drop the split dimension
+            dims = dims[1:]
+        return hash((len(seq), _dtype_code(first.dtype), dims)) & _MASK63
+    shape = value.shape  # torch.Size is a tuple: hashed like one, deterministically
+    if kind == "split":
+        shape = shape[1:]
+    code = _DTYPE_CODE.get(value.dtype) or _dtype_code(value.dtype)
+    return hash((code, shape)) & _MASK63
+
+
+_ABSENT = 1 << 30  # a parameter position no call reaches: fall back to kwargs
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Parameter positions of one collective's compared arguments, resolved once."""
+
+    code: int
+    kind: str
+    tensor: tuple[int, str | None]
+    group: tuple[int, str | None]
+    reduce: tuple[int, str | None]
+    root: tuple[int, str | None]
+    group_root: tuple[int, str | None]
+
+
+_PLANS: dict[str, _Plan] = {}
+
+
+def _plan(name: str, params: dict[str, int]) -> _Plan:
+    spec = COLLECTIVES[name]
+
+    def at(param: str | None) -> tuple[int, str | None]:
+        if param is None:
+            return (_ABSENT, None)
+        return (params.get(param, _ABSENT), param)
+
+    plan = _Plan(
+        spec.code,
+        spec.kind,
+        at(spec.tensor),
+        at("group"),
+        at(spec.reduce),
+        at(spec.root),
+        at(spec.group_root),
+    )
+    _PLANS[name] = plan
+    return plan
+
+
+def _get(args: Sequence[Any], kwargs: dict[str, Any], where: tuple[int, str | None]) -> Any:
+    i, param = where
+    if i < len(args):
+        return args[i]
+    return kwargs.get(param) if param is not None and kwargs else None
+
+
+def fingerprint(
+    name: str, args: Sequence[Any], kwargs: dict[str, Any], params: dict[str, int] | None = None
+) -> Fingerprint:
+    """The fingerprint of ``torch.distributed.<name>(*args, **kwargs)``."""
+    plan = _PLANS.get(name) or _plan(name, _params(name) if params is None else params)
+    # Inlined argument lookups: this runs on every collective (see the benchmark).
+    n = len(args)
+    i, p = plan.group
+    group = args[i] if i < n else (kwargs.get("group") if kwargs else None)
+    if plan.code == _BATCH_P2P:
+        ops = args[0] if args else kwargs.get("p2p_op_list") or []
+        group = getattr(ops[0], "group", None) if ops else None
+    root = None
+    i, p = plan.root
+    if p is not None:
+        root = args[i] if i < n else kwargs.get(p)
+        if root is None and plan.group_root[1] is not None:
+            g_root = _get(args, kwargs, plan.group_root)
+            if g_root is not None:
+                pg = group if group is not None else dist.group.WORLD
+                root = dist.get_global_rank(pg, g_root) if pg is not None else g_root
+    reduce = 0
+    i, p = plan.reduce
+    if p is not None:
+        op = args[i] if i < n else kwargs.get(p)
+        reduce = _reduce_code(_SUM if op is None else op)
+    w0 = (plan.code << 48) | (reduce << 40) | ((root + 1) if root is not None else 0)
+    i, p = plan.tensor
+    tensor = args[i] if i < n else (kwargs.get(p) if p is not None else None)
+    return (w0, _group_hash(group), _shape_hash(tensor, plan.kind))
+
+
+@functools.cache
+def _params(name: str) -> dict[str, int]:
+    fn = getattr(dist.distributed_c10d, name)
+    return _params_of(getattr(fn, "__scout_original__", fn))
+
+
+def describe(fp: Sequence[int]) -> dict[str, Any]:
+    """A readable view of fingerprint words for evidence records."""
+    w0 = int(fp[0]) & ((1 << 64) - 1)
+    code, reduce, root = w0 >> 48, (w0 >> 40) & 0xFF, w0 & ((1 << 40) - 1)
+    return {
+        "collective": _CODE_NAMES.get(code, "none" if code == 0 else f"op{code}"),
+        "reduce": None if reduce == 0 else reduce - 1,
+        "root": None if root == 0 else root - 1,
+        "group_hash": f"{int(fp[1]) & ((1 << 64) - 1):016x}",
+        "shape_hash": f"{int(fp[2]) & ((1 << 64) - 1):016x}",
+    }
+
+
+# -- the patch --------------------------------------------------------------------------
+
+_ORIGINALS: dict[str, Callable[..., Any]] = {}
+_WRAPPERS: dict[str, Callable[..., Any]] = {}
+
+
+class _Patch:
+    """The installed sinks. The tuple is replaced, never mutated, so a wrapper
+    iterating it never sees a half-updated list."""
+
+    sinks: tuple[CollectiveSink, ...] = ()
+
+
+_TLS = threading.local()
+_PATCH_LOCK = threading.Lock()
+
+
+def _wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    params = _params_of(orig)
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        sinks = _Patch.sinks
+        if not sinks or getattr(_TLS, "inside", False):
+            return orig(*args, **kwargs)
+        try:
+            fp = fingerprint(name, args, kwargs, params)
+        except Exception:  # never break training over a fingerprint: publish the type only
+            fp = (COLLECTIVES[name].code << 48, 0, 0)
+        for sink in sinks:
+            sink.enter_collective(fp)
+        _TLS.inside = True
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _TLS.inside = False
+            for sink in sinks:
+                sink.exit_collective()
+
+    wrapper.__scout_original__ = orig  # type: ignore[attr-defined]  # marks SCOUT's wrapper
+    return wrapper
+
+
+def _params_of(fn: Callable[..., Any]) -> dict[str, int]:
+    return {p: i for i, p in enumerate(inspect.signature(fn).parameters)}
+
+
+def _modules() -> tuple[Any, ...]:
+    return (dist, dist.distributed_c10d)
+
+
+def install_collective_fingerprints(sink: CollectiveSink) -> Callable[[], None]:
+    """Publish a fingerprint to ``sink`` before every supported collective.
+
+    Returns a closer that detaches ``sink``; the last closer restores the original
+    ``torch.distributed`` functions. Calling the closer twice is harmless.
+    """
+    with _PATCH_LOCK:
+        if not _WRAPPERS:
+            for name in COLLECTIVES:
+                orig = getattr(dist.distributed_c10d, name, None)
+                if orig is None:
+                    continue  # older torch without this collective
+                _ORIGINALS[name] = orig
+                _WRAPPERS[name] = _wrap(name, orig)
+                for module in _modules():
+                    if getattr(module, name, None) is orig:
+                        setattr(module, name, _WRAPPERS[name])
+        _Patch.sinks = (*_Patch.sinks, sink)
+    done = False
+
+    def close() -> None:
+        nonlocal done
+        with _PATCH_LOCK:
+            if done:
+                return
+            done = True
+            _Patch.sinks = tuple(s for s in _Patch.sinks if s is not sink)
+            if _Patch.sinks:
+                return
+            for name, wrapper in _WRAPPERS.items():
+                for module in _modules():
+                    if getattr(module, name, None) is wrapper:
+                        setattr(module, name, _ORIGINALS[name])
+            _WRAPPERS.clear()
+            _ORIGINALS.clear()
+
+    return close

@@ -1,0 +1,316 @@
+"""The lock-free progress record a trainer publishes into and its observer reads.
+
+Each rank's trainer owns one small shared-memory record (16 int64 words, two
+cache lines). Training hooks publish into it on the hot path: the optimizer
+step, a monotonically increasing operation id, the current :class:`Stage`
+(a repeated layer, a collective, the DataLoader fetch, checkpoint I/O) and,
+while inside a collective, the pending collective's fingerprint
+(:mod:`scout_core.observer.fingerprint`). The rank's observer process maps the
+same memory and reads it without ever taking a lock the trainer could hold, so
+a trainer frozen by ``SIGSTOP``, a stuck driver call or a thread spinning while
+holding the GIL cannot stop its observer from reading the last published state.
+
+[Layout]
+Words 0..7 are written by the trainer only, words 8..15 by the observer only
+(except ``ARMED``, which both touch)::
+
+    0 SEQ      seqlock counter: odd while a publish is in progress
+    1 OP_ID    +1 on every publish: the rank's progress coordinate
+    2 STEP     optimizer step
+    3 STAGE    a Stage value
+    4..6 FP    pending-collective fingerprint words (zeros outside a collective)
+    7 CLOSING  1 once the trainer is shutting the observer down
+    8 ARMED    1 while the observer sleeps on the progress event and wants a wake-up
+    9 STATE    observer lifecycle, an ObserverState value
+    10 ROUNDS  diagnosis rounds the observer took part in
+    11 COLLS   collectives the observer issued (counted by a patch in its process)
+    12 STOREOPS  store requests the observer sent after joining
+    13 PID     the observer's pid
+    14 MAGIC   layout version, written at creation
+    15 spare
+
+[Seqlock]
+A publish makes SEQ odd, writes the fields, and makes SEQ even again; a reader
+copies the fields between two reads of SEQ and retries when they differ or SEQ
+is odd. Each word is one aligned 8-byte store through a ``memoryview``, and
+CPython performs every store in its own C call, so neither the compiler nor the
+interpreter reorders them; x86 and the ARM64 server parts that CPython targets
+keep aligned 8-byte stores atomic, so a reader sees old or new words, never torn
+ones. A trainer frozen *inside* a publish leaves SEQ odd forever: the reader
+gives up after a bounded number of retries and returns the words it saw, marked
+``torn``, instead of spinning.
+
+[Progress event]
+An ``eventfd`` created before the observer is spawned (a pipe where eventfd is
+missing). Signalling costs a system call, so the trainer signals only when the
+observer has armed the record (``ARMED`` = 1); the observer re-arms at most a few
+times per timeout period. Missing a wake-up is harmless: the observer also wakes
+at its deadline and compares ``OP_ID``.
+
+The record lives in an anonymous ``memfd`` (an unlinked temporary file where
+``memfd_create`` is missing) handed to the observer as an inherited descriptor:
+there is no path to leak when either process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+__all__ = [
+    "NO_FINGERPRINT",
+    "ObserverState",
+    "ProgressRecord",
+    "Publisher",
+    "Snapshot",
+    "Stage",
+]
+
+WORDS = 16
+SIZE = WORDS * 8
+_MAGIC = 0x5C0_0B5_0001
+
+SEQ, OP_ID, STEP, STAGE, FP0, FP1, FP2, CLOSING = range(8)
+ARMED, STATE, ROUNDS, COLLS, STOREOPS, PID, MAGIC = range(8, 15)
+
+NO_FINGERPRINT: tuple[int, int, int] = (0, 0, 0)
+"""Fingerprint words published outside a collective."""
+
+_READ_RETRIES = 2000
+
+
+class Stage(IntEnum):
+    """Where the trainer last said it was; the value is what the record stores."""
+
+    IDLE = 0
+    LAYER = 1
+    COLLECTIVE = 2
+    DATALOADER = 3
+    CHECKPOINT_READ = 4
+    CHECKPOINT_WRITE = 5
+    OPTIMIZER = 6
+
+
+class ObserverState(IntEnum):
+    """Lifecycle of the observer, as it reports it in the record."""
+
+    STARTING = 0
+    JOINED = 1
+    DEGRADED = 2  # some peers' observers never joined; rounds cannot run
+    FAILED = 3  # could not reach its store at all
+    EXITED = 4
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent read of the trainer's words."""
+
+    op_id: int
+    step: int
+    stage: Stage
+    fingerprint: tuple[int, int, int]
+    closing: bool
+    torn: bool = False
+    """The trainer stopped in the middle of a publish; the words may mix two publishes."""
+
+
+def _new_memory() -> int:
+    """A descriptor of ``SIZE`` zeroed bytes of shared memory with no name on disk."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("scout-progress", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - non-Linux
+        fd, path = tempfile.mkstemp(prefix="scout-progress-")
+        os.unlink(path)
+    os.ftruncate(fd, SIZE)
+    return fd
+
+
+def _new_event() -> tuple[int, int]:
+    """(read end, write end) of the local progress event."""
+    if hasattr(os, "eventfd"):
+        fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        return fd, fd
+    r, w = os.pipe()  # pragma: no cover - non-Linux
+    os.set_blocking(r, False)  # pragma: no cover
+    os.set_blocking(w, False)  # pragma: no cover
+    return r, w  # pragma: no cover
+
+
+class ProgressRecord:
+    """The shared words plus the progress event, from either side.
+
+    The trainer calls :meth:`create`; the observer calls :meth:`attach` with the
+    inherited descriptors. Both sides use the same object type; the trainer only
+    ever publishes through a :class:`Publisher`.
+    """
+
+    def __init__(self, mem_fd: int, event_r: int, event_w: int, *, create: bool) -> None:
+        self.mem_fd = mem_fd
+        self.event_r = event_r
+        self.event_w = event_w
+        self._map = mmap.mmap(mem_fd, SIZE)
+        self.words = memoryview(self._map).cast("q")
+        if create:
+            self.words[MAGIC] = _MAGIC
+        elif self.words[MAGIC] != _MAGIC:
+            raise ValueError("the shared memory is not a SCOUT progress record of this version")
+
+    @classmethod
+    def create(cls) -> ProgressRecord:
+        """A fresh record owned by the trainer."""
+        r, w = _new_event()
+        return cls(_new_memory(), r, w, create=True)
+
+    @classmethod
+    def attach(cls, mem_fd: int, event_r: int, event_w: int) -> ProgressRecord:
+        """The observer's view of a record created by its trainer."""
+        return cls(mem_fd, event_r, event_w, create=False)
+
+    def fds(self) -> tuple[int, ...]:
+        """Descriptors the observer must inherit."""
+        return tuple(sorted({self.mem_fd, self.event_r, self.event_w}))
+
+    # -- observer side -----------------------------------------------------------------
+
+    def read(self) -> Snapshot:
+        """A consistent snapshot, or the last words seen marked ``torn``."""
+        w = self.words
+        vals: list[int] = []
+        for attempt in range(_READ_RETRIES):
+            s1 = w[SEQ]
+            vals = w[OP_ID : SEQ + 8].tolist()
+            if not s1 & 1 and w[SEQ] == s1:
+                return self._snapshot(vals, torn=False)
+            if attempt % 64 == 63:
+                time.sleep(0.0005)  # let a preempted writer finish
+        return self._snapshot(vals, torn=True)
+
+    @staticmethod
+    def _snapshot(vals: list[int], *, torn: bool) -> Snapshot:
+        op_id, step, stage, f0, f1, f2, closing = vals
+        try:
+            st = Stage(stage)
+        except ValueError:
+            st = Stage.IDLE
+            torn = True
+        return Snapshot(op_id, step, st, (f0, f1, f2), bool(closing), torn)
+
+    def wait_for_progress(self, timeout_s: float) -> bool:
+        """Arm the event and sleep until the trainer signals or ``timeout_s`` passes."""
+        self.words[ARMED] = 1
+        ready, _, _ = select.select([self.event_r], [], [], max(0.0, timeout_s))
+        if not ready:
+            return False
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.event_r, 8)
+        return True
+
+    def set_observer_word(self, index: int, value: int) -> None:
+        """Write one of the observer-owned words (state, counters, pid)."""
+        self.words[index] = value
+
+    def observer_word(self, index: int) -> int:
+        return int(self.words[index])
+
+    def close(self) -> None:
+        """Unmap and close this side's descriptors (idempotent)."""
+        try:
+            self.words.release()
+            self._map.close()
+        except (ValueError, BufferError):
+            pass
+        for fd in {self.mem_fd, self.event_r, self.event_w}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class Publisher:
+    """The trainer's hot-path writer. Every call is one publish, ``OP_ID`` + 1.
+
+    Thread-safe (one lock around the seqlock write: a seqlock has one writer at a
+    time). Cost is a few hundred nanoseconds: see ``benchmarks/observer_cost.py``.
+    """
+
+    def __init__(self, record: ProgressRecord) -> None:
+        self._w = record.words
+        self._event_w = record.event_w
+        self._lock = threading.Lock()
+        self._op = int(self._w[OP_ID])
+        self._step = int(self._w[STEP])
+        self._signal = _eventfd_signal if record.event_r == record.event_w else _pipe_signal
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @property
+    def op_id(self) -> int:
+        return self._op
+
+    def publish(self, stage: int, fp: tuple[int, int, int] = NO_FINGERPRINT) -> None:
+        """Enter ``stage`` (with the pending collective's fingerprint, if any)."""
+        w = self._w
+        with self._lock:
+            seq = w[SEQ] + 1
+            w[SEQ] = seq
+            self._op += 1
+            w[OP_ID] = self._op
+            w[STAGE] = stage
+            w[FP0], w[FP1], w[FP2] = fp
+            w[SEQ] = seq + 1
+            if w[ARMED]:
+                w[ARMED] = 0
+                self._signal(self._event_w)
+
+    def enter_collective(self, fp: tuple[int, int, int]) -> None:
+        """Published *before* entering a collective that may block."""
+        self.publish(Stage.COLLECTIVE, fp)
+
+    def exit_collective(self) -> None:
+        self.publish(Stage.IDLE)
+
+    def leave(self) -> None:
+        """Back to ``IDLE`` after a stage."""
+        self.publish(Stage.IDLE)
+
+    def set_step(self, step: int) -> None:
+        """Publish the optimizer step (a publish of its own, stage ``IDLE``)."""
+        w = self._w
+        with self._lock:
+            seq = w[SEQ] + 1
+            w[SEQ] = seq
+            self._op += 1
+            self._step = step
+            w[OP_ID] = self._op
+            w[STEP] = step
+            w[STAGE] = Stage.IDLE
+            w[FP0] = w[FP1] = w[FP2] = 0
+            w[SEQ] = seq + 1
+            if w[ARMED]:
+                w[ARMED] = 0
+                self._signal(self._event_w)
+
+    def advance_step(self) -> None:
+        self.set_step(self._step + 1)
+
+    def mark_closing(self) -> None:
+        """Tell the observer the trainer is shutting it down, and wake it."""
+        self._w[CLOSING] = 1
+        self._signal(self._event_w)
+
+
+def _eventfd_signal(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, OSError):
+        os.eventfd_write(fd, 1)
+
+
+def _pipe_signal(fd: int) -> None:  # pragma: no cover - non-Linux
+    with contextlib.suppress(BlockingIOError, OSError):
+        os.write(fd, b"\x01")

@@ -1,0 +1,184 @@
+"""The hang decision: from the observers' gathered evidence to verdicts (paper §7).
+
+Once progress has stayed silent past the timeout, the observers of a group
+gather, in one C3 AllGather, each rank's progress coordinate ``(step, op id)``,
+its stage and its pending-collective fingerprint, and every observer applies
+this pure function to the same table, so all reach the same verdicts with no
+coordinator. The rule, in order:
+
+1. Someone is still making progress (silent for less than ``min_quiet_s``):
+   no verdict. A synchronous job that stalls stalls everywhere; one that does
+   not is only slow.
+2. Exact C3 on the progress coordinate. A strict minority with a different
+   coordinate is the lagging rank set: ``hang``, or ``input_stall`` /
+   ``checkpoint_stall`` when that rank is inside the DataLoader fetch or
+   checkpoint I/O. Intent is published before a blocking operation, so the
+   ranks already waiting show the later coordinate and a frozen rank the older.
+   No strict majority: an inconclusive ``hang`` for the group.
+3. Coordinates agree: exact C3 on the fingerprint. A minority waiting in a
+   different collective (type, group, shape, dtype, reduction, root) is a
+   ``protocol_mismatch`` naming it.
+4. Everything agrees: every rank waits in the same place. ``group_stall``,
+   no culprit (a runtime, transport or hardware stall: run device and fabric
+   diagnostics), or a job-wide ``input_stall`` / ``checkpoint_stall`` when all
+   of them sit in the same stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scout_core.c3 import decide_exact
+from scout_core.observer.fingerprint import describe
+from scout_core.observer.record import Stage
+from scout_core.vocabulary import Failure, Scope, Status
+
+__all__ = ["RankEvidence", "Verdict", "decide_round", "stall_failure"]
+
+_STAGE_FAILURE = {
+    Stage.DATALOADER: (Failure.INPUT_STALL, "stage/dataloader"),
+    Stage.CHECKPOINT_READ: (Failure.CHECKPOINT_STALL, "stage/checkpoint"),
+    Stage.CHECKPOINT_WRITE: (Failure.CHECKPOINT_STALL, "stage/checkpoint"),
+}
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    """What one rank's observer contributed to a round."""
+
+    rank: int
+    step: int
+    op_id: int
+    stage: int
+    fingerprint: tuple[int, int, int]
+    quiet_s: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One decision of a round; ``outliers`` are global ranks."""
+
+    failure: Failure
+    surface: str
+    status: Status
+    outliers: tuple[int, ...]
+    scope: Scope
+    step: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def localized(self) -> bool:
+        """Names culprit ranks (what the hang actions act on)."""
+        return self.status is Status.ATTRIBUTED and bool(self.outliers)
+
+
+def stall_failure(stage: int) -> tuple[Failure, str]:
+    """The failure and surface for a rank stuck in ``stage``."""
+    try:
+        return _STAGE_FAILURE[Stage(stage)]
+    except (KeyError, ValueError):
+        return Failure.HANG, "progress"
+
+
+def _stage_name(stage: int) -> str:
+    try:
+        return Stage(stage).name.lower()
+    except ValueError:
+        return f"unknown({stage})"
+
+
+def _detail(evidence: Sequence[RankEvidence]) -> dict[str, Any]:
+    return {
+        "coordinates": {str(e.rank): [e.step, e.op_id] for e in evidence},
+        "stages": {str(e.rank): _stage_name(e.stage) for e in evidence},
+        "pending": {
+            str(e.rank): describe(e.fingerprint) for e in evidence if e.stage == Stage.COLLECTIVE
+        },
+        "quiet_s": {str(e.rank): round(e.quiet_s, 3) for e in evidence},
+    }
+
+
+def decide_round(
+    evidence: Sequence[RankEvidence], *, min_quiet_s: float, world_size: int
+) -> list[Verdict]:
+    """Every verdict the gathered ``evidence`` supports (empty: nothing is stalled).
+
+    ``world_size`` is the job's number of ranks: a culprit-free verdict over all of
+    them has scope ``job``, over fewer ``group``.
+    """
+    if not evidence:
+        raise ValueError("a round needs the evidence of at least one rank")
+    if any(e.quiet_s < min_quiet_s for e in evidence):
+        return []
+    ranks = [e.rank for e in evidence]
+    group_scope = Scope.JOB if len(ranks) >= world_size else Scope.GROUP
+    detail = _detail(evidence)
+    steps = sorted(e.step for e in evidence)
+    step = steps[len(steps) // 2]
+
+    progress = decide_exact([(e.step, e.op_id) for e in evidence])
+    if progress.status is Status.INCONCLUSIVE:
+        return [
+            Verdict(Failure.HANG, "progress", Status.INCONCLUSIVE, (), group_scope, step, detail)
+        ]
+    if progress.status is Status.ATTRIBUTED:
+        majority = next(
+            (e.step, e.op_id) for e, bit in zip(evidence, progress.bitmap, strict=True) if not bit
+        )
+        by_failure: dict[tuple[Failure, str], list[int]] = {}
+        for e, bit in zip(evidence, progress.bitmap, strict=True):
+            if bit:
+                by_failure.setdefault(stall_failure(e.stage), []).append(e.rank)
+        position = {
+            str(e.rank): "behind" if (e.step, e.op_id) < majority else "ahead"
+            for e, bit in zip(evidence, progress.bitmap, strict=True)
+            if bit
+        }
+        return [
+            Verdict(
+                failure,
+                surface,
+                Status.ATTRIBUTED,
+                tuple(outliers),
+                Scope.RANK,
+                majority[0],
+                {**detail, "majority": list(majority), "position": position},
+            )
+            for (failure, surface), outliers in by_failure.items()
+        ]
+
+    fp = decide_exact([e.fingerprint for e in evidence])
+    if fp.status is Status.ATTRIBUTED:
+        outliers = tuple(r for r, bit in zip(ranks, fp.bitmap, strict=True) if bit)
+        return [
+            Verdict(
+                Failure.PROTOCOL_MISMATCH,
+                "collective",
+                Status.ATTRIBUTED,
+                outliers,
+                Scope.RANK,
+                step,
+                detail,
+            )
+        ]
+    if fp.status is Status.INCONCLUSIVE:
+        return [
+            Verdict(
+                Failure.PROTOCOL_MISMATCH,
+                "collective",
+                Status.INCONCLUSIVE,
+                (),
+                group_scope,
+                step,
+                detail,
+            )
+        ]
+    failure, surface = Failure.GROUP_STALL, "progress"
+    stages = {e.stage for e in evidence}
+    if len(stages) == 1:
+        stalled, where = stall_failure(next(iter(stages)))
+        if stalled is not Failure.HANG:
+            failure, surface = stalled, where
+    return [Verdict(failure, surface, Status.AGREE, (), group_scope, step, detail)]

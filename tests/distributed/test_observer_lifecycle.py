@@ -1,0 +1,136 @@
+"""Healthy training costs the observers nothing; observers never outlive their trainer;
+the hang timeout must come before the training communicator's own timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from observer_scenarios import (
+    alive,
+    free_port,
+    healthy,
+    kill_quietly,
+    missing_peer,
+    orphan,
+    wait_for,
+)
+
+from scout_core.evidence import load_report
+from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_healthy_run_exchanges_nothing_and_records_nothing(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    steps = 200
+    results = run_ranks(healthy, 4, args=(free_port(), str(report), steps), timeout_s=120)
+    for r in results:
+        assert r["step"] == steps
+        assert r["elapsed"] > 2 * 2.0  # the run outlasted the hang timeout twice over
+        # 2 layers + optimizer pre + step + 2 all-reduce enter/exit + fetch enter/exit per step
+        assert r["op_id"] >= steps * 9
+        assert r["verdicts"] == 0
+        stats = r["stats"]
+        assert stats["rounds"] == 0
+        assert stats["collectives"] == 0
+        # one doorbell wait posted once at start, held by the store: not per step
+        assert stats["store_ops"] == 1
+    assert not report.exists() or not list(report.glob("rank-*.jsonl"))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_killing_a_trainer_leaves_no_orphaned_observer(tmp_path: Path) -> None:
+    victim = 2
+    seen: dict[str, Any] = {}
+
+    def killer(ranks: list[RankProcess]) -> None:
+        scratch = ranks[0].result_path.parent
+        pids = {r.rank: wait_for(scratch / f"observer-{r.rank}", 90) for r in ranks}
+        seen["observers"] = pids
+        assert all(alive(p) for p in pids.values())
+        os.kill(ranks[victim].proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while alive(pids[victim]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen["victim_observer_alive"] = alive(pids[victim])
+        seen["others_alive"] = [alive(p) for r, p in pids.items() if r != victim]
+        (scratch / "stop").write_text("")
+
+    procs: list[RankProcess] = []
+
+    def on_start(ranks: list[RankProcess]) -> None:
+        procs.extend(ranks)
+        threading.Thread(target=killer, args=(ranks,), daemon=True).start()
+
+    with pytest.raises(RankFailedError):
+        run_ranks(orphan, 4, args=(free_port(), str(tmp_path)), timeout_s=90, on_start=on_start)
+    assert [p.proc.returncode for p in procs] == [0, 0, -signal.SIGKILL, 0]
+    assert seen["victim_observer_alive"] is False
+    assert seen["others_alive"] == [True, True, True]
+    deadline = time.monotonic() + 5  # the harness killed the rest: their observers follow
+    while any(alive(p) for p in seen["observers"].values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in seen["observers"].values():
+        kill_quietly(pid)  # never leave a process behind, even when the assert fails
+    assert not [p for p in seen["observers"].values() if alive(p)]
+
+
+def watchdog_body() -> list[str]:
+    import torch.distributed as dist
+
+    from scout_core.config import Config
+    from scout_core.errors import ConfigError
+    from scout_core.observer import check_watchdog
+
+    short = dist.new_group(backend="gloo", timeout=timedelta(seconds=8))
+    outcomes = []
+    for hang, stage, group in [
+        (10.0, None, None),
+        (60.0, None, None),
+        (2.0, None, short),
+        (2.0, 4.0, short),
+        (2.0, None, None),
+    ]:
+        cfg = Config(hang_timeout_s=hang, stage_timeout_s=stage)
+        try:
+            check_watchdog(cfg, group)
+            outcomes.append("ok")
+        except ConfigError as exc:
+            outcomes.append(str(exc).split(" ", 1)[0])
+    return outcomes
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_watchdog_check_uses_the_communicator_timeout() -> None:
+    # run_ranks gives the default group timeout_s = 40 s
+    results = run_ranks(watchdog_body, 3, timeout_s=40)
+    assert results[0] == ["ok", "hang_timeout_s", "ok", "stage_timeout_s", "ok"]
+    assert all(r == results[0] for r in results)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_observer_that_never_joins_is_reported_unresponsive(tmp_path: Path) -> None:
+    results = run_ranks(missing_peer, 3, args=(free_port(), str(tmp_path)), timeout_s=90)
+    assert [r["state"] for r in results] == ["DEGRADED"] * 3
+    report = load_report(tmp_path)
+    joined = [v for v in report.verdicts() if v.surface == "observer"]
+    assert len(joined) == 1  # written once, by the lowest present rank
+    assert list(joined[0].outliers) == [3] and joined[0].status.value == "attributed"
+    assert list(joined[0].group) == [0, 1, 2, 3]
+    assert joined[0].detail["present"] == [0, 1, 2]
+    # a later stall cannot be compared: each rank says so, inconclusive, naming no one
+    local = [v for v in report.verdicts() if v.surface == "progress"]
+    assert sorted(v.group[0] for v in local) == [0, 1, 2]
+    assert {(v.failure.value, v.status.value) for v in local} == {("hang", "inconclusive")}
+    assert "unresponsive" in local[0].detail["reason"]
