@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,23 @@ def _target_name(fn: Callable[..., Any] | str) -> str:
     return f"{module}:{qualname}"
 
 
+def _free_port_pair() -> int:
+    """A loopback port ``p`` with ``p + 1`` free too (MASTER_PORT, and the observer store)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = int(a.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise OSError("no free pair of loopback ports found")
+
+
 def _kill_tree(ranks: Sequence[RankProcess]) -> None:
     for r in ranks:
         if r.proc.poll() is None:
@@ -104,10 +122,11 @@ def run_ranks(
 
     ``fn`` runs after ``torch.distributed`` is initialised with Gloo (unless
     ``init_process_group`` is false) and its return value must be JSON-serialisable.
-    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set in each
-    rank's environment, plus ``SCOUT_TEST_RANK_DIR``, a scratch folder shared by the
-    ranks of this call. ``on_start`` is called in the harness once every rank is
-    launched (fault tests use it to signal a rank).
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` (a free loopback port whose successor is free too) are set in each
+    rank's environment, as torchrun sets them, plus ``SCOUT_TEST_RANK_DIR``, a scratch
+    folder shared by the ranks of this call. ``on_start`` is called in the harness once
+    every rank is launched (fault tests use it to signal a rank).
 
     Raises :class:`RankFailedError` if a rank fails, :class:`RanksTimeoutError` after
     ``timeout_s``. Either way every rank has been killed before it returns.
@@ -119,6 +138,7 @@ def run_ranks(
     target = _target_name(fn)
     # TCPStore is public API; torch's stubs just do not re-export it.
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)  # type: ignore[attr-defined]
+    master_port = _free_port_pair()
     scratch = Path(tempfile.mkdtemp(prefix="scout-ranks-"))
     ranks: list[RankProcess] = []
     try:
@@ -147,6 +167,10 @@ def run_ranks(
                     "LOCAL_RANK": str(rank),
                     "LOCAL_WORLD_SIZE": str(world_size),
                     "SCOUT_TEST_RANK_DIR": str(scratch),
+                    # torchrun's variables, so code that derives addresses from them (the
+                    # hang observer's store sits at MASTER_PORT + 1) works as under torchrun.
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(master_port),
                 }
             )
             with open(log_path, "wb") as log:

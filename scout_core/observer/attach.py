@@ -1,0 +1,52 @@
+"""Wire the hang observer into a session: what ``scout.enable`` does when ``observer`` is on.
+
+It checks that a hang verdict comes before the training communicator's watchdog,
+starts this rank's observer process, publishes progress at the adapter's repeated
+layers and optimizer steps, fingerprints ``torch.distributed`` collectives, and
+hands every observer verdict to the session (its list and the user's callback).
+The session's ``close`` undoes all of it, in reverse order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from scout_core.observer import (
+    ObserverHandle,
+    attach_progress_hooks,
+    check_watchdog,
+    install_collective_fingerprints,
+    start,
+)
+
+if TYPE_CHECKING:
+    from scout_core.adapter import FrameworkAdapter
+    from scout_core.config import Config
+    from scout_core.evidence import Record
+
+__all__ = ["attach_observer"]
+
+
+def attach_observer(
+    adapter: FrameworkAdapter,
+    config: Config,
+    *,
+    on_verdict: Callable[[Record], None],
+    add_closer: Callable[[Callable[[], None]], None],
+) -> ObserverHandle:
+    """Start and hook up this rank's observer; register its undo steps with ``add_closer``.
+
+    Collective over the job (the observers rendezvous), so every rank calls it at
+    the same point. Raises :class:`~scout_core.errors.ConfigError` before starting
+    anything when the hang timeout is not shorter than the communicator's timeout,
+    or when the observers' store address cannot be derived.
+    """
+    check_watchdog(config)
+    layout = adapter.layout()
+    handle = start(config, rank=adapter.rank(), world_size=layout.world_size, on_verdict=on_verdict)
+    add_closer(handle.close)
+    add_closer(install_collective_fingerprints(handle.publisher))
+    layers = [ref.module for ref in adapter.repeated_layers()]
+    add_closer(attach_progress_hooks(handle.publisher, layers, list(adapter.optimizers())))
+    return handle
