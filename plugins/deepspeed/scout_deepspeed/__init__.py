@@ -1,15 +1,36 @@
 """SCOUT plugin for DeepSpeed (distribution ``scout-deepspeed``).
 
-Not built yet: the plugin recognises DeepSpeed engines so that
-``scout.enable(engine)`` reaches it, then raises
-:class:`scout_core.errors.PluginNotReadyError`. Its own issue fills in the engine
-hook and the ``"scout"`` section of the DeepSpeed JSON config.
+Add a top-level ``"scout"`` section to the DeepSpeed JSON config, then either call
+``scout.enable(engine)`` after ``deepspeed.initialize`` or use
+:func:`scout_deepspeed.initialize` in its place. SCOUT then replays sampled layers
+of ``engine.module`` at the inner optimizer's step boundary and compares each rank
+with its peers (data-parallel replicas under ZeRO 0-2, the shard group under ZeRO-3,
+per stage under a ``PipelineEngine``). See ``docs/deepspeed.md``.
 """
 
 from __future__ import annotations
 
-from scout_core.plugin_support import PendingPlugin
+from scout_deepspeed.activation import (
+    SECTION,
+    DeepSpeedPlugin,
+    config_for,
+    enable,
+    initialize,
+    plugin,
+    section_config,
+    session_of,
+)
+from scout_deepspeed.versions import SUPPORTED_DEEPSPEED, check_version
 
-__all__ = ["plugin"]
-
-plugin = PendingPlugin("deepspeed", ("deepspeed.",), "scout-deepspeed")
+__all__ = [
+    "plugin",
+    "initialize",
+    "enable",
+    "session_of",
+    "config_for",
+    "section_config",
+    "SECTION",
+    "DeepSpeedPlugin",
+    "SUPPORTED_DEEPSPEED",
+    "check_version",
+]

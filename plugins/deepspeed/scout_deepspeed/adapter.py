@@ -1,0 +1,275 @@
+"""``DeepSpeedAdapter``: what SCOUT's core needs to know about one DeepSpeed engine.
+
+It implements :class:`scout_core.adapter.FrameworkAdapter` for ``DeepSpeedEngine``
+and ``PipelineEngine`` under ZeRO 0-3:
+
+* **layout** from :mod:`scout_deepspeed.layout` (checked against DeepSpeed's own
+  groups at construction);
+* **modules**: the repeated blocks, embedding and LM head of ``engine.module`` found
+  by the core's discovery; a ``PipelineModule`` keeps its stage's layers as numbered
+  children (``"3"``, ``"4"``), so there the repeated layers are the largest set of
+  same-class numbered children on this stage;
+* **optimizer**: the torch optimizer inside DeepSpeed's wrappers
+  (``engine.optimizer.optimizer`` under ZeRO / bf16 / fp16), resolved after
+  ``deepspeed.initialize``; its step hooks fire once per gradient-accumulation
+  boundary. Under ZeRO 1-3 it steps on this rank's flat fp32 partition, which no
+  other rank holds, so its ownership is ``UNIQUE`` and the core skips optimizer
+  replay with a logged reason;
+* **materialize**: parameter clones under ZeRO 0-2 (replicated), a gather of this
+  layer's partitions on SCOUT's diagnostic group under ZeRO-3
+  (:func:`scout_deepspeed.zero3.gather_full`);
+* **call**: ``torch.func.functional_call`` with DeepSpeed's hooks hidden, so a
+  replayed ZeRO-3 layer never fetches or releases parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scout_core.adapter import ModuleRef, Ownership, RngStream
+from scout_core.config import Config
+from scout_core.discovery import Discovered, discover, find_embedding, find_lm_head
+from scout_core.errors import UnsupportedSetupError
+from scout_core.mesh import Axis, MeshAddress, MeshLayout
+from scout_core.torch_adapter import cpu_rng, device_rng
+from scout_deepspeed import zero3
+from scout_deepspeed.layout import (
+    agree_or_raise,
+    check_layout,
+    engine_layout,
+    is_pipeline,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from scout_core.groups import PeerGroup
+
+__all__ = ["DeepSpeedAdapter", "inner_optimizer", "pipeline_layers"]
+
+log = logging.getLogger("scout.deepspeed")
+
+
+def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
+    """The ``torch.optim.Optimizer`` inside DeepSpeed's optimizer wrappers."""
+    outer = getattr(engine, "optimizer", None)
+    inner = getattr(outer, "optimizer", outer)
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise UnsupportedSetupError(
+            "scout-deepspeed needs a torch.optim.Optimizer inside the engine (pass an optimizer "
+            "section or optimizer= to deepspeed.initialize); found "
+            f"{type(inner).__name__} in {type(outer).__name__}"
+        )
+    return inner
+
+
+def pipeline_layers(module: nn.Module) -> tuple[ModuleRef, ...]:
+    """The repeated layers of a ``PipelineModule`` stage: same-class numbered children."""
+    numbered = [(name, child) for name, child in module.named_children() if name.isdigit()]
+    if not numbered:
+        return ()
+    counts = Counter(type(child) for _, child in numbered)
+    cls, _ = counts.most_common(1)[0]
+    chosen = [(int(name), name, child) for name, child in numbered if type(child) is cls]
+    return tuple(ModuleRef(name, child) for _, name, child in sorted(chosen))
+
+
+def _discover(engine: Any, config: Config) -> Discovered:
+    module: nn.Module = engine.module
+    if not is_pipeline(engine) or config.layers is not None:
+        return discover(
+            module, layers=config.layers, embedding=config.embedding, lm_head=config.lm_head
+        )
+    layers = pipeline_layers(module)
+    emb = find_embedding(module, config.embedding)
+    head = find_lm_head(module, layers, config.lm_head)
+    if head is not None and emb is not None and head.module is emb.module:
+        head = None
+    return Discovered(layers=layers, embedding=emb, lm_head=head)
+
+
+def _tracker_streams() -> list[RngStream]:
+    """DeepSpeed's activation-checkpointing RNG tracker states (CUDA only)."""
+    if not torch.cuda.is_available():
+        return []
+    try:
+        from deepspeed.runtime.activation_checkpointing import checkpointing
+    except ImportError:  # pragma: no cover - DeepSpeed without activation checkpointing
+        return []
+    tracker = checkpointing.get_cuda_rng_tracker()
+    streams: list[RngStream] = []
+    for name in sorted(tracker.get_states()):
+
+        def get(name: str = name) -> torch.Tensor:
+            state: torch.Tensor = tracker.get_states()[name]
+            return state.cpu()
+
+        def put(state: torch.Tensor, name: str = name) -> None:
+            states = tracker.get_states()
+            states[name] = state.clone()
+            tracker.set_states(states)
+
+        streams.append(RngStream(f"deepspeed/{name}", get, put))
+    return streams
+
+
+class DeepSpeedAdapter:
+    """:class:`~scout_core.adapter.FrameworkAdapter` for one DeepSpeed engine.
+
+    Collective at construction: every rank checks its layout and the ranks agree
+    on the outcome, so call it on every rank at the same point.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, engine: Any, config: Config) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise UnsupportedSetupError(
+                "scout-deepspeed needs torch.distributed initialised (deepspeed.initialize "
+                "does that) before SCOUT is switched on"
+            )
+        self.engine = engine
+        self.zero_stage = int(engine.zero_optimization_stage() or 0)
+        self._rank = dist.get_rank()
+        world = dist.get_world_size()
+        problem: str | None = self._unsupported(engine)
+        layout: MeshLayout | None = None
+        if problem is None:
+            try:
+                layout = engine_layout(engine, world)
+                problem = check_layout(engine, layout, self._rank)
+            except UnsupportedSetupError as exc:
+                problem = str(exc)
+        agree_or_raise(problem, world)
+        assert layout is not None
+        self._layout = layout
+        self.found = _discover(engine, config)
+        self.optimizer = inner_optimizer(engine)
+        self._steps = 0
+        self._handle = self.optimizer.register_step_post_hook(self._count)
+        self._peers: PeerGroup | None = None
+        streams = [cpu_rng()]
+        dev = device_rng()
+        if dev is not None:
+            streams.append(dev)
+        streams.extend(_tracker_streams())
+        self._rng = tuple(streams)
+
+    @staticmethod
+    def _unsupported(engine: Any) -> str | None:
+        """Setups replay cannot watch safely yet, as a message; None when supported."""
+        if int(getattr(engine, "sequence_parallel_size", 1) or 1) > 1:
+            return (
+                "Ulysses sequence parallelism is not supported yet: a replayed attention layer "
+                "would run its all-to-all on the training communicator"
+            )
+        if getattr(engine, "has_moe_layers", False):
+            return (
+                "MoE layers (expert parallelism) are not supported yet: a replayed MoE layer "
+                "would run its all-to-all on the training communicator"
+            )
+        zc = getattr(getattr(engine, "_config", None), "zero_config", None)
+        if zc is not None and int(getattr(zc, "zero_hpz_partition_size", 1) or 1) > 1:
+            return "ZeRO++ hierarchical partitioning (zero_hpz_partition_size > 1) is not supported"
+        if zc is not None and int(getattr(zc, "mics_shard_size", -1) or -1) > 0:
+            return "MiCS sharding is not supported"
+        return None
+
+    def _count(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._steps += 1
+
+    # -- FrameworkAdapter ---------------------------------------------------------------
+
+    def layout(self) -> MeshLayout:
+        return self._layout
+
+    def rank(self) -> int:
+        return self._rank
+
+    def address(self) -> MeshAddress:
+        return self._layout.address(self._rank)
+
+    def training_groups(self) -> Mapping[str, ProcessGroup]:
+        """DeepSpeed's groups by role (reference only: SCOUT never talks on them)."""
+        e = self.engine
+        found: dict[str, Any] = {
+            "data_parallel": getattr(e, "data_parallel_group", None),
+            "seq_data_parallel": getattr(e, "seq_data_parallel_group", None),
+        }
+        if is_pipeline(e):
+            found["pipe"] = e.grid.get_pipe_parallel_group()
+            found["pipe_data_parallel"] = e.grid.get_data_parallel_group()
+            if self._layout.size(Axis.T) > 1:
+                found["slice"] = e.grid.get_slice_parallel_group()
+        mpu = getattr(e, "mpu", None)
+        if mpu is not None and hasattr(mpu, "get_model_parallel_group"):
+            found["tensor_parallel"] = mpu.get_model_parallel_group()
+        return {k: v for k, v in found.items() if v is not None}
+
+    def repeated_layers(self) -> Sequence[ModuleRef]:
+        return self.found.layers
+
+    def special_modules(self) -> Mapping[str, ModuleRef]:
+        out: dict[str, ModuleRef] = {}
+        if self.found.embedding is not None:
+            out["embedding"] = self.found.embedding
+        if self.found.lm_head is not None:
+            out["lm_head"] = self.found.lm_head
+        return out
+
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        return (self.optimizer,)
+
+    def optimizer_ownership(self) -> Ownership:
+        # ZeRO 1-3: the inner optimizer steps on this rank's own flat partition.
+        return Ownership.REPLICATED if self.zero_stage == 0 else Ownership.UNIQUE
+
+    def rng_streams(self) -> Sequence[RngStream]:
+        return self._rng
+
+    def step(self) -> int:
+        return self._steps
+
+    @contextmanager
+    def materialize(self, ref: ModuleRef) -> Iterator[dict[str, torch.Tensor]]:
+        """Full copies of ``ref``'s parameters; under ZeRO-3 gathered on SCOUT's group."""
+        named = list(ref.module.named_parameters())
+        if not any(zero3.is_partitioned(p) for _, p in named):
+            yield {name: p.detach().clone() for name, p in named}
+            return
+        if self._peers is None:
+            raise UnsupportedSetupError("ZeRO-3 parameters need SCOUT's diagnostic peer group")
+        yield zero3.gather_full(named, self._peers)
+
+    def local_shards(self, ref: ModuleRef) -> list[torch.Tensor]:
+        """This rank's ZeRO-3 partitions of ``ref`` (whole parameters under ZeRO 0-2)."""
+        return [
+            zero3._partition(p) if zero3.is_partitioned(p) else p.detach()
+            for _, p in sorted(ref.module.named_parameters())
+        ]
+
+    def call(
+        self,
+        module: nn.Module,
+        state: Mapping[str, torch.Tensor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run ``module`` on ``state`` with DeepSpeed's (ZeRO-3 fetch/release) hooks hidden."""
+        with zero3.without_deepspeed_hooks(module):
+            return torch.func.functional_call(module, dict(state), args, kwargs)
+
+    def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
+        """ZeRO-3 partitions are gathered on SCOUT's peer group (the shard group)."""
+        self._peers = groups.get("shard", groups.get("peer"))
+
+    def close(self) -> None:
+        self._handle.remove()

@@ -1,0 +1,134 @@
+"""ZeRO-3 support: gather one layer's partitions off the training path, call it hook-free.
+
+[Why not ``deepspeed.zero.GatheredParameters``]
+``GatheredParameters`` all-gathers on the parameter's own ``ds_process_group`` (the
+training communicator) and flips the parameters' ZeRO status while it holds them.
+Replay must do neither: SCOUT's diagnostic traffic stays on its own Gloo groups,
+and a replay that a faulty rank never joins must not be able to wedge training.
+So :func:`gather_full` does what ``GatheredParameters`` does for reading, on
+SCOUT's diagnostic group: every rank contributes its partition ``p.ds_tensor``
+(``ds_numel`` elements of the flat parameter, padded so that every rank's piece
+has the same size), the pieces are put in the order of the ranks' positions in
+``ds_process_group``, and the flat result is cut to ``p.ds_numel`` and shaped
+``p.ds_shape``. The result is a plain tensor copy; the live parameter is untouched.
+
+[Why strip DeepSpeed's hooks during replay]
+ZeRO-3 registers forward hooks on *every* submodule that fetch (all-gather) and
+release parameters. Calling a layer for replay would run them: collectives on the
+training communicator and changes to the parameters' partition state.
+:func:`without_deepspeed_hooks` hides exactly the hooks whose code lives in the
+``deepspeed`` package for the duration of the replayed call and puts them back,
+so the user's own hooks (and SCOUT's fault injectors) still see the call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scout_core.groups import PeerGroup
+from scout_core.replay import taps
+
+__all__ = ["gather_full", "is_deepspeed_hook", "is_partitioned", "without_deepspeed_hooks"]
+
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
+
+def is_partitioned(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a ZeRO-3 parameter (it carries a partition ``ds_tensor``)."""
+    return getattr(p, "ds_tensor", None) is not None and hasattr(p, "ds_numel")
+
+
+def is_deepspeed_hook(hook: Any) -> bool:
+    """Whether a module hook was registered by DeepSpeed (its code lives in ``deepspeed``)."""
+    owner = getattr(hook, "__self__", None)
+    if owner is not None and type(owner).__module__.startswith("deepspeed"):
+        return True
+    try:
+        inner = inspect.unwrap(hook)
+    except ValueError:  # a wrapper cycle: judge the outer object
+        inner = hook
+    for fn in (hook, inner):
+        where = getattr(fn, "__module__", None) or ""
+        if str(where).startswith("deepspeed"):
+            return True
+    return False
+
+
+@contextmanager
+def without_deepspeed_hooks(module: nn.Module) -> Iterator[None]:
+    """Hide DeepSpeed's hooks on ``module`` and its submodules; restore them on exit."""
+    saved: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for sub in module.modules():
+            for attr in _HOOK_DICTS:
+                hooks = getattr(sub, attr, None)
+                if not hooks or not any(is_deepspeed_hook(h) for h in hooks.values()):
+                    continue
+                kept = type(hooks)((k, h) for k, h in hooks.items() if not is_deepspeed_hook(h))
+                saved.append((sub, attr, hooks))
+                setattr(sub, attr, kept)
+        yield
+    finally:
+        for sub, attr, hooks in reversed(saved):
+            setattr(sub, attr, hooks)
+
+
+def _partition(p: torch.Tensor) -> torch.Tensor:
+    part: torch.Tensor = p.ds_tensor  # type: ignore[attr-defined]  # ZeRO-3 attribute
+    numel = int(getattr(part, "ds_numel", part.numel()))
+    return part.detach().reshape(-1)[:numel]
+
+
+def _group_rank(pg: Any, global_rank: int) -> int:
+    return global_rank if pg is None else int(dist.get_group_rank(pg, global_rank))
+
+
+def gather_full(params: Sequence[tuple[str, torch.Tensor]], group: PeerGroup) -> dict[str, Any]:
+    """Full copies of ZeRO-3 parameters, all-gathered on SCOUT's diagnostic ``group``.
+
+    ``group`` must hold the same ranks as each parameter's ``ds_process_group`` (the
+    layout check at activation guarantees it). One all-gather per dtype carries the
+    partitions of every parameter at once.
+    """
+    out: dict[str, torch.Tensor] = {}
+    n = len(group.ranks)
+    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, p in params:
+        if is_partitioned(p):
+            by_dtype.setdefault(p.ds_tensor.dtype, []).append((name, p))  # type: ignore[attr-defined]
+        else:
+            out[name] = p.detach().clone()
+    for dtype, items in by_dtype.items():
+        parts = [_partition(p).cpu() for _, p in items]
+        sizes = [t.numel() for t in parts]
+        mine = torch.cat(parts) if parts else torch.empty(0, dtype=dtype)
+        recv = torch.empty(n * mine.numel(), dtype=dtype)
+        delay = taps.comm_delay_s("shard") if taps._delays else 0.0
+        if delay:
+            time.sleep(delay)
+        dist.all_gather_into_tensor(recv, mine.contiguous(), group=group.pg)
+        rows = recv.view(n, -1)
+        for i, (name, p) in enumerate(items):
+            pg = p.ds_process_group  # type: ignore[attr-defined]  # ZeRO-3 attribute
+            # Piece j of the flat parameter belongs to the rank at position j of the
+            # parameter's own group; rows are in SCOUT's group order.
+            order = sorted(range(n), key=lambda j: _group_rank(pg, group.ranks[j]))
+            start = sum(sizes[:i])
+            flat = torch.cat([rows[j, start : start + sizes[i]] for j in order])
+            numel = int(p.ds_numel)  # type: ignore[attr-defined]  # ZeRO-3 attribute
+            shape = tuple(p.ds_shape)  # type: ignore[attr-defined]  # ZeRO-3 attribute
+            out[name] = flat[:numel].reshape(shape).clone().to(_partition(p).device)
+    return dict(out)

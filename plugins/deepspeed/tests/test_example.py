@@ -1,0 +1,57 @@
+"""The DeepSpeed example runs under torchrun on 4 local CPU ranks and prints a localized verdict."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "deepspeed" / "train.py"
+
+
+def _run(tmp_path: Path, inject: str, steps: int) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "4",
+        str(EXAMPLE),
+        "--inject",
+        inject,
+        "--steps",
+        str(steps),
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_example_localizes_an_injected_sdc(tmp_path: Path) -> None:
+    out = _run(tmp_path, "sdc:rank=2,step=5", steps=8)
+    verdicts = [line for line in out.splitlines() if line.startswith("SCOUT verdict:")]
+    assert verdicts, out
+    assert verdicts[0].startswith("SCOUT verdict: step 5 sdc on rank 2 (rank, ")
+    assert all(" sdc on rank 2 (rank, " in line for line in verdicts), verdicts
+    assert (tmp_path / "report" / "rank-0.jsonl").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_example_localizes_a_straggler(tmp_path: Path) -> None:
+    out = _run(tmp_path, "straggler:rank=1,step=4", steps=10)
+    verdicts = [line for line in out.splitlines() if line.startswith("SCOUT verdict:")]
+    assert verdicts, out
+    assert all(" straggler on rank 1 (rank, " in line for line in verdicts), verdicts

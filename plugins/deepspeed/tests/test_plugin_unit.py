@@ -1,0 +1,139 @@
+"""The plugin without a process group: discovery, versions, the "scout" section, layouts."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from scout_core.errors import ConfigError, UnsupportedSetupError
+from scout_core.mesh import Axis
+
+
+def test_registered_under_entry_point_group() -> None:
+    from scout_core.plugins import discover
+
+    found = {p.name: p.plugin for p in discover(refresh=True)}
+    import scout_deepspeed
+
+    assert found["deepspeed"] is scout_deepspeed.plugin
+
+
+def test_declines_foreign_objects() -> None:
+    import torch
+    from scout_deepspeed import plugin
+
+    assert not plugin.handles(torch.nn.Linear(2, 2))
+    assert not plugin.handles(object())
+    assert not plugin.handles([torch.nn.Linear(2, 2)])
+
+
+def test_enable_refuses_objects_that_are_not_engines() -> None:
+    from scout_deepspeed import enable
+
+    with pytest.raises(UnsupportedSetupError, match="attaches to the engine"):
+        enable(object())
+
+
+def test_supported_versions() -> None:
+    from scout_deepspeed.versions import check_version, parse_version
+
+    assert parse_version("0.19.8+cafe") == (0, 19)
+    assert check_version("0.19.8") == "0.19.8"
+    for bad in ("0.18.9", "0.20.0", "1.0.0"):
+        with pytest.raises(UnsupportedSetupError, match=rf"DeepSpeed {bad} is installed"):
+            check_version(bad)
+
+
+def test_section_errors_name_the_key() -> None:
+    from scout_deepspeed import section_config
+
+    with pytest.raises(ConfigError, match="unknown key 'replay_intervall'"):
+        section_config({"replay_intervall": 3})
+    with pytest.raises(ConfigError, match="'replay_interval' must be >= 1"):
+        section_config({"replay_interval": -1})
+    with pytest.raises(ConfigError, match="expected an object"):
+        section_config(["replay_interval"])
+    assert section_config({"replay_interval": 7}).replay_interval == 7
+
+
+def test_environment_overrides_the_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scout_deepspeed import section_config
+
+    monkeypatch.setenv("SCOUT_REPLAY_INTERVAL", "11")
+    assert section_config({"replay_interval": 7}).replay_interval == 11
+
+
+def test_config_for_reads_the_engine_section() -> None:
+    from scout_deepspeed import config_for
+
+    engine = SimpleNamespace(_config=SimpleNamespace(_param_dict={"scout": {"kappa": 3.0}}))
+    cfg = config_for(engine)
+    assert cfg is not None and cfg.kappa == 3.0
+    assert config_for(SimpleNamespace(_config=SimpleNamespace(_param_dict={}))) is None
+    bad = SimpleNamespace(_config=SimpleNamespace(_param_dict={"scout": {"kapa": 3.0}}))
+    with pytest.raises(ConfigError, match="unknown key 'kapa'"):
+        config_for(bad)
+
+
+def _engine(stage: int, **attrs: Any) -> Any:
+    return SimpleNamespace(zero_optimization_stage=lambda: stage, **attrs)
+
+
+def test_layout_pure_data_parallel_and_zero3() -> None:
+    from scout_deepspeed.layout import engine_layout
+
+    z2 = engine_layout(_engine(2, dp_world_size=4), 4)
+    assert (z2.size(Axis.D), z2.size(Axis.S)) == (4, 1)
+    assert z2.replica_group(2) == (0, 1, 2, 3)
+    z3 = engine_layout(_engine(3, dp_world_size=4), 4)
+    assert (z3.size(Axis.D), z3.size(Axis.S)) == (1, 4)
+    assert z3.shard_group(2) == (0, 1, 2, 3)
+
+
+def test_layout_tensor_parallel_from_mpu_is_contiguous() -> None:
+    from scout_deepspeed.layout import engine_layout
+
+    layout = engine_layout(_engine(1, dp_world_size=3, mp_world_size=2), 6)
+    assert layout.size(Axis.T) == 2 and layout.size(Axis.D) == 3
+    assert layout.replica_group(1) == (1, 3, 5)  # TP ranks 0,1 contiguous; DP strided
+    with pytest.raises(UnsupportedSetupError, match="job has 8"):
+        engine_layout(_engine(1, dp_world_size=3, mp_world_size=2), 8)
+
+
+def test_layout_from_the_pipeline_topology() -> None:
+    pytest.importorskip("deepspeed")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    from scout_deepspeed.layout import engine_layout
+
+    class PipelineEngine:  # is_pipeline() goes by class name and a grid
+        def __init__(self) -> None:
+            self.grid = SimpleNamespace(_topo=PipeDataParallelTopology(num_pp=2, num_dp=3))
+
+        def zero_optimization_stage(self) -> int:
+            return 1
+
+    layout = engine_layout(PipelineEngine(), 6)
+    assert layout.size(Axis.P) == 2 and layout.size(Axis.D) == 3
+    assert layout.replica_group(4) == (3, 4, 5)  # peers are the stage's data-parallel ranks
+    assert layout.address(4).get(Axis.P) == 1
+
+
+def test_pipeline_layers_are_the_numbered_same_class_children() -> None:
+    from scout_deepspeed.adapter import pipeline_layers
+    from torch import nn
+
+    from scout_core.demo import Block
+
+    stage = nn.Module()
+    stage.add_module("3", Block(4))
+    stage.add_module("4", Block(4))
+    stage.add_module("5", nn.Linear(4, 4))
+    stage.add_module("tied_modules", nn.ModuleDict())
+    assert [r.path for r in pipeline_layers(stage)] == ["3", "4"]
