@@ -31,7 +31,6 @@ from scout_core.errors import (
 )
 from scout_core.evidence import EvidenceWriter, Record, Report, load_report
 from scout_core.mesh import Axis, MeshAddress, MeshLayout
-from scout_core.signature import signature
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = [
@@ -42,7 +41,6 @@ __all__ = [
     "C3Result",
     "Surface",
     "exchange",
-    "signature",
     "Record",
     "Report",
     "EvidenceWriter",

@@ -12,7 +12,6 @@ EXPECTED = {
     "C3Result",
     "Surface",
     "exchange",
-    "signature",
     "Record",
     "Report",
     "EvidenceWriter",
@@ -38,6 +37,16 @@ def test_exported_names_are_pinned() -> None:
     assert set(scout_core.__all__) == EXPECTED
     for name in EXPECTED:
         assert getattr(scout_core, name) is not None, name
+
+
+def test_submodules_are_not_shadowed() -> None:
+    import importlib
+
+    # scout_core.signature is a module (the function lives inside it): no re-export may
+    # shadow a submodule's name.
+    for name in ("signature", "mesh", "c3", "evidence", "config", "observer", "gate"):
+        module = importlib.import_module(f"scout_core.{name}")
+        assert getattr(scout_core, name) is module, name
 
 
 def test_enable_refuses_an_unknown_object_and_names_it() -> None:

@@ -1,0 +1,324 @@
+"""Deterministic, position-sensitive 64-bit signatures of tensors.
+
+Exact C3 compares what peers computed by comparing one 64-bit number per tensor, so
+the number must be equal on every rank and every run for equal tensors, and must
+change when a single bit anywhere changes. Tensors live on the accelerator and can
+be large, so the work is split in two (paper §5):
+
+* :func:`fold` runs on the tensor's own device and reduces its bytes to at most
+  :data:`MAX_FOLD_WORDS` 64-bit words (an int64 tensor on that device);
+* :func:`finalize` runs on the CPU and mixes those words with the dtype and shape
+  into the signature.
+
+[Definition of the fold]
+View the tensor's bytes (C order, native little-endian) as 64-bit words ``x_p``,
+the last word zero-padded, and lay them out in rows of 512: ``p = 512*i + j``. Row
+``i`` has an odd multiplier ``r_i = splitmix64((i + 1) * GOLDEN) | 1``. Fold word
+``j`` is ``sum_i r_i * x_(512 i + j) mod 2**64``, for ``j < min(512, words)``.
+
+* Every single-bit flip is caught: flipping bit ``k`` of ``x_p`` moves exactly one
+  fold word by ``±2**k * r_i``, which is never ``0 mod 2**64`` because ``r_i`` is odd;
+  :func:`finalize` then maps a change in any one word to a change of the signature
+  (each of its steps is a bijection).
+* Position matters: words in one row land in different fold words; words in one
+  column are weighted by different pseudo-random multipliers, so swapping or
+  transposing data changes the signature unless a rare coincidence cancels it.
+* Limit of a linear fold: several changes can cancel. For low bits that takes a
+  coincidence of about 2**-64, but a multiplier cannot spread a high bit: flipping
+  bit ``k`` moves a word by ``2**k * r``, which keeps only ``64 - k`` bits of ``r``.
+  Flipping bit 63 moves any word by exactly ``2**63``, so two bit-63 flips in one
+  column (words 4 KiB apart, e.g. the signs of two fp64 values) cancel, and so does
+  swapping two such words that differ only in bit 63. Catching those needs a
+  non-linear step per element (about twice the cost); single-bit faults, the SDC
+  model, are always caught.
+* Integer addition mod ``2**64`` is associative and commutative, so any chunking,
+  reduction order or device computes the same words: the definition is
+  device-independent, and only the chunk size differs between devices.
+
+[Why chunks of rows]
+A one-pass fold over memory is the goal (issue 2: at least half the throughput of
+``torch.sum`` on the same tensor). ``(x * r).sum(0)`` materialises a full-size int64
+product and reads memory three times; an int64 matrix-vector product runs one
+thread without vector units. Multiplying a cache-sized block of rows into a
+preallocated buffer (``torch.mul(..., out=)``) and reducing it while it is still in
+cache reads the tensor once. ``benchmarks/signature_throughput.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "MAX_FOLD_WORDS",
+    "fold",
+    "finalize",
+    "signature",
+    "signature_many",
+    "to_int64",
+    "from_int64",
+]
+
+MAX_FOLD_WORDS = 512
+"""Most 64-bit words :func:`fold` leaves on the device (one row of the layout)."""
+
+_WORD_BYTES = 8
+_ROW_BYTES = MAX_FOLD_WORDS * _WORD_BYTES
+_MASK = (1 << 64) - 1
+
+# splitmix64 constants (Steele, Lea, Flood 2014): the golden-ratio increment and the
+# finalizer multipliers. The finalizer is a bijection on 64-bit integers.
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_SEED_ONE = 0x5C0D7E11A9B3F00D  # start of a single tensor's chain
+_SEED_MANY = 0x3A7C4E9D12F6B085  # start of a sequence's chain
+_TAG_TENSOR = 1
+_TAG_NONE = 2
+
+# Rows per chunk. On the CPU 1024 rows (4 MiB) keep the product buffer in the
+# last-level cache while the reduction reads it back; an accelerator has no such
+# cache to protect and pays per launch, so it takes larger chunks, bounded to keep
+# the temporary small next to training memory. Any value gives the same words.
+_CPU_CHUNK_ROWS = 1024
+_DEVICE_CHUNK_ROWS = 16384
+
+
+def to_int64(sig: int) -> int:
+    """Two's-complement view of an unsigned signature, for storage in an int64 tensor."""
+    if not 0 <= sig <= _MASK:
+        raise ValueError(f"signature must satisfy 0 <= sig < 2**64, got {sig}")
+    return sig - (1 << 64) if sig >= 1 << 63 else sig
+
+
+def from_int64(value: int) -> int:
+    """Inverse of :func:`to_int64`: the unsigned signature stored as ``value``."""
+    if not -(1 << 63) <= value < 1 << 63:
+        raise ValueError(f"value must fit in int64, got {value}")
+    return value & _MASK
+
+
+def _mix64(z: int) -> int:
+    """splitmix64 finalizer on a Python int (a bijection of [0, 2**64))."""
+    z &= _MASK
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK
+    return z ^ (z >> 31)
+
+
+def _absorb(h: int, value: int) -> int:
+    # A bijection of h for a fixed value and of value for a fixed h: two chains that
+    # differ in one absorbed value end in different states.
+    return _mix64((h ^ (value & _MASK)) + _GOLDEN)
+
+
+def _lsr(z: Tensor, shift: int) -> Tensor:
+    # torch's >> on int64 is arithmetic; masking off the copied sign bits makes it the
+    # logical shift that splitmix64 is defined with.
+    return torch.bitwise_and(z >> shift, (1 << (64 - shift)) - 1)
+
+
+def _mix64_tensor(z: Tensor) -> Tensor:
+    """:func:`_mix64` element-wise on an int64 tensor (multiplication wraps mod 2**64)."""
+    z = z ^ _lsr(z, 30)
+    z = z * to_int64(_MIX1)
+    z = z ^ _lsr(z, 27)
+    z = z * to_int64(_MIX2)
+    return z ^ _lsr(z, 31)
+
+
+class _Multipliers:
+    """Row multipliers ``r_i`` per device, grown by doubling and reused across calls.
+
+    They are made on the CPU, so every device gets bit-identical values, then copied
+    once to the device; they take 1/512 of the largest tensor folded there.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_device: dict[torch.device, Tensor] = {}
+
+    def get(self, rows: int, device: torch.device) -> Tensor:
+        with self._lock:
+            have = self._by_device.get(device)
+            if have is None or have.shape[0] < rows:
+                cap = 1024
+                while cap < rows:
+                    cap *= 2
+                index = torch.arange(1, cap + 1, dtype=torch.int64)
+                mult = torch.bitwise_or(_mix64_tensor(index * to_int64(_GOLDEN)), 1)
+                have = mult.reshape(cap, 1).to(device)
+                self._by_device[device] = have
+            return have[:rows]
+
+
+_MULTIPLIERS = _Multipliers()
+
+
+def _byte_view(t: Tensor) -> Tensor:
+    """The tensor's bytes in C order as a 1-D uint8 tensor on its device."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"only strided (dense) tensors have a signature, got {t.layout}")
+    if t.device.type == "meta":
+        raise ValueError("a meta tensor has no data to sign")
+    t = t.detach()
+    # Lazy conjugate/negative views carry a flag, not different bytes; resolve them so
+    # the signature describes the values the tensor shows.
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    # A view equals its contiguous copy by definition; this copies only when needed.
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _as_words(data: Tensor) -> Tensor:
+    """int64 view of a 1-D uint8 tensor whose length is a multiple of 8."""
+    if data.storage_offset() % _WORD_BYTES:
+        data = data.clone()  # a view starting mid-word cannot be reinterpreted in place
+    return data.view(torch.int64)
+
+
+def _fold_rows(words: Tensor, mult: Tensor, chunk_rows: int) -> Tensor:
+    """``(words * mult).sum(0)`` mod 2**64 without a full-size temporary."""
+    rows = words.shape[0]
+    if rows <= chunk_rows:
+        return (words * mult).sum(0)
+    n_chunks = -(-rows // chunk_rows)
+    buf = torch.empty((chunk_rows, MAX_FOLD_WORDS), dtype=torch.int64, device=words.device)
+    partial = torch.empty((n_chunks, MAX_FOLD_WORDS), dtype=torch.int64, device=words.device)
+    for c in range(n_chunks):
+        lo = c * chunk_rows
+        hi = min(lo + chunk_rows, rows)
+        out = buf[: hi - lo]
+        torch.mul(words[lo:hi], mult[lo:hi], out=out)
+        torch.sum(out, 0, out=partial[c])
+    return partial.sum(0)
+
+
+def _fold(t: Tensor, chunk_rows: int) -> Tensor:
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    data = _byte_view(t)
+    device = data.device
+    nbytes = data.numel()
+    width = min(MAX_FOLD_WORDS, -(-nbytes // _WORD_BYTES))
+    full_rows, rest = divmod(nbytes, _ROW_BYTES)
+    mult = _MULTIPLIERS.get(full_rows + (1 if rest else 0), device)
+    if full_rows:
+        body = _as_words(data[: full_rows * _ROW_BYTES]).view(full_rows, MAX_FOLD_WORDS)
+        acc = _fold_rows(body, mult[:full_rows], chunk_rows)
+    else:
+        acc = torch.zeros(width, dtype=torch.int64, device=device)
+    if rest:
+        # The last, partial row: copied (< 4 KiB) into a zeroed row so the padding
+        # words are 0 and contribute nothing.
+        tail = torch.zeros(_ROW_BYTES, dtype=torch.uint8, device=device)
+        tail[:rest] = data[full_rows * _ROW_BYTES :]
+        acc = acc + tail.view(torch.int64)[:width] * mult[full_rows]
+    return acc
+
+
+def _chunk_rows(device: torch.device) -> int:
+    return _CPU_CHUNK_ROWS if device.type == "cpu" else _DEVICE_CHUNK_ROWS
+
+
+def fold(t: Tensor) -> Tensor:
+    """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``.
+
+    The words depend only on the bytes (see the module docstring), not on the device or
+    on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.
+    """
+    if not isinstance(t, Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    return _fold(t, _chunk_rows(t.device))
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    # FNV-1a over the dtype's name: stable across processes, unlike hash().
+    h = 0xCBF29CE484222325
+    for byte in str(dtype).encode():
+        h = ((h ^ byte) * 0x100000001B3) & _MASK
+    return h
+
+
+_POSITION_KEYS = (
+    torch.arange(1, MAX_FOLD_WORDS + 1, dtype=torch.int64) * to_int64(_GOLDEN)
+).contiguous()
+
+
+def finalize(words: Tensor, dtype: torch.dtype, shape: Sequence[int]) -> int:
+    """Mix fold ``words`` with ``dtype`` and ``shape`` into an unsigned 64-bit signature.
+
+    Runs on the CPU (``words`` is copied there if needed). Each word is keyed by its
+    position and passed through a bijective mixer, so a change in any single word
+    always changes the result, and words swapped between positions change it but for
+    a 2**-64 coincidence. The header (dtype name, rank, dims, byte count, word count)
+    and the mixed words are absorbed into a chain of bijections.
+    """
+    if words.dtype != torch.int64 or words.dim() != 1:
+        raise ValueError(
+            f"words must be a 1-D int64 tensor, got {words.dtype} {tuple(words.shape)}"
+        )
+    n = words.shape[0]
+    if n > MAX_FOLD_WORDS:
+        raise ValueError(f"at most {MAX_FOLD_WORDS} words, got {n}")
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape must be non-negative, got {dims}")
+    numel = 1
+    for d in dims:
+        numel *= d
+    nbytes = numel * dtype.itemsize
+    if n != min(MAX_FOLD_WORDS, -(-nbytes // _WORD_BYTES)):
+        raise ValueError(f"{n} words do not belong to a {dtype} tensor of shape {dims}")
+    cpu_words = words.detach().to("cpu")
+    lanes = _mix64_tensor(cpu_words + _POSITION_KEYS[:n])
+    body = sum(lanes.tolist()) & _MASK  # exact in Python, then mod 2**64
+    h = _SEED_ONE
+    for value in (_dtype_code(dtype), len(dims), *dims, nbytes, n, body):
+        h = _absorb(h, value)
+    return h
+
+
+def signature(t: Tensor) -> int:
+    """The unsigned 64-bit signature of ``t`` (0 <= s < 2**64): dtype, shape and bytes."""
+    return finalize(fold(t), t.dtype, t.shape)
+
+
+def signature_many(tensors: Iterable[Tensor | None]) -> int:
+    """Order-sensitive signature of a sequence of tensors (a flattened pytree).
+
+    ``None`` entries count as a distinct marker, so ``[a, None]`` differs from
+    ``[None, a]`` and from ``[a]``. All folds are issued first and their words leave
+    each device in one copy, so a list of accelerator tensors synchronises once per
+    device rather than once per tensor.
+    """
+    items = list(tensors)
+    folded: dict[int, Tensor] = {}
+    by_device: dict[torch.device, list[int]] = {}
+    for index, item in enumerate(items):
+        if item is None:
+            continue
+        if not isinstance(item, Tensor):
+            raise TypeError(f"expected Tensor or None, got {type(item).__name__}")
+        folded[index] = fold(item)
+        by_device.setdefault(folded[index].device, []).append(index)
+    on_cpu: dict[int, Tensor] = {}
+    for indices in by_device.values():
+        joined = torch.cat([folded[i] for i in indices]).to("cpu")
+        pieces = torch.split(joined, [folded[i].shape[0] for i in indices])
+        on_cpu.update(zip(indices, pieces, strict=True))
+    h = _SEED_MANY
+    for index, item in enumerate(items):
+        if item is None:
+            h = _absorb(h, _TAG_NONE)
+        else:
+            h = _absorb(h, _TAG_TENSOR)
+            h = _absorb(h, finalize(on_cpu[index], item.dtype, item.shape))
+    return _absorb(h, len(items))
