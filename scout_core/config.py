@@ -192,6 +192,11 @@ class Config:
     """Exit code used by ``on_hang = "terminate"`` (1..255; not 16 or 17, which
     Megatron-Core uses, nor 93, which nvidia-resiliency-ext uses)."""
 
+    gate: bool = True
+    """Run the checkpoint gate at replay boundaries: keep latest / candidate / verified
+    in-memory checkpoints, certify them by clean replay cycles, and let
+    ``session.recover`` restore the one recovery can trust."""
+
     checkpoint_dir: str | None = None
     """Directory for durable gate checkpoints (torch.distributed.checkpoint). ``None``
     keeps gate checkpoints in memory only."""

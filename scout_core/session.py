@@ -15,30 +15,41 @@ SCOUT registered (the observer, the checkpoint gate); it is idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
 from scout_core.adapter import FrameworkAdapter
+from scout_core.checkpoint.attach import GateHandle, attach_gate, gate_catalog, model_of
 from scout_core.config import Config
 from scout_core.discovery import discover, unwrap
+from scout_core.errors import UnsupportedSetupError
 from scout_core.evidence import EvidenceWriter, Record
 from scout_core.mesh import MeshLayout
+from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
+from scout_core.observer.attach import attach_observer
 from scout_core.replay.driver import ReplayDriver
 from scout_core.replay.runner import RoundOutcome
 from scout_core.torch_adapter import TorchAdapter
+from scout_core.vocabulary import Failure
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from scout_core.checkpoint.recovery import Restored
+
 __all__ = ["Session", "enable_adapter", "enable_torch"]
 
 log = logging.getLogger("scout")
+T = TypeVar("T")
 
 _live: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
 
@@ -57,6 +68,13 @@ class Session:
         """The current iteration (0-based): completed optimizer steps."""
         self.adapter: FrameworkAdapter | None = None
         """The framework adapter (None when SCOUT is disabled)."""
+        self.replay: ReplayDriver | None = None
+        """The replay driver (None when SCOUT is disabled)."""
+        self.observer: ObserverHandle | None = None
+        """This rank's hang observer (None when ``Config.observer`` is off)."""
+        self.gate: GateHandle | None = None
+        """The checkpoint gate (None when ``Config.gate`` is off or nothing can be gated)."""
+        self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
         self._closed = False
 
@@ -93,8 +111,53 @@ class Session:
     ) -> None:
         self.close()
 
+    # -- what users call during training --------------------------------------------------
+
+    def watch_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
+        """Wrap a DataLoader (any iterable) so the observer sees each batch fetch.
+
+        A rank still fetching after its peers moved on gets an ``input_stall``
+        verdict. Returns ``loader`` unchanged when the observer is off.
+        """
+        if self.observer is None:
+            return loader
+        return watch_dataloader(loader, self.observer.publisher)
+
+    def checkpoint_stage(self, kind: str = "write") -> AbstractContextManager[None]:
+        """Context around a checkpoint write (or ``kind="read"``) for the observer.
+
+        A rank still inside it after its peers moved on gets a ``checkpoint_stall``.
+        """
+        if self.observer is None:
+            return contextlib.nullcontext()
+        return checkpoint_stage(self.observer.publisher, kind)
+
+    def recover(
+        self, failure: Failure | str | None, *, machines_accessible: bool = True
+    ) -> Restored:
+        """Restore the checkpoint the gate trusts after ``failure`` (collective).
+
+        SDC or an unreachable machine restores *verified*, a straggler *latest*; any
+        other failure first replays the whole recipe catalog (paper Algorithm 3).
+        Returns what was restored (step, role, reason); writes a checkpoint record.
+        """
+        if self.gate is None:
+            raise UnsupportedSetupError(
+                "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
+                f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
+            )
+        found = None if failure is None else Failure(failure)
+        return self.gate.recover(found, machines_accessible=machines_accessible)
+
     def emit(self, record: Record, writer: EvidenceWriter | None) -> None:
-        """Deliver one verdict: evidence file (group's lowest rank), list, callback."""
+        """Deliver one verdict: evidence file (group's lowest rank), list, callback.
+
+        The observer delivers its verdicts from a listener thread, hence the lock.
+        """
+        with self._lock:
+            self._emit(record, writer)
+
+    def _emit(self, record: Record, writer: EvidenceWriter | None) -> None:
         self.verdicts.append(record)
         if writer is not None and (not record.group or writer.rank in record.group):
             # A group's record is written once, by its lowest rank; a record about
@@ -134,8 +197,24 @@ def enable_adapter(
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     replay = ReplayDriver(session, adapter, config, writer)
     session.adapter = adapter
+    session.replay = replay
     session.add_closer(writer.close)
     session.add_closer(replay.close)
+    if config.gate and gate_catalog(replay):
+        if model_of(adapter) is None:
+            log.warning(
+                "scout: the %s adapter exposes no model, so the checkpoint gate is off",
+                adapter.name,
+            )
+        else:
+            session.gate = attach_gate(session, replay, writer=writer)
+    if config.observer:
+        session.observer = attach_observer(
+            adapter,
+            config,
+            on_verdict=lambda record: session.emit(record, None),
+            add_closer=session.add_closer,
+        )
     if key is not None:
         _live[key] = session
         session.add_closer(lambda: _forget(key))

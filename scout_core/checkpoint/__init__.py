@@ -6,13 +6,15 @@
 * :mod:`.durable`: DCP shards, JSON manifests, atomic commit, consistent loading;
 * :mod:`.coordinator`: runs the gate at each replay boundary and writes the records;
 * :mod:`.recovery`: restores the generation the gate selects, or a fresh process
-  from disk alone.
+  from disk alone;
+* :mod:`.attach`: wires the coordinator to a live replay session (``attach_gate``).
 
 The decision logic itself lives in :mod:`scout_core.gate`.
 """
 
 from __future__ import annotations
 
+from scout_core.checkpoint.attach import GateHandle, attach_gate
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
 from scout_core.checkpoint.durable import DurableStore, Generation, scan
 from scout_core.checkpoint.memory import (
@@ -25,6 +27,8 @@ from scout_core.checkpoint.memory import (
 from scout_core.checkpoint.recovery import Restored, default_rng_streams, recover, restore_from_disk
 
 __all__ = [
+    "GateHandle",
+    "attach_gate",
     "BoundaryResult",
     "CheckpointCoordinator",
     "DurableStore",

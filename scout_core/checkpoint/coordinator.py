@@ -178,7 +178,19 @@ class CheckpointCoordinator:
             if decision.dropped is not None:
                 if self.durable is not None:
                     self.durable.discard(decision.dropped)
-                self.record("candidate", step, decision.dropped, detail={**detail, "dropped": True})
+                # Same action as the record that made it a candidate, so a reader
+                # following one generation sees both; ``dropped`` tells them apart.
+                self.record(
+                    "candidate",
+                    step,
+                    decision.dropped,
+                    detail={
+                        **detail,
+                        "q": gate.q,
+                        "dropped": True,
+                        "reason": f"candidate step {decision.dropped} dropped: {decision.reason}",
+                    },
+                )
             return BoundaryResult(decision)
 
         snap = self.memory.capture(step, extra)

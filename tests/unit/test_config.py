@@ -46,6 +46,7 @@ EXPECTED_DEFAULTS = {
     "observer_join_timeout_s": 30.0,
     "on_hang": "report",
     "hang_exit_code": 86,
+    "gate": True,
     "checkpoint_dir": None,
     "catalog_size": None,
     "peer_replication": False,
