@@ -12,14 +12,18 @@ and ``PipelineEngine`` under ZeRO 0-3:
 * **optimizer**: the torch optimizer inside DeepSpeed's wrappers
   (``engine.optimizer.optimizer`` under ZeRO / bf16 / fp16), resolved after
   ``deepspeed.initialize``; its step hooks fire once per gradient-accumulation
-  boundary. Under ZeRO 1-3 it steps on this rank's flat fp32 partition, which no
-  other rank holds, so its ownership is ``UNIQUE`` and the core skips optimizer
-  replay with a logged reason;
+  boundary (coalesced to one firing when ZeRO steps it once per parameter group:
+  :mod:`scout_deepspeed.boundary`). Under ZeRO 1-3 it steps on this rank's flat
+  fp32 partition, which no other rank holds, so its ownership is ``UNIQUE`` and
+  the core skips optimizer replay with a logged reason;
 * **materialize**: parameter clones under ZeRO 0-2 (replicated), a gather of this
   layer's partitions on SCOUT's diagnostic group under ZeRO-3
   (:func:`scout_deepspeed.zero3.gather_full`);
 * **call**: ``torch.func.functional_call`` with DeepSpeed's hooks hidden, so a
-  replayed ZeRO-3 layer never fetches or releases parameters.
+  replayed ZeRO-3 layer never fetches or releases parameters, and with the process
+  group of any Ulysses attention or MoE layer inside re-pointed to SCOUT's own Gloo
+  group over the same ranks (:mod:`scout_deepspeed.collectives`), so its all-to-alls
+  never run on the training communicator.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from scout_core.errors import UnsupportedSetupError
 from scout_core.mesh import Axis, MeshAddress, MeshLayout
 from scout_core.torch_adapter import cpu_rng, device_rng
 from scout_deepspeed import zero3
+from scout_deepspeed.boundary import StepCoalescer
+from scout_deepspeed.collectives import Repointer
 from scout_deepspeed.layout import (
     agree_or_raise,
     check_layout,
@@ -151,8 +157,14 @@ class DeepSpeedAdapter:
         agree_or_raise(problem, world)
         assert layout is not None
         self._layout = layout
+        # Collective too: SCOUT's own sequence/expert-parallel groups, then agreement
+        # that every Ulysses/MoE layer holds this rank's group of the layout.
+        self._repoint = Repointer(engine.module, layout, self._rank)
+        agree_or_raise(self._repoint.problem, world)
         self.found = _discover(engine, config)
         self.optimizer = inner_optimizer(engine)
+        # ZeRO steps the inner optimizer once per parameter group: one boundary per step.
+        self._coalescer = StepCoalescer(engine.optimizer, self.optimizer)
         self._steps = 0
         self._handle = self.optimizer.register_step_post_hook(self._count)
         self._peers: PeerGroup | None = None
@@ -166,16 +178,6 @@ class DeepSpeedAdapter:
     @staticmethod
     def _unsupported(engine: Any) -> str | None:
         """Setups replay cannot watch safely yet, as a message; None when supported."""
-        if int(getattr(engine, "sequence_parallel_size", 1) or 1) > 1:
-            return (
-                "Ulysses sequence parallelism is not supported yet: a replayed attention layer "
-                "would run its all-to-all on the training communicator"
-            )
-        if getattr(engine, "has_moe_layers", False):
-            return (
-                "MoE layers (expert parallelism) are not supported yet: a replayed MoE layer "
-                "would run its all-to-all on the training communicator"
-            )
         zc = getattr(getattr(engine, "_config", None), "zero_config", None)
         if zc is not None and int(getattr(zc, "zero_hpz_partition_size", 1) or 1) > 1:
             return "ZeRO++ hierarchical partitioning (zero_hpz_partition_size > 1) is not supported"
@@ -204,13 +206,23 @@ class DeepSpeedAdapter:
             "data_parallel": getattr(e, "data_parallel_group", None),
             "seq_data_parallel": getattr(e, "seq_data_parallel_group", None),
         }
+        if self._layout.size(Axis.C) > 1:
+            found["seq_parallel"] = getattr(e, "seq_parallel_group", None)
+        ep = self._layout.size(Axis.E)
+        if ep > 1:
+            from deepspeed.utils import groups
+
+            found["expert_parallel"] = groups._get_expert_parallel_group(f"ep_size_{ep}")
+            found["expert_data_parallel"] = groups._get_expert_data_parallel_group(f"ep_size_{ep}")
         if is_pipeline(e):
             found["pipe"] = e.grid.get_pipe_parallel_group()
             found["pipe_data_parallel"] = e.grid.get_data_parallel_group()
             if self._layout.size(Axis.T) > 1:
                 found["slice"] = e.grid.get_slice_parallel_group()
         mpu = getattr(e, "mpu", None)
-        if mpu is not None and hasattr(mpu, "get_model_parallel_group"):
+        # The Ulysses mpu aliases its sequence group as the "model parallel" group.
+        is_sp_mpu = hasattr(mpu, "initialize_sequence_parallel")
+        if mpu is not None and hasattr(mpu, "get_model_parallel_group") and not is_sp_mpu:
             found["tensor_parallel"] = mpu.get_model_parallel_group()
         return {k: v for k, v in found.items() if v is not None}
 
@@ -263,9 +275,18 @@ class DeepSpeedAdapter:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run ``module`` on ``state`` with DeepSpeed's (ZeRO-3 fetch/release) hooks hidden."""
-        with zero3.without_deepspeed_hooks(module):
+        """Run ``module`` on ``state`` with DeepSpeed's (ZeRO-3 fetch/release) hooks hidden.
+
+        Ulysses attention and MoE layers inside ``module`` talk on SCOUT's diagnostic
+        group over the same ranks for the duration of the call (restored after);
+        their backward keeps that group, so the replay's ``autograd.grad`` does too.
+        """
+        with zero3.without_deepspeed_hooks(module), self._repoint.patched(module):
             return torch.func.functional_call(module, dict(state), args, kwargs)
+
+    def repointed_summary(self) -> dict[str, list[int]]:
+        """Which DeepSpeed group attributes replay re-points, and to which ranks."""
+        return self._repoint.summary()
 
     def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
         """ZeRO-3 partitions are gathered on SCOUT's peer group (the shard group)."""
@@ -273,3 +294,4 @@ class DeepSpeedAdapter:
 
     def close(self) -> None:
         self._handle.remove()
+        self._coalescer.remove()

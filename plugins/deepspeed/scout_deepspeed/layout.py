@@ -9,16 +9,24 @@ diagnostic groups (DeepSpeed's groups are never used for diagnostic traffic):
   ``pipe`` / ``data`` / ``model``) becomes the rank grid as is, so peer groups are
   per stage and per tensor slice.
 * **DeepSpeedEngine**: tensor parallel from the ``mpu`` (Megatron convention: TP
-  ranks contiguous), Ulysses sequence parallel next (DeepSpeed's sequence groups
-  are contiguous too), data parallel slowest. Under ZeRO-1/2 parameters are
-  replicated over the data-parallel group, so data parallel is the replica axis
-  ``d``; under ZeRO-3 each rank owns one shard of every parameter, so it is the
-  state-shard axis ``s`` (there are no replicas to compare shards with).
+  ranks contiguous), then Ulysses sequence parallel as the context axis ``c``
+  (DeepSpeed's sequence groups are contiguous too), then MoE expert parallel as
+  ``e`` (DeepSpeed's expert-parallel groups are contiguous, its expert-data-parallel
+  groups strided; ``use_data_before_expert_parallel_`` swaps the two), data parallel
+  slowest. Under ZeRO-1/2 parameters are replicated over the data-parallel group, so
+  data parallel is the replica axis ``d``; under ZeRO-3 each rank owns one shard of
+  every parameter, so it is the state-shard axis ``s``.
 
-The derivation relies on DeepSpeed's conventions, so it is *checked*: this rank's
-data-parallel group as DeepSpeed built it must equal the layout's replica (or
-shard) group, and the pipeline stage group likewise. Every rank runs the check and
-the outcome is agreed on a throw-away Gloo group, so a mismatch raises
+Replica peers vary ``d`` with every other coordinate fixed, which is right for both
+kinds of weights: dense weights are identical over the whole (sequence-)data-parallel
+group, a superset of the peers, and expert weights over the expert-data-parallel
+group, which *is* the peer group (same ``e``: same experts).
+
+The derivation relies on DeepSpeed's conventions, so it is *checked*: every group
+DeepSpeed built for this rank (data parallel, sequence parallel, sequence-data
+parallel, expert parallel and expert-data parallel per ``ep_size``, the pipeline's
+stage groups) must equal the group the layout implies. Every rank runs the check
+and the outcome is agreed on a throw-away Gloo group, so a mismatch raises
 :class:`~scout_core.errors.UnsupportedSetupError` on every rank instead of leaving
 some ranks inside a collective the others never join.
 """
@@ -41,6 +49,7 @@ __all__ = [
     "check_layout",
     "engine_layout",
     "expected_groups",
+    "expert_parallel_size",
     "group_ranks",
     "is_pipeline",
     "layout_group",
@@ -88,6 +97,25 @@ def _pipeline_layout(engine: Any, stage: int) -> MeshLayout:
     return MeshLayout.from_grid(grid, names, axes)
 
 
+def expert_parallel_size(engine: Any) -> int:
+    """The ``ep_size`` of the engine's DeepSpeed ``MoE`` layers (1 without MoE).
+
+    Layers with different ``ep_size`` would need one expert axis each, which a mesh
+    layout cannot express: that raises :class:`UnsupportedSetupError`.
+    """
+    if not getattr(engine, "has_moe_layers", False):
+        return 1
+    from deepspeed.moe.layer import MoE
+
+    sizes = {int(m.ep_size) for m in engine.module.modules() if isinstance(m, MoE)}
+    if len(sizes) > 1:
+        raise UnsupportedSetupError(
+            f"MoE layers with different ep_size {sorted(sizes)} are not supported (one expert "
+            "axis per job)"
+        )
+    return sizes.pop() if sizes else 1
+
+
 def engine_layout(engine: Any, world_size: int) -> MeshLayout:
     """The layout ``engine`` trains with (not yet checked; see :func:`check_layout`)."""
     stage = _zero_stage(engine)
@@ -95,53 +123,93 @@ def engine_layout(engine: Any, world_size: int) -> MeshLayout:
         return _pipeline_layout(engine, stage)
     tp = int(getattr(engine, "mp_world_size", 1) or 1)
     sp = int(getattr(engine, "sequence_parallel_size", 1) or 1)
+    ep = expert_parallel_size(engine)
+    if sp > 1 and stage >= 3:
+        # ZeRO-3 partitions over the sequence-data-parallel group (c x d): a shard group
+        # spanning two axes, which the core's single shard axis cannot gather on.
+        raise UnsupportedSetupError(
+            "Ulysses sequence parallelism under ZeRO-3 is not supported (parameters are "
+            "partitioned over sequence x data parallel); use ZeRO 1/2"
+        )
+    if ep > 1 and (sp > 1 or tp > 1 or stage >= 3):
+        raise UnsupportedSetupError(
+            "MoE expert parallelism is supported with plain data parallelism under ZeRO 0-2 "
+            f"only (got sequence parallel {sp}, tensor parallel {tp}, ZeRO stage {stage})"
+        )
+    # The data-parallel group spans the expert axis (dense weights replicate over d x e);
+    # with the Ulysses mpu DeepSpeed reports no data-parallel size at all.
     dp = int(getattr(engine, "dp_world_size", 0) or 0) or world_size // (tp * sp)
+    dp //= ep
     data = "s" if stage >= 3 else "d"
-    layout = MeshLayout.from_order(f"t-c-{data}", t=tp, c=sp, **{data: dp})
+    expert_first = not bool(
+        getattr(getattr(engine, "_config", None), "use_data_before_expert_parallel_", False)
+    )
+    order = f"t-c-e-{data}" if expert_first else f"t-c-{data}-e"
+    layout = MeshLayout.from_order(order, t=tp, c=sp, e=ep, **{data: max(dp, 1)})
     if layout.world_size != world_size:
         raise UnsupportedSetupError(
-            f"DeepSpeed reports tensor parallel {tp} x sequence parallel {sp} x data parallel "
-            f"{dp} = {layout.world_size} ranks, but the job has {world_size}"
+            f"DeepSpeed reports tensor parallel {tp} x sequence parallel {sp} x expert parallel "
+            f"{ep} x data parallel {dp} = {layout.world_size} ranks, but the job has {world_size}"
         )
     return layout
 
 
-def expected_groups(engine: Any, layout: MeshLayout, rank: int) -> list[tuple[str, Sequence[int]]]:
-    """(name, DeepSpeed's ranks) pairs the layout must reproduce for ``rank``."""
-    pairs: list[tuple[str, Sequence[int]]] = []
+def _data_axes(layout: MeshLayout) -> tuple[Axis, ...]:
+    return (Axis.S,) if layout.size(Axis.S) > 1 else (Axis.D,)
+
+
+def expected_groups(
+    engine: Any, layout: MeshLayout, rank: int
+) -> list[tuple[str, Sequence[int], tuple[Axis, ...]]]:
+    """(name, DeepSpeed's ranks, layout axes the group varies) the layout must reproduce."""
+    triples: list[tuple[str, Sequence[int], tuple[Axis, ...]]] = []
+
+    def add(name: str, group: Any, axes: tuple[Axis, ...]) -> None:
+        ranks = group_ranks(group)
+        if ranks is not None:
+            triples.append((name, ranks, axes))
+
     if is_pipeline(engine):
-        dp = group_ranks(engine.grid.get_data_parallel_group())
-        if dp is not None:
-            pairs.append(("pipeline data-parallel group", dp))
-        pipe = group_ranks(engine.grid.get_pipe_parallel_group())
-        if pipe is not None:
-            pairs.append(("pipe-parallel group", pipe))
-        return pairs
-    dp = group_ranks(getattr(engine, "data_parallel_group", None))
-    if dp is not None:
-        pairs.append(("data-parallel group", dp))
+        add(
+            "pipeline data-parallel group",
+            engine.grid.get_data_parallel_group(),
+            _data_axes(layout),
+        )
+        add("pipe-parallel group", engine.grid.get_pipe_parallel_group(), (Axis.P,))
+        return triples
+    data = _data_axes(layout)
+    ep = layout.size(Axis.E)
+    # Dense weights are reduced over d x e under MoE: DeepSpeed's data-parallel group.
+    add("data-parallel group", getattr(engine, "data_parallel_group", None), (*data, Axis.E))
     if layout.size(Axis.C) > 1:
-        sp = group_ranks(getattr(engine, "seq_parallel_group", None))
-        if sp is not None:
-            pairs.append(("sequence-parallel group", sp))
-    return pairs
+        add("sequence-parallel group", getattr(engine, "seq_parallel_group", None), (Axis.C,))
+        add(
+            "sequence-data-parallel group",
+            getattr(engine, "seq_data_parallel_group", None),
+            (*data, Axis.C),
+        )
+    if ep > 1:
+        from deepspeed.utils import groups
+
+        name = f"ep_size_{ep}"
+        add(f"expert-parallel group {name}", groups._get_expert_parallel_group(name), (Axis.E,))
+        add(
+            f"expert-data-parallel group {name}",
+            groups._get_expert_data_parallel_group(name),
+            data,
+        )
+    return triples
 
 
-def layout_group(layout: MeshLayout, rank: int, name: str) -> tuple[int, ...]:
-    """The layout's ranks for one of :func:`expected_groups`' names."""
-    if name == "pipe-parallel group":
-        axes: tuple[Axis, ...] = (Axis.P,)
-    elif name == "sequence-parallel group":
-        axes = (Axis.C,)
-    else:
-        axes = (Axis.S,) if layout.size(Axis.S) > 1 else (Axis.D,)
+def layout_group(layout: MeshLayout, rank: int, axes: Sequence[Axis]) -> tuple[int, ...]:
+    """The layout's ranks of ``rank``'s group along ``axes`` (degree-1 axes are harmless)."""
     return tuple(sorted(layout.group_along(rank, axes)))
 
 
 def check_layout(engine: Any, layout: MeshLayout, rank: int) -> str | None:
     """None when the layout reproduces DeepSpeed's groups for ``rank``, else the mismatch."""
-    for name, ranks in expected_groups(engine, layout, rank):
-        mine = layout_group(layout, rank, name)
+    for name, ranks, axes in expected_groups(engine, layout, rank):
+        mine = layout_group(layout, rank, axes)
         if tuple(ranks) != mine:
             return (
                 f"DeepSpeed's {name} of rank {rank} is {list(ranks)}, but the layout SCOUT "

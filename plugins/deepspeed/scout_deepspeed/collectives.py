@@ -1,0 +1,163 @@
+"""Replaying a layer whose forward talks: re-point its process group to SCOUT's own.
+
+Two DeepSpeed layers issue collectives inside their forward:
+
+* Ulysses ``DistributedAttention`` (``deepspeed.sequence.layer``) runs two
+  all-to-alls on its sequence-parallel group, held in the attribute ``spg``;
+* the MoE layer ``MOELayer`` (``deepspeed.moe.sharded_moe``, the ``deepspeed_moe``
+  child of ``deepspeed.moe.layer.MoE``) runs two all-to-alls on ``ep_group``, and its
+  gate ``TopKGate`` may all-reduce the expert capacity on its own ``ep_group``.
+
+Replaying such a layer as is would put SCOUT's traffic on the training
+communicator, which SCOUT never does. So at construction :class:`Repointer` creates,
+for every sequence-parallel (``c``) and expert-parallel (``e``) group of the layout,
+a new Gloo group with the *same members in the same order* (collective: every rank
+creates every group, in :meth:`MeshLayout.groups` order), and checks that each such
+attribute found in the model holds a group whose ranks are exactly those of this
+rank's diagnostic group. During a replayed call, :meth:`Repointer.patched` swaps
+the attributes to the diagnostic group and restores them in a ``finally``, together
+with the per-call state the MoE layer writes on itself (``l_aux``, ``exp_counts``),
+so training never sees a difference. Backward needs no patch: DeepSpeed's
+all-to-all autograd functions keep the group they ran forward on (``ctx.group``).
+
+Replay runs on every rank at the same boundary with the same recipe, and the
+source peer index is the same in every replica group, so the SP (EP) partners of
+a replica replay on the inputs of an actual SP (EP) group of the training step and
+their diagnostic all-to-alls meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from scout_core.errors import UnsupportedSetupError
+from scout_core.mesh import Axis, MeshLayout
+
+__all__ = ["DIAGNOSTIC_TIMEOUT", "Repointer", "Site", "find_sites"]
+
+DIAGNOSTIC_TIMEOUT = timedelta(minutes=5)
+"""Timeout of the diagnostic all-to-all groups: partners replay in lockstep, so a long
+wait means a partner never arrived; the replay then fails on this rank (inconclusive)
+instead of waiting for the default 30 minutes."""
+
+_STATE_ATTRS = ("l_aux", "exp_counts")
+"""Attributes ``MOELayer.forward`` overwrites on itself; a replay restores them."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attribute of one module that holds a DeepSpeed process group."""
+
+    module: nn.Module
+    attr: str
+    axis: Axis
+
+
+def _group_classes() -> list[tuple[type[nn.Module], str, Axis]]:
+    classes: list[tuple[type[nn.Module], str, Axis]] = []
+    try:
+        from deepspeed.sequence.layer import DistributedAttention
+
+        classes.append((DistributedAttention, "spg", Axis.C))
+    except ImportError:  # pragma: no cover - DeepSpeed without Ulysses
+        pass
+    try:
+        from deepspeed.moe.sharded_moe import MOELayer, TopKGate
+
+        classes.append((MOELayer, "ep_group", Axis.E))
+        classes.append((TopKGate, "ep_group", Axis.E))
+    except ImportError:  # pragma: no cover - DeepSpeed without MoE
+        pass
+    return classes
+
+
+def find_sites(module: nn.Module) -> list[Site]:
+    """Every group-holding attribute under ``module`` that replay must re-point."""
+    classes = _group_classes()
+    sites: list[Site] = []
+    for sub in module.modules():
+        for cls, attr, axis in classes:
+            if isinstance(sub, cls) and getattr(sub, attr, None) is not None:
+                sites.append(Site(sub, attr, axis))
+    return sites
+
+
+def _ordered_ranks(group: Any) -> tuple[int, ...]:
+    """Global ranks of ``group`` in group-rank order (the order an all-to-all uses)."""
+    return tuple(int(r) for r in dist.get_process_group_ranks(group))
+
+
+class Repointer:
+    """SCOUT's diagnostic ``c`` / ``e`` groups and the model attributes to swap to them.
+
+    Collective at construction (every rank, same layout). :attr:`problem` is None
+    when every site holds this rank's layout group, else a message; the caller
+    agrees on it across ranks before using :meth:`patched`.
+    """
+
+    def __init__(self, module: nn.Module, layout: MeshLayout, rank: int) -> None:
+        self.sites = find_sites(module)
+        self.groups: dict[Axis, dist.ProcessGroup] = {}
+        self.members: dict[Axis, tuple[int, ...]] = {}
+        for axis in (Axis.C, Axis.E):
+            if layout.size(axis) <= 1:
+                continue
+            for ranks in layout.groups((axis,)):
+                pg = dist.new_group(list(ranks), backend="gloo", timeout=DIAGNOSTIC_TIMEOUT)
+                if rank in ranks:
+                    if not isinstance(pg, dist.ProcessGroup):
+                        raise UnsupportedSetupError(f"new_group gave rank {rank} no group {ranks}")
+                    self.groups[axis] = pg
+                    self.members[axis] = tuple(ranks)
+        self.problem = self._check()
+
+    def _check(self) -> str | None:
+        for site in self.sites:
+            held = _ordered_ranks(getattr(site.module, site.attr))
+            if len(held) <= 1:
+                continue  # a one-rank group issues no traffic worth re-pointing
+            mine = self.members.get(site.axis)
+            if mine is None:
+                return (
+                    f"{type(site.module).__name__}.{site.attr} holds a {len(held)}-rank group "
+                    f"{list(held)}, but the layout has no {site.axis.value!r} axis"
+                )
+            if held != tuple(sorted(mine)) or _ordered_ranks(self.groups[site.axis]) != held:
+                return (
+                    f"{type(site.module).__name__}.{site.attr} holds ranks {list(held)}, but "
+                    f"this rank's {site.axis.value!r} group in the layout is {list(mine)}"
+                )
+        return None
+
+    def summary(self) -> dict[str, list[int]]:
+        """``"<Class>.<attr>"`` -> diagnostic group ranks, for reports and tests."""
+        out: dict[str, list[int]] = {}
+        for site in self.sites:
+            if site.axis in self.members:
+                out[f"{type(site.module).__name__}.{site.attr}"] = list(self.members[site.axis])
+        return out
+
+    @contextmanager
+    def patched(self, module: nn.Module) -> Iterator[None]:
+        """Inside: every site under ``module`` holds SCOUT's group; restored on exit."""
+        inside = {id(m) for m in module.modules()}
+        chosen = [s for s in self.sites if id(s.module) in inside and s.axis in self.groups]
+        saved: list[tuple[nn.Module, str, Any]] = []
+        try:
+            for site in chosen:
+                saved.append((site.module, site.attr, getattr(site.module, site.attr)))
+                for name in _STATE_ATTRS:
+                    if name in site.module.__dict__:
+                        saved.append((site.module, name, site.module.__dict__[name]))
+                setattr(site.module, site.attr, self.groups[site.axis])
+            yield
+        finally:
+            for mod, name, value in reversed(saved):
+                setattr(mod, name, value)
