@@ -33,7 +33,7 @@ def stalled_rank_body(report_dir: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel
 
     import scout_core as scout
 
@@ -56,7 +56,7 @@ def stalled_rank_body(report_dir: str) -> dict[str, Any]:
             return out
 
     train = dist.new_group(backend="gloo", timeout=timedelta(seconds=30))
-    net = DDP(Net(), process_group=train)
+    net = DistributedDataParallel(Net(), process_group=train)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     cfg = scout.Config(
         report_dir=report_dir,

@@ -50,12 +50,12 @@ def test_submodules_are_not_shadowed() -> None:
 
 
 def test_enable_refuses_an_unknown_object_and_names_it() -> None:
-    with pytest.raises(scout_core.UnsupportedSetupError, match="no plugin handles builtins.dict"):
+    with pytest.raises(scout_core.UnsupportedSetupError, match=r"no plugin handles builtins\.dict"):
         scout_core.enable({})
 
 
 def test_enable_plain_torch_needs_an_optimizer() -> None:
     import torch
 
-    with pytest.raises(scout_core.UnsupportedSetupError, match="torch.optim.Optimizer"):
+    with pytest.raises(scout_core.UnsupportedSetupError, match=r"torch\.optim\.Optimizer"):
         scout_core.enable(torch.nn.Linear(2, 2), None)
