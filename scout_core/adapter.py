@@ -14,6 +14,10 @@ replay, the observer and the checkpoint gate need:
 * how to materialise one module's parameters for replay (FSDP, ZeRO-3), how to
   call it functionally without the framework's hooks, and the optimizer step.
 
+An adapter may also set ``gates_checkpoints = True`` when its plugin certifies the
+framework's own checkpoints (as DeepSpeed's does through ``save_checkpoint``); the
+core then keeps no in-memory gate copies for it.
+
 The protocol is deliberately small and structural (:class:`typing.Protocol`), so
 Megatron chunks, DeepSpeed engines and TorchTitan trainers all fit it without
 inheriting anything. :func:`scout_core.testing.conformance.check_adapter` is the

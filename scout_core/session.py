@@ -201,7 +201,11 @@ def enable_adapter(
     session.add_closer(writer.close)
     session.add_closer(replay.close)
     if config.gate and gate_catalog(replay):
-        if model_of(adapter) is None:
+        if getattr(adapter, "gates_checkpoints", False):
+            # The plugin certifies the framework's own checkpoints (DeepSpeed wraps the
+            # engine's save/load_checkpoint) instead of keeping in-memory copies.
+            log.info("scout: the %s plugin gates its own checkpoints", adapter.name)
+        elif model_of(adapter) is None:
             log.warning(
                 "scout: the %s adapter exposes no model, so the checkpoint gate is off",
                 adapter.name,

@@ -5,7 +5,8 @@ Add a top-level ``"scout"`` section to the DeepSpeed JSON config, then either ca
 :func:`scout_deepspeed.initialize` in its place. SCOUT then replays sampled layers
 of ``engine.module`` at the inner optimizer's step boundary and compares each rank
 with its peers (data-parallel replicas under ZeRO 0-2, the shard group under ZeRO-3,
-per stage under a ``PipelineEngine``). See ``docs/deepspeed.md``.
+per stage under a ``PipelineEngine``), and gates ``engine.save_checkpoint`` /
+``load_checkpoint`` by the replay evidence (:func:`recover`). See ``docs/deepspeed.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from scout_deepspeed.activation import (
     section_config,
     session_of,
 )
+from scout_deepspeed.gating import Recovered, gate_of, recover
 from scout_deepspeed.versions import SUPPORTED_DEEPSPEED, check_version
 
 __all__ = [
@@ -27,6 +29,9 @@ __all__ = [
     "initialize",
     "enable",
     "session_of",
+    "recover",
+    "Recovered",
+    "gate_of",
     "config_for",
     "section_config",
     "SECTION",

@@ -17,7 +17,8 @@ No section, or ``"enabled": false``, attaches nothing. A bad section (unknown ke
 wrong type, negative interval) raises :class:`~scout_core.errors.ConfigError`
 naming the key; ``initialize`` checks a dict or JSON-file config *before* the
 expensive engine construction. The session stays reachable through
-:func:`session_of`; enabling twice returns the live session.
+:func:`session_of`; enabling twice returns the live session. With replay and
+``"gate"`` on, the engine's checkpoints are gated too (:mod:`scout_deepspeed.gating`).
 """
 
 from __future__ import annotations
@@ -118,9 +119,13 @@ def enable(
         _sessions[engine] = session
         return session
     from scout_deepspeed.adapter import DeepSpeedAdapter
+    from scout_deepspeed.gating import attach_checkpoint_gate
 
     adapter = DeepSpeedAdapter(engine, cfg)
     session = enable_adapter(adapter, cfg, callback=callback, key=engine)
+    # The core's in-memory gate needs a model on the adapter; DeepSpeed's checkpoints
+    # are the engine's own tags, gated through save_checkpoint / load_checkpoint.
+    attach_checkpoint_gate(engine, session)
     _sessions[engine] = session
     return session
 

@@ -135,6 +135,9 @@ class DeepSpeedAdapter:
     """
 
     name = "deepspeed"
+    gates_checkpoints = True
+    """The plugin gates DeepSpeed's own checkpoints (save/load_checkpoint), so the core
+    keeps no in-memory gate copies for this adapter."""
 
     def __init__(self, engine: Any, config: Config) -> None:
         if not dist.is_available() or not dist.is_initialized():

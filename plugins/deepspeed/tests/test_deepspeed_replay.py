@@ -134,7 +134,8 @@ def test_activation_conformance_and_bad_sections(tmp_path: Path) -> None:
             assert out[name]["hooks"] == 0
             assert out[name]["forward_hooks"] == out["absent"]["forward_hooks_baseline"]
         assert out["enabled_forward_hooks"] > out["absent"]["forward_hooks_baseline"]
-        assert out["same_session"] and out["hooks_after_twice"] == 2
+        # post hooks: replay's boundary, the adapter's step count, the checkpoint gate
+        assert out["same_session"] and out["hooks_after_twice"] == 3
         assert out["hooks_after_close"] == 0
         assert out["ownership"] == "unique"
         assert "sizes=(1, 3, 1, 1, 1, 1)" in out["layout"]  # ZeRO-3: a 3-way shard group

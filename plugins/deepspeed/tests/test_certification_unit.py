@@ -1,0 +1,76 @@
+"""The tag ledger and its JSON sidecar, without a process group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from scout_deepspeed.certification import (
+    SIDECAR,
+    Ledger,
+    TagEntry,
+    read_sidecar,
+    write_sidecar,
+)
+
+from scout_core.errors import CheckpointError
+
+
+def _tag(entry: TagEntry | None) -> str:
+    assert entry is not None
+    return entry.tag
+
+
+def _ledger(tmp_path: Path) -> Ledger:
+    led = Ledger()
+    led.add(tmp_path, "a", step=3, global_steps=4, role="verified", reason="r")
+    led.add(tmp_path, "b", step=7, global_steps=8, role="candidate", reason="r")
+    led.add(tmp_path, "c", step=8, global_steps=9, role="suspect", reason="r")
+    return led
+
+
+def test_newest_by_role_and_resave_replaces(tmp_path: Path) -> None:
+    led = _ledger(tmp_path)
+    assert _tag(led.newest(("verified",))) == "a"
+    assert _tag(led.newest(("latest", "candidate", "verified"))) == "b"
+    assert led.newest(("latest",)) is None
+    assert led.newest(("verified",), save_dir=tmp_path / "other") is None
+    led.add(tmp_path, "b", step=2, global_steps=3, role="latest", reason="again")
+    assert [(e.tag, e.step, e.role) for e in led.in_dir(tmp_path)] == [
+        ("b", 2, "latest"),
+        ("a", 3, "verified"),
+        ("c", 8, "suspect"),
+    ]
+
+
+def test_sidecar_round_trip_and_merge(tmp_path: Path) -> None:
+    led = _ledger(tmp_path)
+    path = write_sidecar(tmp_path, led.in_dir(tmp_path), run_id="x", catalog_size=4)
+    assert path == tmp_path / SIDECAR
+    assert not list(tmp_path.glob("*.tmp"))  # the temp file was renamed into place
+    found = read_sidecar(tmp_path)
+    assert found is not None
+    assert [(e.tag, e.step, e.global_steps, e.role) for e in found] == [
+        ("a", 3, 4, "verified"),
+        ("b", 7, 8, "candidate"),
+        ("c", 8, 9, "suspect"),
+    ]
+    fresh = Ledger()
+    fresh.merge(tmp_path, found)
+    assert _tag(fresh.newest(("verified",))) == "a"
+    assert read_sidecar(tmp_path / "nowhere") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"schema": "scout.deepspeed.certification/1", "tags": [{"tag": "a"}]}', '{"tags": []}', "{"],
+)
+def test_a_bad_sidecar_is_refused(tmp_path: Path, text: str) -> None:
+    (tmp_path / SIDECAR).write_text(text, encoding="utf-8")
+    with pytest.raises(CheckpointError):
+        read_sidecar(tmp_path)
+
+
+def test_unknown_role_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="unknown certification role"):
+        Ledger().add(tmp_path, "a", step=1, global_steps=2, role="trusted", reason="r")
