@@ -6,8 +6,11 @@ Two identical copies of a 12-layer transformer-style model train side by side in
 one job (DDP over Gloo on CPU), one with SCOUT enabled at the default cadence
 (hidden layer, embedding, LM head and optimizer every 20 steps, variants
 0.1x/x/10x) and one without; their steps are interleaved so both see the same
-machine load. The JSON reports the measured step-time overhead ratio and the
-paper's amortised estimate V/(I*N).
+machine load. The JSON reports the measured step-time overhead ratio, the
+paper's amortised estimate V/(I*N) (hidden-layer replay only), their ratio, and the
+overhead split into due steps (where replay runs) and healthy-path steps (where
+only SCOUT's hooks run). With 12 layers the estimate itself is 1.25% at the
+default V=3, I=20; the <= 0.5% goal needs N >= 30 layers (``--layers 32``).
 """
 
 from __future__ import annotations
@@ -105,6 +108,23 @@ def session_estimate(cfg: Any, layers: int) -> float:
     return sched.overhead_estimate()
 
 
+def _due_overhead(results: list[dict[str, Any]], warm: int, steps: int) -> dict[str, float]:
+    """Overhead split into due steps (replay runs) and the healthy path (nothing due).
+
+    The default cadence (every 20 steps) makes steps 19, 39, ... due; the rest only
+    pay the hooks, which must be near-free.
+    """
+    due = [i for i in range(warm, steps) if (i + 1) % 20 == 0]
+    idle = [i for i in range(warm, steps) if (i + 1) % 20 != 0]
+
+    def ratio(idx: list[int]) -> float:
+        on = sum(max(r["times"]["on"][i] for r in results) for i in idx)
+        off = sum(max(r["times"]["off"][i] for r in results) for i in idx)
+        return on / off - 1.0 if off else 0.0
+
+    return {"due_steps": ratio(due), "healthy_path_steps": ratio(idle)}
+
+
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
@@ -136,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         "step_time_on_ms": 1000 * statistics.median(on),
         "overhead_ratio": total_on / total_off - 1.0,
         "estimate_v_over_i_n": results[0]["estimate"],
+        # How far the measurement is from the paper's hidden-layer estimate; > 1 means
+        # the other recipes (embedding, LM head, optimizer slice), C3 exchanges and
+        # hooks cost more than the estimate counts.
+        "measured_over_estimate": (total_on / total_off - 1.0) / results[0]["estimate"],
+        "due_step_overhead_ratio": _due_overhead(results, warm, args.steps),
         "replay_rounds": results[0]["rounds"],
         "verdicts": results[0]["flagged"],
     }

@@ -11,13 +11,23 @@ adapter reads it off the model:
   for unnamed dimensions, by placement (``Shard`` → s, ``Replicate`` → d);
 * or an explicit ``mesh=`` (a ``DeviceMesh`` or a :class:`~scout_core.mesh.MeshLayout`).
 
-[Materialising FSDP parameters without FSDP]
-FSDP2's own unshard runs collectives on the training communicator and writes
-module state; replay must do neither. :meth:`TorchAdapter.materialize` therefore
-all-gathers each parameter's local shard itself, on SCOUT's diagnostic shard group
-(the same ranks as the FSDP shard group, a separate Gloo group), undoes FSDP2's
-``torch.chunk`` padding, and yields plain full-tensor *copies*. Tensor-parallel
-dimensions stay local: replica peers at the same ``t`` compare their shards.
+[Materialising sharded parameters without the framework]
+FSDP2's unshard and tensor parallelism's redistribution run collectives on the
+training communicator and write module state; replay must do neither.
+:meth:`TorchAdapter.materialize` therefore all-gathers each parameter's local shard
+itself, on SCOUT's diagnostic group of the sharding axis (the FSDP shard group or
+the TP group: the same ranks as the training group, a separate Gloo group), undoes
+the ``torch.chunk`` padding both use, and yields plain full-tensor *copies*.
+:meth:`TorchAdapter.call` then runs the block as a hook-free twin (no FSDP, no TP
+hooks) on those plain tensors, so the replayed call never talks on a training group.
+
+[Parameters that are not registered]
+``DistributedDataParallel(model, device_mesh=mesh["dp"])`` over a TP model applies
+``torch.distributed.tensor.parallel.ddp._pre_dp_module_transform``: TP parameters
+become plain ``nn.Parameter`` local shards carrying their ``DTensorSpec`` in
+``_st_info``, and after the first forward they live on as plain DTensor
+*attributes* of their modules, no longer registered. :func:`param_items` finds all
+three kinds (registered tensors, ``_st_info`` local shards, DTensor attributes).
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ if TYPE_CHECKING:
 
     from scout_core.groups import PeerGroup
 
-__all__ = ["TorchAdapter", "cpu_rng", "device_rng"]
+__all__ = ["TorchAdapter", "cpu_rng", "device_rng", "param_items"]
 
 log = logging.getLogger("scout.torch")
 
@@ -81,17 +91,52 @@ def _root_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return root if root is not None else mesh
 
 
+def param_items(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of ``module`` by dotted name, sorted, TP attributes included.
+
+    Registered parameters (plain, FSDP2/TP ``DTensor``, or DDP+TP local shards with
+    ``_st_info``) plus DTensor attributes that DDP's TP transform left unregistered.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for prefix, mod in module.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        for name, p in mod._parameters.items():
+            if p is not None:
+                out[dot + name] = p
+        for name, value in vars(mod).items():
+            if not name.startswith("_") and _is_dtensor(value):
+                out.setdefault(dot + name, value)
+    return sorted(out.items())
+
+
+def _spec(p: torch.Tensor) -> tuple[torch.Tensor, Any, tuple[Any, ...], torch.Size] | None:
+    """(local tensor, mesh, placements, global shape) of a sharded parameter, else None."""
+    if _is_dtensor(p):
+        return (
+            p.to_local(),  # type: ignore[attr-defined]  # DTensor method
+            p.device_mesh,  # type: ignore[attr-defined]  # DTensor attribute
+            tuple(p.placements),  # type: ignore[attr-defined]  # DTensor attribute
+            p.shape,
+        )
+    info = getattr(p, "_st_info", None)
+    if info is not None:  # DDP's TP transform: the local shard and its DTensorSpec
+        return p, info.mesh, tuple(info.placements), torch.Size(info.shape)
+    return None
+
+
 def _layout_from_params(model: nn.Module) -> MeshLayout | None:
     """The layout the DTensor parameters imply, or None when there are none."""
     meshes: dict[int, Any] = {}
     placements: dict[int, list[Any]] = {}
-    for p in model.parameters():
-        if _is_dtensor(p):
-            mesh = p.device_mesh  # type: ignore[attr-defined]  # DTensor attribute
-            root = _root_mesh(mesh)
-            meshes[id(root)] = root
-            if mesh is root:
-                placements.setdefault(id(root), list(p.placements))  # type: ignore[attr-defined]
+    for _, p in param_items(model):
+        spec = _spec(p)
+        if spec is None:
+            continue
+        mesh = spec[1]
+        root = _root_mesh(mesh)
+        meshes[id(root)] = root
+        if mesh is root:
+            placements.setdefault(id(root), list(spec[2]))
     if not meshes:
         return None
     # The largest mesh wins: FSDP on the root, TP on a sub-mesh of the same root.
@@ -111,33 +156,43 @@ def _layout_from_params(model: nn.Module) -> MeshLayout | None:
     return MeshLayout.from_grid(root.mesh, dims, axes or None)
 
 
-def _is_fsdp_hook(hook: Any) -> bool:
+def _is_framework_hook(hook: Any) -> bool:
+    """A hook torch.distributed registered (FSDP2 unshard, TP input/output redistribution)."""
     owner = getattr(hook, "__self__", None)
     where = type(owner).__module__ if owner is not None else getattr(hook, "__module__", "")
-    return str(where).startswith("torch.distributed.fsdp")
+    return str(where).startswith("torch.distributed.")
 
 
-def _without_fsdp_hooks(module: nn.Module) -> nn.Module:
-    """A shallow twin of an FSDP2 module: the user's class, the user's hooks, no FSDP hooks.
-
-    ``fully_shard`` swaps the class for ``FSDP<Name>`` and registers forward hooks that
-    unshard over the training communicator. The twin shares submodules and parameter
-    dicts with the original (functional_call binds and restores them), but has the
-    original class and only the hooks FSDP did not register, so injectors and other
-    user hooks still see the replayed call.
-    """
+def _user_class(module: nn.Module) -> type[nn.Module]:
+    """The user's class: FSDP2 swaps in a generated ``FSDP<Name>`` subclass."""
     cls = type(module)
-    if not cls.__module__.startswith("torch.distributed.fsdp") and not cls.__name__.startswith(
-        "FSDP"
-    ):
-        return module
-    base: type[nn.Module] = cls.__bases__[-1]
-    twin: nn.Module = object.__new__(base)
+    if cls.__module__.startswith("torch.distributed.fsdp") or cls.__name__.startswith("FSDP"):
+        base: type[nn.Module] = cls.__bases__[-1]
+        return base
+    return cls
+
+
+def hook_free_twin(module: nn.Module) -> nn.Module:
+    """A twin of ``module`` (and its submodules) without torch.distributed's hooks.
+
+    ``fully_shard`` swaps the class and registers forward hooks that unshard over the
+    training communicator; ``parallelize_module`` registers hooks on the linear
+    submodules that redistribute activations over the TP group. The twin has the
+    user's classes, the user's hooks (injectors, SCOUT's capture) and its own copies
+    of the parameter, buffer and submodule dicts, so ``functional_call`` can bind full
+    plain tensors on it without touching the live module.
+    """
+    twin: nn.Module = object.__new__(_user_class(module))
     twin.__dict__.update(module.__dict__)
+    twin.__dict__["_parameters"] = dict(module._parameters)
+    twin.__dict__["_buffers"] = dict(module._buffers)
+    twin.__dict__["_modules"] = {
+        k: (hook_free_twin(m) if m is not None else None) for k, m in module._modules.items()
+    }
     for attr in ("_forward_pre_hooks", "_forward_hooks"):
         hooks = getattr(module, attr)
-        kept = type(hooks)((k, h) for k, h in hooks.items() if not _is_fsdp_hook(h))
-        setattr(twin, attr, kept)
+        kept = type(hooks)((k, h) for k, h in hooks.items() if not _is_framework_hook(h))
+        twin.__dict__[attr] = kept
     return twin
 
 
@@ -166,6 +221,7 @@ class TorchAdapter:
         self._layout = self._derive_layout(mesh)
         self._steps = 0
         self._shard_group: PeerGroup | None = None
+        self._tp_group: PeerGroup | None = None
         self._handle = optimizer.register_step_post_hook(self._count)
         streams = [cpu_rng()]
         dev = device_rng()
@@ -195,12 +251,12 @@ class TorchAdapter:
         self._handle.remove()
 
     def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
-        """FSDP parameters are gathered on SCOUT's diagnostic shard group.
-
-        Under pure FSDP the peer group is the shard group itself.
-        """
+        """FSDP shards are gathered on SCOUT's diagnostic shard group, TP shards on its
+        diagnostic ``"t"`` group. Under pure FSDP the peer group is the shard group."""
         if self._layout.size(Axis.S) > 1:
             self._shard_group = groups.get("shard", groups.get("peer"))
+        if self._layout.size(Axis.T) > 1:
+            self._tp_group = groups.get("t")
 
     # -- FrameworkAdapter ---------------------------------------------------------------
 
@@ -215,9 +271,10 @@ class TorchAdapter:
 
     def training_groups(self) -> Mapping[str, ProcessGroup]:
         groups: dict[str, ProcessGroup] = {}
-        for p in self.root.parameters():
-            if _is_dtensor(p):
-                root = _root_mesh(p.device_mesh)  # type: ignore[attr-defined]  # DTensor
+        for _, p in param_items(self.root):
+            spec = _spec(p)
+            if spec is not None:
+                root = _root_mesh(spec[1])
                 for i, name in enumerate(root.mesh_dim_names or ()):
                     groups[name] = root.get_group(i)
                 break
@@ -250,18 +307,25 @@ class TorchAdapter:
 
     @contextmanager
     def materialize(self, ref: ModuleRef) -> Iterator[dict[str, torch.Tensor]]:
-        """Full-tensor copies of ``ref.module``'s parameters, gathered off the training path."""
+        """Full-tensor copies of ``ref.module``'s parameters, gathered off the training path.
+
+        Each copy keeps its parameter's ``requires_grad`` so replay differentiates the
+        same parameters training does.
+        """
         out: dict[str, torch.Tensor] = {}
-        for name, p in ref.module.named_parameters():
-            out[name] = self._full_copy(name, p)
+        for name, p in param_items(ref.module):
+            out[name] = self._full_copy(name, p).requires_grad_(
+                p.requires_grad and p.is_floating_point()
+            )
         yield out
 
     def local_shards(self, ref: ModuleRef) -> list[torch.Tensor]:
         """This rank's local parameter shards of ``ref`` (equal across replica peers)."""
-        return [
-            p.to_local().detach() if _is_dtensor(p) else p.detach()  # type: ignore[attr-defined]
-            for _, p in sorted(ref.module.named_parameters())
-        ]
+        out: list[torch.Tensor] = []
+        for _, p in param_items(ref.module):
+            spec = _spec(p)
+            out.append((p if spec is None else spec[0]).detach())
+        return out
 
     def call(
         self,
@@ -270,42 +334,58 @@ class TorchAdapter:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run ``module`` on ``state`` without FSDP's hooks (they talk on the training group)."""
-        return torch.func.functional_call(_without_fsdp_hooks(module), dict(state), args, kwargs)
+        """Run ``module`` on ``state`` as a hook-free twin (FSDP/TP hooks use training groups)."""
+        return torch.func.functional_call(hook_free_twin(module), dict(state), args, kwargs)
 
     # -- gathering ----------------------------------------------------------------------
 
     def _full_copy(self, name: str, p: torch.Tensor) -> torch.Tensor:
-        if not _is_dtensor(p):
+        spec = _spec(p)
+        if spec is None:
             return p.detach().clone()
-        local: torch.Tensor = p.to_local().detach()  # type: ignore[attr-defined]  # DTensor method
-        mesh = p.device_mesh  # type: ignore[attr-defined]  # DTensor attribute
+        local, mesh, placements, shape = spec
         names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
-        shard_dims = [
-            (i, pl.dim)
-            for i, pl in enumerate(p.placements)  # type: ignore[attr-defined]  # DTensor
-            if pl.is_shard() and self._is_fsdp_dim(names[i], mesh)
-        ]
-        if not shard_dims:
-            return local.clone()  # TP shard or replicated: compare the local shard
-        if len(shard_dims) > 1:
-            raise UnsupportedSetupError(f"parameter {name!r} is FSDP-sharded on several mesh dims")
-        (_, dim) = shard_dims[0]
-        return self._gather(local, dim, int(p.shape[dim]))
+        full = local.detach()
+        dims_seen: set[int] = set()
+        gathered = False
+        for i, pl in enumerate(placements):
+            if not pl.is_shard():
+                continue  # replicated (or partial) along this mesh dim: the local copy is it
+            dim = int(pl.dim) % max(1, len(shape))
+            group = self._group_for(names[i], mesh)
+            if group is None:
+                continue
+            if dim in dims_seen or type(pl).__name__ != "Shard":
+                # Two mesh dims sharding one tensor dim (FSDP2's _StridedShard over TP)
+                raise UnsupportedSetupError(
+                    f"parameter {name!r}: nested sharding {placements} is not replayed"
+                )
+            dims_seen.add(dim)
+            full = self._gather(full, dim, int(shape[dim]), group)
+            gathered = True
+        return full if gathered else full.clone()
 
-    def _is_fsdp_dim(self, name: str, mesh: DeviceMesh) -> bool:
+    def _group_for(self, name: str, mesh: DeviceMesh) -> PeerGroup | None:
+        """SCOUT's diagnostic group for a sharded mesh dimension; raises if it has none."""
         axis = AXIS_ALIASES.get(name.lower())
-        if axis is Axis.S:
-            return True
-        # A 1-D FSDP mesh may be unnamed or named "dp": its shards are FSDP shards.
-        return mesh.ndim == 1 and axis in (None, Axis.D) and self._layout.size(Axis.S) > 1
+        fsdp = axis is Axis.S or (
+            # A 1-D FSDP mesh may be unnamed or named "dp": its shards are FSDP shards.
+            mesh.ndim == 1 and axis in (None, Axis.D) and self._layout.size(Axis.S) > 1
+        )
+        if fsdp:
+            if self._shard_group is None:
+                raise UnsupportedSetupError("FSDP parameters need SCOUT's diagnostic shard group")
+            return self._shard_group
+        if axis is Axis.T:
+            if self._tp_group is None:
+                raise UnsupportedSetupError("TP parameters need SCOUT's diagnostic TP group")
+            return self._tp_group
+        raise UnsupportedSetupError(f"parameters sharded on mesh dim {name!r} are not replayed")
 
-    def _gather(self, local: torch.Tensor, dim: int, full: int) -> torch.Tensor:
-        group = self._shard_group
-        if group is None:
-            raise UnsupportedSetupError("FSDP parameters need SCOUT's diagnostic shard group")
+    def _gather(self, local: torch.Tensor, dim: int, full: int, group: PeerGroup) -> torch.Tensor:
         n = len(group.ranks)
-        # FSDP2 shards like torch.chunk: ceil-sized pieces, the last ones short or empty.
+        axis = Axis.S if group is self._shard_group else Axis.T
+        # FSDP2 and DTensor shard like torch.chunk: ceil-sized pieces, the last short or empty.
         rows = [c.shape[0] for c in torch.empty(full, device="meta").chunk(n)]
         rows += [0] * (n - len(rows))
         width = max(rows) if rows else 0
@@ -313,10 +393,11 @@ class TorchAdapter:
         pad = torch.zeros((width, *moved.shape[1:]), dtype=moved.dtype)
         pad[: moved.shape[0]] = moved
         recv = torch.empty((n * width, *moved.shape[1:]), dtype=moved.dtype)
-        delay = taps.comm_delay_s("shard") if taps._delays else 0.0
-        if delay:
-            time.sleep(delay)
+        if taps._delays:
+            delay = taps.comm_delay_s("shard" if axis is Axis.S else "tp")
+            if delay:
+                time.sleep(delay)
         dist.all_gather_into_tensor(recv, pad.contiguous(), group=group.pg)
-        by_coord = sorted(range(n), key=lambda j: self._layout.address(group.ranks[j]).get(Axis.S))
+        by_coord = sorted(range(n), key=lambda j: self._layout.address(group.ranks[j]).get(axis))
         pieces = [recv[j * width : j * width + rows[k]] for k, j in enumerate(by_coord)]
         return torch.cat(pieces, 0).movedim(0, dim).to(local.device)

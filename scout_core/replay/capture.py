@@ -126,6 +126,11 @@ class Capturer:
         self._armed = set(paths)
         self._captures = {}
 
+    @property
+    def armed(self) -> bool:
+        """Whether any module is armed or a capture is held (else disarming is a no-op)."""
+        return bool(self._armed or self._captures)
+
     def take(self, path: str) -> Capture | None:
         """This iteration's capture of ``path`` if it is complete, else None."""
         cap = self._captures.pop(path, None)

@@ -54,8 +54,11 @@ class ReplayDriver:
         rank = adapter.rank()
         kinds = ["peer"]
         fsdp = layout.size(Axis.S) > 1
+        tp = layout.size(Axis.T) > 1
         if fsdp and layout.size(Axis.D) > 1:
             kinds.append("shard")
+        if tp:
+            kinds.append("t")  # TP shards are gathered on SCOUT's own TP group
         groups = create_peer_groups(layout, rank, kinds)
         self.hosts = exchange_hosts(layout)
         self.peers: PeerGroup = groups["peer"]
@@ -99,9 +102,14 @@ class ReplayDriver:
             kappa=config.kappa,
             deterministic=config.deterministic,
             threads=config.replay_threads,
-            gathered=fsdp,
+            gathered=fsdp or tp,
             call=adapter.call,
-            local_shards=adapter.local_shards if fsdp and self.peers.kind == "replica" else None,
+            # Replica peers hold equal local shards: comparing them first keeps a shard
+            # partner, whose gathered parameters inherit the corruption, from being named.
+            local_shards=(
+                adapter.local_shards if (fsdp or tp) and self.peers.kind == "replica" else None
+            ),
+            closure=[g for k, g in groups.items() if k != "peer" and g.ranks != self.peers.ranks],
         )
         self.opt = OptimizerReplay(
             self.optimizer,
@@ -110,14 +118,19 @@ class ReplayDriver:
             kappa=config.kappa,
             ownership=adapter.optimizer_ownership(),
         )
-        shard_of = {r: layout.shard_group(r) for r in layout.ranks} if fsdp else {}
+        # The group a slow t_gather points at: the shard group under FSDP, else the TP group.
+        comm_of: dict[int, tuple[str, tuple[int, ...]]] = {}
+        if fsdp or tp:
+            kind, axis = ("shard", Axis.S) if fsdp else ("tp", Axis.T)
+            comm_of = {r: (kind, layout.group_along(r, (axis,))) for r in layout.ranks}
         self.verdicts = VerdictMaker(
             run_id=config.resolved_run_id(),
             hosts=self.hosts,
             rounds=config.straggler_rounds,
             min_excess_s=config.straggler_min_excess_s,
             min_ratio=config.straggler_min_ratio,
-            comm_group_of=lambda kind, r: ("shard", shard_of[r]) if r in shard_of else None,
+            comm_group_of=lambda kind, r: comm_of.get(r),
+            peer_kind=self.peers.kind,
         )
         self.peer_size = len(self.peers.ranks)
         self._handles = [
@@ -140,16 +153,20 @@ class ReplayDriver:
         self.capturer.close()
         self.adapter.close()
 
+    # The two step hooks run on every iteration; on a step where nothing is due they
+    # cost one modulo per active interval and allocate nothing.
+
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.peer_size < 2:
+        step = self.session.step
+        if self.peer_size < 2 or not self.schedule.any_due(step):
             return
-        for recipe in self.schedule.due(self.session.step, optimizer_slices=self.opt.slices()):
+        for recipe in self.schedule.due(step, optimizer_slices=self.opt.slices()):
             if recipe.kind == OPTIMIZER:
                 self.opt.snapshot(recipe.index)
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         step = self.session.step
-        if self.peer_size >= 2:
+        if self.peer_size >= 2 and self.schedule.any_due(step):
             for recipe in self.schedule.due(step, optimizer_slices=self.opt.slices()):
                 outcome = (
                     self.opt.run(step)
@@ -162,7 +179,10 @@ class ReplayDriver:
                 for record in self.verdicts.judge(outcome):
                     self.session.emit(record, self.writer)
         self.session.step = step + 1
-        self.capturer.arm(step + 1, self.schedule.modules_due(step + 1))
+        if self.schedule.any_due(step + 1):
+            self.capturer.arm(step + 1, self.schedule.modules_due(step + 1))
+        elif self.capturer.armed:
+            self.capturer.arm(step + 1, ())
 
 
 def exchange_hosts(layout: MeshLayout) -> dict[int, str]:

@@ -28,18 +28,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from scout_core.adapter import Ownership
 from scout_core.c3 import Surface, exchange
 from scout_core.groups import PeerGroup
-from scout_core.replay.runner import RoundOutcome, pack, unpack
+from scout_core.replay.packing import pack, sign, unpack
+from scout_core.replay.runner import RoundOutcome, timed_broadcast
 from scout_core.replay.schedule import OPTIMIZER, Recipe
-from scout_core.signature import signature_many
 from scout_core.vocabulary import Mode, Status
 
 __all__ = ["OptimizerReplay"]
@@ -162,27 +162,30 @@ class OptimizerReplay:
             return RoundOutcome(
                 recipe, step, self.peers.ranks, False, dict(ready), "optimizer snapshot differs"
             )
-        own_before = signature_many(self._flat(pieces))
+        own_before = sign(self._flat(pieces))
         after = self._after(pieces)
         src = self.peers.ranks[step % len(self.peers.ranks)]
+        t0 = time.monotonic()
         received = self._broadcast(pieces, src)
+        t_bcast = time.monotonic() - t0
         try:
-            update: int | None = signature_many(self._replay(received))
+            update: int | None = sign(self._replay(received))
         except Exception as exc:  # evidence goes missing; peers read inconclusive
             log.warning("scout: optimizer replay failed on this rank: %s", exc)
             update = None
         results = exchange(
             [
-                Surface("optimizer/received", Mode.EXACT, signature_many(self._flat(received))),
+                Surface("optimizer/received", Mode.EXACT, sign(self._flat(received))),
                 Surface("optimizer/slice", Mode.EXACT, own_before),
                 Surface("optimizer/update", Mode.EXACT, update),
-                Surface("optimizer/result", Mode.EXACT, signature_many(after)),
+                Surface("optimizer/result", Mode.EXACT, sign(after)),
+                Surface("optimizer/t_bcast", Mode.STATISTICAL, t_bcast),
             ],
             group=self.peers.pg,
             ranks=self.peers.ranks,
             kappa=self.kappa,
         )
-        return RoundOutcome(recipe, step, self.peers.ranks, True, {**ready, **results})
+        return RoundOutcome(recipe, step, self.peers.ranks, True, {**ready, **results}, source=src)
 
     def _digest(self, pieces: list[_Piece] | None, step: int) -> int | None:
         if pieces is None:
@@ -237,8 +240,7 @@ class OptimizerReplay:
     def _broadcast(self, pieces: list[_Piece], src: int) -> list[_Piece]:
         flat = self._flat(pieces)
         buf = pack(flat)
-        pg = self.peers.payload_pg or self.peers.pg
-        dist.broadcast(buf, src=src, group=pg)
+        timed_broadcast(buf, src, self.peers)
         got = iter(unpack(buf, flat))
         out: list[_Piece] = []
         for pc in pieces:

@@ -7,11 +7,15 @@ the same sequence, so the collectives always match:
    requires-grad masks and software stack, plus the thread count. A peer that
    missed the capture contributes nothing, which makes the round *inconclusive*
    on every peer, and everyone returns before any recipe collective: a missing
-   capture can never strand peers inside a broadcast.
+   capture can never strand peers inside a broadcast. When the parameter gather
+   runs on groups that cross replica groups (HSDP's shard group, the TP group),
+   each replica group's readiness is AND-ed over those groups too, so a group
+   that is not ready can never strand a shard or TP partner inside a gather.
 2. The source peer (rotating with the step) **broadcasts** its captured inputs,
-   the incoming output gradients and its pre-forward RNG states as one byte buffer.
-3. Under FSDP the parameters are **gathered** on the diagnostic shard group
-   (timed: ``t_gather``).
+   the incoming output gradients and its pre-forward RNG states as one byte buffer
+   (timed: ``t_bcast``, the peer group's own communication).
+3. Under FSDP or TP the parameters are **gathered** on the diagnostic shard or TP
+   group (timed: ``t_gather``); each replica peer first signs its local shards.
 4. For each input variant (``0.1x, x, 10x``) the module runs on copies
    (parameters, buffers, inputs) under scoped deterministic mode with the agreed
    thread count and the source's RNG (timed: ``t_M``), and ``autograd.grad`` from
@@ -44,12 +48,20 @@ from torch import nn
 from scout_core.adapter import ModuleRef, RngStream
 from scout_core.c3 import C3Result, Surface, exchange
 from scout_core.groups import PeerGroup
+from scout_core.replay import taps
 from scout_core.replay.capture import Capture, Capturer, unflatten
+from scout_core.replay.packing import pack, sign, unpack
 from scout_core.replay.schedule import Recipe
-from scout_core.signature import signature_many
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["LayerRunner", "RoundOutcome", "deterministic_scope", "pack", "unpack"]
+__all__ = [
+    "LayerRunner",
+    "RoundOutcome",
+    "deterministic_scope",
+    "pack",
+    "timed_broadcast",
+    "unpack",
+]
 
 log = logging.getLogger("scout.replay")
 
@@ -68,24 +80,8 @@ class RoundOutcome:
     results: dict[str, C3Result] = field(default_factory=dict)
     reason: str | None = None
     """Why the round is inconclusive before any comparison (readiness), if it is."""
-
-
-def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Concatenate tensors' bytes into one CPU ``uint8`` buffer (one broadcast, no pickle)."""
-    parts = [t.detach().contiguous().cpu().reshape(-1).view(torch.uint8) for t in tensors]
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-
-
-def unpack(buf: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Split :func:`pack`'s buffer back into tensors shaped, typed and placed like ``like``."""
-    out: list[torch.Tensor] = []
-    at = 0
-    for t in like:
-        n = t.numel() * t.element_size()
-        piece = buf[at : at + n].clone().view(t.dtype).reshape(t.shape)
-        out.append(piece.to(t.device))
-        at += n
-    return out
+    source: int | None = None
+    """The global rank that broadcast the replay inputs."""
 
 
 @contextmanager
@@ -159,6 +155,7 @@ class LayerRunner:
         gathered: bool = False,
         call: ModuleCall = functional_call,
         local_shards: Callable[[ModuleRef], Sequence[torch.Tensor]] | None = None,
+        closure: Sequence[PeerGroup] = (),
     ) -> None:
         self.peers = peers
         self.modules = dict(modules)
@@ -172,6 +169,8 @@ class LayerRunner:
         self.gathered = gathered
         self.call = call
         self.local_shards = local_shards
+        self.closure = tuple(closure)
+        """Gather groups that cross replica groups: readiness is AND-ed over them."""
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
 
     # -- the round ------------------------------------------------------------------------
@@ -183,26 +182,35 @@ class LayerRunner:
         group = self.peers.ranks
         ready = self._readiness(recipe, step, ref, cap)
         meta = ready[f"{recipe.name}/ready"]
-        if meta.status is not Status.AGREE or cap is None:
+        ok = meta.status is Status.AGREE and cap is not None
+        # Every rank takes part in the AND, ready or not, before anyone returns.
+        all_ok = _all_ready(ok, self.closure) if self.closure else ok
+        if ok and not all_ok:
+            reason = "a gather partner's replica group is not ready"
+            return RoundOutcome(recipe, step, group, False, dict(ready), reason)
+        if not ok or cap is None:
             reason = "capture missing on some peer" if None in meta.evidence else "peers differ"
             return RoundOutcome(recipe, step, group, False, dict(ready), reason)
         threads = self.threads or int(
             min(int(e) for e in ready[f"{recipe.name}/threads"].evidence if isinstance(e, int))
         )
         src = group[step % len(group)]
+        t0 = time.monotonic()
         received = self._broadcast(cap, src)
+        t_bcast = time.monotonic() - t0
         values = self._replay(ref, cap, received, threads)
         names = SURFACES if self.local_shards is None else ("shard", *SURFACES)
         surfaces = [
             Surface(f"{recipe.name}/{name}", Mode.EXACT, values.get(name)) for name in names
         ]
         surfaces.append(Surface(f"{recipe.name}/t_M", Mode.STATISTICAL, values.get("t_M")))
+        surfaces.append(Surface(f"{recipe.name}/t_bcast", Mode.STATISTICAL, t_bcast))
         if self.gathered:
             surfaces.append(
                 Surface(f"{recipe.name}/t_gather", Mode.STATISTICAL, values.get("t_gather"))
             )
         results = exchange(surfaces, group=self.peers.pg, ranks=group, kappa=self.kappa)
-        return RoundOutcome(recipe, step, group, True, {**ready, **results})
+        return RoundOutcome(recipe, step, group, True, {**ready, **results}, source=src)
 
     def _readiness(
         self, recipe: Recipe, step: int, ref: ModuleRef, cap: Capture | None
@@ -241,8 +249,7 @@ class LayerRunner:
         buf = pack(like) if dist.get_rank() == src else None
         if buf is None:
             buf = torch.empty(sum(t.numel() * t.element_size() for t in like), dtype=torch.uint8)
-        pg = self.peers.payload_pg or self.peers.pg
-        dist.broadcast(buf, src=src, group=pg)
+        timed_broadcast(buf, src, self.peers)
         got = unpack(buf, like)
         it = iter(got[: len(tensors)])
         leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in cap.leaves]
@@ -262,20 +269,20 @@ class LayerRunner:
     ) -> dict[str, Any]:
         leaves, grads, rng = received
         values: dict[str, Any] = {}
-        values["received"] = signature_many(
+        values["received"] = sign(
             [x for x in leaves if isinstance(x, torch.Tensor)]
             + list(grads)
             + [rng[k] for k in sorted(rng)]
         )
         if self.local_shards is not None:
-            values["shard"] = signature_many(self.local_shards(ref))
+            values["shard"] = sign(self.local_shards(ref))
         try:
             t0 = time.monotonic()
             with self.materialize(ref) as full:
                 params = dict(full)
             if self.gathered:
                 values["t_gather"] = time.monotonic() - t0
-            values["params"] = signature_many(params[k] for k in sorted(params))
+            values["params"] = sign(params[k] for k in sorted(params))
             computed = self._compute(
                 ref, cap, leaves=leaves, grads=grads, rng=rng, params=params, threads=threads
             )
@@ -298,7 +305,11 @@ class LayerRunner:
     ) -> dict[str, Any]:
         module = ref.module
         named = dict(module.named_parameters())
-        weights = {k: v.detach().requires_grad_(named[k].requires_grad) for k, v in params.items()}
+        # TP attributes (DDP's TP transform) are not registered: their copy carries the flag.
+        weights = {
+            k: v.detach().requires_grad_(named[k].requires_grad if k in named else v.requires_grad)
+            for k, v in params.items()
+        }
         streams = [s for s in self.rng if s.name in rng]
         floating = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in leaves)
         variants = self.variants if floating else self.variants[:1]
@@ -343,11 +354,38 @@ class LayerRunner:
         finally:
             self.capturer.replaying = False
         return {
-            "forward": signature_many(o.detach() for o in outs),
-            "input_grad": signature_many(in_grads),
-            "param_grad": signature_many(p_grads),
+            "forward": sign(o.detach() for o in outs),
+            "input_grad": sign(in_grads),
+            "param_grad": sign(p_grads),
             "t_M": elapsed,
         }
+
+
+def _all_ready(ok: bool, groups: Sequence[PeerGroup]) -> bool:
+    """AND of ``ok`` over every rank reachable through ``groups`` (called by all of them).
+
+    Under HSDP each shard group holds one member of every replica group (and under
+    DP x TP each TP group does), so one MIN-reduction per group tells every rank
+    whether every replica group is ready.
+    """
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    for g in groups:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=g.pg)
+    return bool(flag.item())
+
+
+def timed_broadcast(buf: torch.Tensor, src: int, peers: PeerGroup) -> None:
+    """Broadcast ``buf`` from ``src`` on the peer group: the interval ``t_bcast`` times.
+
+    An injected slow link (:func:`scout_core.replay.taps.add_comm_delay`, kind of the
+    peer group) stalls this rank inside the interval before it enters the broadcast,
+    as a slow NIC on this rank would.
+    """
+    if taps._delays:
+        delay = taps.comm_delay_s(peers.kind)
+        if delay:
+            time.sleep(delay)
+    dist.broadcast(buf, src=src, group=peers.payload_pg or peers.pg)
 
 
 def _variant(x: Any, scale: float, requires_grad: bool) -> Any:

@@ -71,6 +71,13 @@ class Schedule:
             k: int(intervals.get(k, 1)) for k in (HIDDEN, EMBEDDING, LM_HEAD, OPTIMIZER)
         }
         self.variants = max(1, int(variants))
+        on = {
+            HIDDEN: self.hidden,
+            EMBEDDING: self.embedding is not None,
+            LM_HEAD: self.lm_head is not None,
+            OPTIMIZER: self.optimizer,
+        }
+        self._every = tuple(sorted({self.intervals[k] for k, active in on.items() if active}))
 
     @property
     def catalog(self) -> tuple[Recipe, ...]:
@@ -97,6 +104,11 @@ class Schedule:
         if (step + 1) % interval != 0:
             return None
         return (step + 1) // interval - 1
+
+    def any_due(self, step: int) -> bool:
+        """Whether any recipe is due at ``step``: the healthy path's only per-step check."""
+        n = step + 1
+        return any(n % i == 0 for i in self._every)
 
     def due(self, step: int, *, optimizer_slices: int = 1) -> list[Recipe]:
         """The recipes due at the replay boundary of iteration ``step`` (0-based)."""

@@ -14,11 +14,22 @@ because their inputs are:
   median by at least ``straggler_min_excess_s`` and ``straggler_min_ratio``, and
   the verdict needs ``straggler_rounds`` consecutive such rounds for the same rank
   (timing on a shared machine is noisy; a fleet-wide slowdown is never flagged);
-* a communication timing (``t_gather``, ``t_comm``) outlier under the same guards
-  marks the communication group it measured slow; slow groups go through the
+* a ``t_gather`` outlier under the same guards marks the communication group it
+  measured slow (each replica peer gathers on a *different* shard or TP group, so
+  comparing them across replica peers is meaningful); slow groups go through the
   cross-PG validation of :mod:`scout_core.diagnosis` and give a group-scoped
   ``comm_straggler`` (machine-scoped when groups of several kinds meet on one
-  machine), never a compute straggler.
+  machine), never a compute straggler;
+* ``t_bcast`` is one collective of the whole peer group, so peers cannot be
+  compared with each other (whoever waits for a late peer has a long interval,
+  whoever does not has a short one): never name a rank from it. A stalled link
+  stalls both its ends (a Gloo send waits for the matching receive), so the
+  group's broadcast time is the *second-longest* peer interval: one process
+  descheduled by the OS does not move it. It is compared with the median of the
+  group's own recent clean rounds of the same recipe kind; ``straggler_rounds``
+  consecutive rounds that exceed it by ``straggler_min_excess_s`` and
+  ``straggler_min_ratio`` give a group-scoped ``comm_straggler`` naming the group,
+  not a rank.
 
 Agreeing rounds produce no record.
 """
@@ -26,6 +37,7 @@ Agreeing rounds produce no record.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +51,12 @@ from scout_core.vocabulary import Failure, Mode, Scope, Status
 __all__ = ["VerdictMaker"]
 
 _TIMING_COMPUTE = ("t_M",)
-_TIMING_COMM = ("t_gather", "t_comm")
+_TIMING_COMM = ("t_gather",)
+_TIMING_GROUP = "t_bcast"
+_BASELINE_WINDOW = 16
+"""Clean rounds of a group's broadcast time kept as its baseline (median)."""
+_BASELINE_MIN = 2
+"""Clean rounds needed before a group's broadcast time is judged at all."""
 
 
 class VerdictMaker:
@@ -54,6 +71,7 @@ class VerdictMaker:
         min_excess_s: float,
         min_ratio: float,
         comm_group_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
+        peer_kind: str = "peer",
     ) -> None:
         self.run_id = run_id
         self.hosts = dict(hosts)
@@ -61,7 +79,10 @@ class VerdictMaker:
         self.min_excess_s = min_excess_s
         self.min_ratio = min_ratio
         self.comm_group_of = comm_group_of
+        self.peer_kind = peer_kind
         self._streak: dict[tuple[str, int], int] = {}
+        self._bcast_base: dict[tuple[str, tuple[int, ...]], deque[float]] = {}
+        self._bcast_streak: dict[tuple[int, ...], int] = {}
 
     def _record(
         self,
@@ -168,6 +189,7 @@ class VerdictMaker:
             elif leaf in _TIMING_COMPUTE:
                 records.extend(self._straggler(outcome, result))
         records.extend(self._comm(outcome))
+        records.extend(self._group_comm(outcome))
         return records
 
     def _exact(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
@@ -292,6 +314,54 @@ class VerdictMaker:
                     "explanation": diagnosis.explanation,
                     "slow_groups": [[g.kind, list(g.ranks)] for g in diagnosis.groups],
                     "timings": timings,
+                },
+            )
+        ]
+
+    def _group_comm(self, outcome: RoundOutcome) -> list[Record]:
+        """The peer group's broadcast time against its own recent clean rounds."""
+        result = outcome.results.get(f"{outcome.recipe.name}/{_TIMING_GROUP}")
+        if result is None or len(result.ranks) < 2:
+            return []
+        values = sorted(e for e in result.evidence if isinstance(e, float))
+        if len(values) != len(result.ranks):
+            return []  # a timing went missing: neither confirms nor clears
+        value = values[-2]
+        group = tuple(result.ranks)
+        base = self._bcast_base.setdefault(
+            (outcome.recipe.kind, group), deque(maxlen=_BASELINE_WINDOW)
+        )
+        slow = False
+        median = 0.0
+        if len(base) >= _BASELINE_MIN:
+            median = statistics.median(base)
+            slow = value - median >= self.min_excess_s and (
+                median <= 0 or value / median >= self.min_ratio
+            )
+        if not slow:
+            base.append(value)  # only clean rounds form the baseline: a slow link stays visible
+        streak = self._bcast_streak[group] = self._bcast_streak.get(group, 0) + 1 if slow else 0
+        if streak < self.rounds:
+            return []
+        diagnosis = diagnose([SlowGroup(self.peer_kind, group)], self.hosts)
+        assert diagnosis is not None
+        return [
+            self._record(
+                outcome,
+                result,
+                surface=result.surface,
+                mode=Mode.STATISTICAL,
+                status=Status.ATTRIBUTED,
+                failure=Failure.COMM_STRAGGLER,
+                outliers=group,
+                scope=Scope.GROUP,
+                detail={
+                    "diagnosis": diagnosis.kind.value,
+                    "explanation": diagnosis.explanation,
+                    "source": outcome.source,
+                    "t_bcast_s": value,
+                    "baseline_median_s": median,
+                    "rounds": streak,
                 },
             )
         ]

@@ -170,8 +170,14 @@ class Trigger:
         return self._add("delay", module, float(seconds))
 
     def delay_collective(self, seconds: float, *, group: str = "any") -> Faults:
-        """Delay this rank inside SCOUT's timed communication on ``group`` (``"shard"``,
-        ``"tp"``, ``"replica"`` or ``"any"``): a slow link as replay measures it."""
+        """Delay this rank inside SCOUT's timed communication on ``group``: a slow link
+        at this rank as replay measures it.
+
+        This rank sleeps ``seconds`` inside each timed collective of that kind, before
+        entering it: ``"replica"`` (or ``"shard"`` under pure FSDP) is the peer group's
+        replay-input and optimizer-slice broadcast (``t_bcast``), ``"shard"`` also each
+        FSDP parameter gather, ``"tp"`` each TP parameter gather (``t_gather``),
+        ``"any"`` all of them. Training's own collectives are never delayed."""
         return self._add("collective", group, float(seconds))
 
     def skip_capture(self, module: str | None = None) -> Faults:
@@ -189,6 +195,7 @@ class Faults:
         self._rank = 0
         self._handles: list[RemovableHandle] = []
         self._taps: list[Callable[[], None]] = []
+        self._params: dict[str, torch.Tensor] = {}
 
     def at(
         self,
@@ -225,6 +232,9 @@ class Faults:
 
         self._rank = _this_rank() if rank is None else rank
         root = unwrap(model)
+        # Parameters by name as the optimizer holds them, taken now: DDP's TP transform
+        # unregisters TP parameters at the first forward (they live on as attributes).
+        self._params = dict(root.named_parameters())
         self._handles.append(model.register_forward_pre_hook(self._on_forward))
         self._handles.append(optimizer.register_step_pre_hook(self._pre_step(root, optimizer)))
         self._handles.append(optimizer.register_step_post_hook(self._post_step))
@@ -284,7 +294,10 @@ class Faults:
                 if f.kind not in {"param", "grad", "optim"} or not self._active(f):
                     continue
                 assert f.target is not None
-                p = _local(root.get_parameter(f.target))
+                param = self._params.get(f.target)
+                if param is None:
+                    param = root.get_parameter(f.target)
+                p = _local(param)
                 if f.kind == "param":
                     f.payload.apply_(p)
                 elif f.kind == "grad":
@@ -293,7 +306,7 @@ class Faults:
                     f.payload.apply_(_local(p.grad))
                 else:
                     how, key = f.payload
-                    state = optimizer.state.get(root.get_parameter(f.target), {})
+                    state = optimizer.state.get(param, {})
                     slots = [
                         k
                         for k, v in state.items()

@@ -3,7 +3,10 @@
 Each body runs on every rank (spawned by ``run_ranks``) and returns JSON: the
 verdicts this rank saw, and for the bitwise test signatures of the final state.
 Setups: ``ddp`` (pure d), ``fsdp`` (pure s, FSDP2), ``hsdp`` (d x s, FSDP2 on a 2-D
-mesh) and ``dptp`` (d x t: TP on the ``tp`` sub-mesh, DDP over ``dp``).
+mesh; world/2 replicas of 2 shards) and ``dptp`` (d x t, TP degree 2: each block's
+``fc1``/``fc2`` parallelized colwise/rowwise on the ``tp`` sub-mesh, then
+``DistributedDataParallel(device_mesh=mesh["dp"])``, PyTorch's DDP+TP recipe). SCOUT
+derives every layout itself (no ``mesh=``).
 """
 
 from __future__ import annotations
@@ -78,7 +81,26 @@ def build(setup: str) -> tuple[nn.Module, nn.Module, Any]:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model, model, None
+    if setup == "dptp":
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+        from torch.nn.parallel import DistributedDataParallel
+
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        for block in model.layers:
+            parallelize_module(
+                block, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+            )
+        return DistributedDataParallel(model, device_mesh=mesh["dp"]), model, None
     raise ValueError(f"unknown setup {setup!r}")
+
+
+def data_rank(setup: str, rank: int) -> int:
+    """The data-parallel index whose batch ``rank`` trains on (TP partners share one)."""
+    return rank // 2 if setup == "dptp" else rank
 
 
 def scenario(
@@ -105,7 +127,7 @@ def scenario(
     base.update(cfg)
     with enable_torch(wrapped, opt, Config(**base), mesh=mesh) as session:
         for step in range(steps):
-            train_step(wrapped, opt, step, rank)
+            train_step(wrapped, opt, step, data_rank(setup, rank))
         rounds = len(session.rounds)
         verdicts = [r.to_dict() for r in session.verdicts]
     return {"verdicts": verdicts, "rounds": rounds, "fired": inj.fired(), "rank": rank}
@@ -117,9 +139,12 @@ def _state_signature(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
 
-    params = signature_many(local(p.detach()) for p in model.parameters())
+    # The optimizer's parameters: DDP's TP transform unregisters TP parameters from
+    # the model, but the optimizer still holds every one of them.
+    held = [p for g in opt.param_groups for p in g["params"]]
+    params = signature_many(local(p.detach()) for p in held)
     slots = []
-    for p in model.parameters():
+    for p in held:
         for key in sorted(opt.state.get(p, {})):
             v = opt.state[p][key]
             if isinstance(v, torch.Tensor):
@@ -139,7 +164,7 @@ def bitwise(setup: str, steps: int) -> dict[str, Any]:
     rank = dist.get_rank()
     out: dict[str, Any] = {}
     for label in ("off", "on"):
-        wrapped, model, mesh = build(setup)
+        wrapped, _, mesh = build(setup)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
         torch.manual_seed(1)
         session = None
@@ -156,8 +181,8 @@ def bitwise(setup: str, steps: int) -> dict[str, Any]:
             )
             session = enable_torch(wrapped, opt, cfg, mesh=mesh)
         for step in range(steps):
-            train_step(wrapped, opt, step, rank)
-        out[label] = _state_signature(model, opt)
+            train_step(wrapped, opt, step, data_rank(setup, rank))
+        out[label] = _state_signature(wrapped, opt)
         if session is not None:
             out["rounds"] = len(session.rounds)
             out["verdicts"] = [r.to_dict() for r in session.verdicts]

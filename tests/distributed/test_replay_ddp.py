@@ -102,6 +102,25 @@ def test_compute_straggler_after_two_rounds_and_no_sdc() -> None:
 
 
 @pytest.mark.timeout(200)
+def test_collective_delay_is_group_scoped_without_straggler_or_sdc() -> None:
+    # Rank 2 stalls 200 ms inside every timed replay broadcast of steps 2-4 (as a slow
+    # link at rank 2 would). Everyone who waits for it sees a long interval, so the
+    # group's broadcast time is judged against its own clean rounds: group-scoped.
+    faults = [
+        {"rank": 2, "step": s, "kind": "collective", "group": "replica", "seconds": 0.2}
+        for s in (2, 3, 4)
+    ]
+    results = _run(faults, steps=6, cfg={"recipes": ["hidden"]})
+    assert results[2]["fired"] == [["collective", "replica", s] for s in (2, 3, 4)]
+    verdicts = _verdicts(results)
+    assert [(v["step"], v["failure"], v["outliers"], v["scope"]) for v in verdicts] == [
+        (3, "comm_straggler", [0, 1, 2, 3], "group"),
+        (4, "comm_straggler", [0, 1, 2, 3], "group"),
+    ]
+    assert all(v["surface"].endswith("/t_bcast") for v in verdicts)
+
+
+@pytest.mark.timeout(200)
 def test_skipped_capture_is_inconclusive_and_training_goes_on() -> None:
     faults = [{"rank": 1, "step": 2, "kind": "skip"}]
     results = _run(faults, steps=5)

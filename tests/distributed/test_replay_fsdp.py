@@ -117,6 +117,65 @@ def test_hsdp_training_is_bitwise_identical_with_scout_on() -> None:
 
 
 @pytest.mark.timeout(250)
+def test_hsdp_optimizer_state_corruption_on_the_optimizer_surface() -> None:
+    # HSDP optimizer state is sharded, but each shard is replicated across the 3
+    # replica peers: the slice of local shards is compared between them.
+    faults = [
+        {
+            "rank": 3,
+            "step": 2,
+            "kind": "optim",
+            "target": "layers.0.fc1.weight",
+            "key": "exp_avg",
+            "how": ["scale", 3.0],
+        }
+    ]
+    results = _run("hsdp", 6, faults, steps=4, cfg={"recipes": ["optimizer"]})
+    assert results[3]["fired"] == [["optim", "layers.0.fc1.weight", 2]]
+    verdicts = _all(results)
+    assert verdicts
+    assert all(v[3] == "sdc" and v[4] == (3,) and v[5] == "rank" for v in verdicts)
+    assert (2, "optimizer/result", "attributed", "sdc", (3,), "rank") in verdicts
+
+
+@pytest.mark.timeout(250)
+def test_hsdp_skipped_capture_is_inconclusive_and_training_goes_on() -> None:
+    faults = [{"rank": 4, "step": 2, "kind": "skip"}]
+    results = _run("hsdp", 6, faults, steps=4, cfg={"recipes": ["hidden"]})
+    assert _all(results) == {
+        (2, "layer/layers.2/ready", "inconclusive", None, (), "group"),
+    }
+    assert all(res["rounds"] == 4 for res in results)  # every round ran, none hung
+
+
+@pytest.mark.timeout(250)
+def test_two_rank_groups_give_group_scoped_records_only() -> None:
+    # HSDP 2x2: replica groups (0, 2) and (1, 3) have two peers, who can see that
+    # they disagree but not who is right.
+    faults = [
+        {"rank": 2, "step": 1, "kind": "output", "target": "layers.1", "how": ["bitflip", 0]},
+        {
+            "rank": 3,
+            "step": 2,
+            "kind": "param",
+            "target": "layers.3.fc2.weight",
+            "how": ["bitflip", 0, 1],
+        },
+    ] + [
+        {"rank": 1, "step": s, "kind": "delay", "target": f"layers.{s % 4}", "seconds": 0.2}
+        for s in (4, 5, 6)
+    ]
+    results = _run("hsdp", 4, faults, steps=8, cfg={"recipes": ["hidden"]})
+    verdicts = _all(results)
+    assert verdicts
+    assert all(v[4] == () and v[5] == "group" and v[2] == "inconclusive" for v in verdicts)
+    assert (1, "layer/layers.1/forward", "inconclusive", "sdc", (), "group") in verdicts
+    # The corrupted shard (rank 3, step 2) shows when layer 3 is replayed at step 3.
+    assert (3, "layer/layers.3/shard", "inconclusive", "sdc", (), "group") in verdicts
+    assert not any(v[3] == "straggler" for v in verdicts)
+
+
+@pytest.mark.timeout(250)
 def test_fsdp_output_corruption_names_the_rank() -> None:
     faults = [{"rank": 1, "step": 2, "kind": "output", "target": "layers.2", "how": ["bitflip", 0]}]
     results = _run("fsdp", 4, faults, steps=4)
