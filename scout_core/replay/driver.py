@@ -59,6 +59,10 @@ class ReplayDriver:
             kinds.append("shard")
         if tp:
             kinds.append("t")  # TP shards are gathered on SCOUT's own TP group
+        # Context/sequence and expert partners exchange activations inside a replayed
+        # block (all-to-all on SCOUT's copies of their groups), so readiness must hold
+        # across those groups too, or a ready group would wait on an unready partner.
+        kinds.extend(k for k, axis in (("c", Axis.C), ("e", Axis.E)) if layout.size(axis) > 1)
         groups = create_peer_groups(layout, rank, kinds)
         self.hosts = exchange_hosts(layout)
         self.peers: PeerGroup = groups["peer"]

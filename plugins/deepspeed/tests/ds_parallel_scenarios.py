@@ -155,7 +155,10 @@ def _faults(specs: list[dict[str, Any]]) -> Any:
     faults = Faults()
     for f in specs:
         t = faults.at(rank=f["rank"], persistent=True)
-        t.corrupt_output(f["target"], BitFlip(bit=f.get("bit", 0)))
+        if f.get("skip_capture"):
+            t.skip_capture(f.get("target"))
+        else:
+            t.corrupt_output(f["target"], BitFlip(bit=f.get("bit", 0)))
     return faults
 
 

@@ -65,6 +65,27 @@ def test_ulysses_sdc_is_named_within_its_sequence_slice() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_ulysses_missed_capture_makes_partner_groups_inconclusive_without_a_hang() -> None:
+    """Rank 2 never captures: its replica group [0,2,4] is not ready, so its sequence
+    partners' group [1,3,5] must not enter the diagnostic all-to-all either."""
+    from ds_parallel_scenarios import parallel_scenario
+
+    faults = [{"rank": 2, "skip_capture": True}]
+    results = run_ranks(
+        parallel_scenario, 6, args=("ulysses", 2, 1, faults, 2), timeout_s=100, env=ENV
+    )
+    for res in results:
+        assert res["rounds"] == 2 and res["ready"] == 0, res["reasons"]
+        reasons = {reason for _, _, _, reason in res["reasons"]}
+        if res["rank"] % 2 == 0:
+            assert reasons == {"capture missing on some peer"}, reasons
+        else:
+            assert reasons == {"a gather partner's replica group is not ready"}, reasons
+    for group in ([0, 2, 4], [1, 3, 5]):
+        assert all(v[2] is None for v in _verdicts(results, group))
+
+
+@pytest.mark.timeout(120)
 def test_moe_sdc_is_named_within_its_expert_data_parallel_group() -> None:
     from ds_parallel_scenarios import parallel_scenario
 
