@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=_c3_round)
     p = sub.add_parser("report", help="render a report directory's evidence records")
     p.add_argument("dir")
-    p.add_argument("--all", action="store_true", help="also list agreeing rounds")
+    p.add_argument("--all", action="store_true", help="also list agreeing rounds and gate captures")
     p.set_defaults(func=_report)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:  # the demo parses its own options, "--help" included

@@ -32,7 +32,8 @@ def culprit(record: Record) -> str:
 def _row(record: Record) -> tuple[str, ...]:
     if record.action is not None:  # a checkpoint-gate decision
         what = f"ckpt {record.action}"
-        who = f"{record.selected or ''} step {record.checkpoint_step}".strip()
+        step = "none yet" if record.checkpoint_step is None else f"step {record.checkpoint_step}"
+        who = f"{record.selected or ''} {step}".strip()
     else:
         what = (
             record.failure.value
@@ -45,16 +46,20 @@ def _row(record: Record) -> tuple[str, ...]:
     return (str(record.step), what, who, scope, record.surface, peers)
 
 
+def _notable(record: Record) -> bool:
+    if record.action is not None:
+        return record.action != "capture"
+    return record.failure is not None or record.status is not Status.AGREE
+
+
 def render_records(records: Iterable[Record], *, include_agree: bool = False) -> str:
-    """A fixed-width table of ``records`` (agreeing rounds only with ``include_agree``)."""
-    rows = [
-        _row(r)
-        for r in records
-        if include_agree
-        or r.action is not None
-        or r.failure is not None
-        or r.status is not Status.AGREE
-    ]
+    """A fixed-width table of ``records``.
+
+    Agreeing rounds and routine gate captures (one per replay boundary) are listed only
+    with ``include_agree``; failures, inconclusive rounds and the gate's candidate,
+    promote and retrieve decisions always are.
+    """
+    rows = [_row(r) for r in records if include_agree or _notable(r)]
     if not rows:
         return "no failures recorded"
     table = [_HEADER, *rows]

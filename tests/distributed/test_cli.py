@@ -40,7 +40,7 @@ def test_c3_round_without_fault_agrees() -> None:
 
 def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
     from scout_core.cli import main
-    from scout_core.evidence import VERDICT_SCHEMA, EvidenceWriter, Record
+    from scout_core.evidence import CHECKPOINT_SCHEMA, VERDICT_SCHEMA, EvidenceWriter, Record
     from scout_core.vocabulary import Failure, Mode, Scope, Status
 
     with EvidenceWriter(tmp_path, 0, run_id="t") as w:
@@ -67,6 +67,27 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
     assert lines[0].split() == ["step", "failure", "culprit", "scope", "surface", "peers"]
     row = ["5", "sdc", "rank", "2", "rank", "layer/layers.1/forward", "[0,2,4]"]
     assert lines[1].split() == row
+    with EvidenceWriter(tmp_path, 1, run_id="t") as w:
+        w.write(
+            Record(
+                schema=CHECKPOINT_SCHEMA,
+                run_id="t",
+                step=4,
+                surface="gate",
+                mode=None,
+                status=None,
+                failure=None,
+                group=(0, 2, 4),
+                outliers=(),
+                scope=Scope.JOB,
+                hosts=(),
+                action="capture",
+                checkpoint_step=4,
+            )
+        )
+    records = load_report(tmp_path).records
+    assert "ckpt capture" not in render_records(records)  # routine: only with --all
+    assert "ckpt capture" in render_records(records, include_agree=True)
     assert main(["report", str(tmp_path)]) == 0
-    (tmp_path / "rank-1.jsonl").write_text("{not json\n")
+    (tmp_path / "rank-2.jsonl").write_text("{not json\n")
     assert main(["report", str(tmp_path)]) == 2
