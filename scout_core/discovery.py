@@ -43,6 +43,11 @@ class Discovered:
     embedding: ModuleRef | None
     lm_head: ModuleRef | None
 
+    def special(self) -> dict[str, ModuleRef]:
+        """The adapter protocol's ``special_modules()``: embedding and LM head, if found."""
+        found = {"embedding": self.embedding, "lm_head": self.lm_head}
+        return {role: ref for role, ref in found.items() if ref is not None}
+
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's model inside DDP-style wrappers (those exposing ``.module``)."""

@@ -233,12 +233,7 @@ class DeepSpeedAdapter:
         return self.found.layers
 
     def special_modules(self) -> Mapping[str, ModuleRef]:
-        out: dict[str, ModuleRef] = {}
-        if self.found.embedding is not None:
-            out["embedding"] = self.found.embedding
-        if self.found.lm_head is not None:
-            out["lm_head"] = self.found.lm_head
-        return out
+        return self.found.special()
 
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
         return (self.optimizer,)
