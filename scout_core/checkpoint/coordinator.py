@@ -48,7 +48,7 @@ from scout_core.vocabulary import Failure, Scope
 if TYPE_CHECKING:
     from scout_core.checkpoint.recovery import Restored
 
-__all__ = ["BoundaryResult", "CheckpointCoordinator"]
+__all__ = ["BoundaryResult", "CheckpointCoordinator", "write_gate_record"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,40 @@ class BoundaryResult:
     """Set when the boundary saw SDC or a hang: the generation recovery should use."""
     capture_s: float = 0.0
     """Host time the in-memory capture blocked for (0 when nothing was captured)."""
+
+
+def write_gate_record(
+    writer: EvidenceWriter | None,
+    *,
+    run_id: str,
+    ranks: Sequence[int],
+    action: str,
+    step: int,
+    checkpoint_step: int | None,
+    selected: Selection | None = None,
+    failure: Failure | None = None,
+    detail: Mapping[str, Any] | None = None,
+) -> None:
+    """Write one gate decision as a ``scout.checkpoint/1`` record, once for the job (by
+    its lowest rank); nothing when there is no writer. Plugins that gate their own
+    checkpoints (DeepSpeed) record their decisions through this too."""
+    if writer is None:
+        return
+    writer.write_group(
+        Record(
+            schema=CHECKPOINT_SCHEMA,
+            run_id=run_id,
+            step=step,
+            surface="gate",
+            failure=failure,
+            group=tuple(ranks),
+            scope=Scope.JOB,
+            action=action,
+            selected=None if selected is None else selected.value,
+            checkpoint_step=checkpoint_step,
+            detail=dict(detail or {}),
+        )
+    )
 
 
 class CheckpointCoordinator:
@@ -118,22 +152,16 @@ class CheckpointCoordinator:
         detail: Mapping[str, Any] | None = None,
     ) -> None:
         """Write one ``scout.checkpoint/1`` record (once for the job, by its lowest rank)."""
-        if self.writer is None:
-            return
-        self.writer.write_group(
-            Record(
-                schema=CHECKPOINT_SCHEMA,
-                run_id=self.run_id,
-                step=step,
-                surface="gate",
-                failure=failure,
-                group=self.ranks,
-                scope=Scope.JOB,
-                action=action,
-                selected=None if selected is None else selected.value,
-                checkpoint_step=checkpoint_step,
-                detail=dict(detail or {}),
-            )
+        write_gate_record(
+            self.writer,
+            run_id=self.run_id,
+            ranks=self.ranks,
+            action=action,
+            step=step,
+            checkpoint_step=checkpoint_step,
+            selected=selected,
+            failure=failure,
+            detail=detail,
         )
 
     # -- the boundary --------------------------------------------------------------------

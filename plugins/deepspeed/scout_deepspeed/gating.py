@@ -46,8 +46,9 @@ import torch
 import torch.distributed as dist
 
 from scout_core.checkpoint.attach import gate_catalog, round_outcome
+from scout_core.checkpoint.coordinator import write_gate_record
 from scout_core.errors import CheckpointError, ConfigError, UnsupportedSetupError
-from scout_core.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
+from scout_core.evidence import EvidenceWriter
 from scout_core.gate import (
     Action,
     Decision,
@@ -61,7 +62,7 @@ from scout_core.gate import (
 from scout_core.replay.driver import ReplayDriver
 from scout_core.replay.schedule import Recipe
 from scout_core.session import Session
-from scout_core.vocabulary import Failure, Scope
+from scout_core.vocabulary import Failure
 from scout_deepspeed.certification import (
     SELECTABLE_AS_LATEST,
     Ledger,
@@ -249,22 +250,16 @@ class EngineGate:
         failure: Failure | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        if self.writer is None:
-            return
-        self.writer.write_group(
-            Record(
-                schema=CHECKPOINT_SCHEMA,
-                run_id=self.run_id,
-                step=max(step, 0),
-                surface="gate",
-                failure=failure,
-                group=self.ranks,
-                scope=Scope.JOB,
-                action=action,
-                selected=None if selected is None else selected.value,
-                checkpoint_step=checkpoint_step,
-                detail=dict(detail or {}),
-            )
+        write_gate_record(
+            self.writer,
+            run_id=self.run_id,
+            ranks=self.ranks,
+            action=action,
+            step=max(step, 0),
+            checkpoint_step=checkpoint_step,
+            selected=selected,
+            failure=failure,
+            detail=detail,
         )
 
     def _merge(self, save_dir: str | Path) -> bool:
