@@ -18,6 +18,9 @@ An adapter may also set ``gates_checkpoints = True`` when its plugin certifies t
 framework's own checkpoints (as DeepSpeed's does through ``save_checkpoint``); the
 core then keeps no in-memory gate copies for it.
 
+:class:`scout_core.adapter_base.AdapterBase` holds the part every adapter shares
+(step counting, RNG streams, accessors), so a plugin writes only what differs.
+
 The protocol is deliberately small and structural (:class:`typing.Protocol`), so
 Megatron chunks, DeepSpeed engines and TorchTitan trainers all fit it without
 inheriting anything. :func:`scout_core.testing.conformance.check_adapter` is the

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +42,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.adapter import ModuleRef, Ownership, RngStream
+from scout_core.adapter import ModuleRef, Ownership
+from scout_core.adapter_base import AdapterBase, cpu_rng, device_rng
 from scout_core.discovery import Discovered, unwrap
 from scout_core.errors import UnsupportedSetupError
-from scout_core.mesh import AXIS_ALIASES, Axis, MeshAddress, MeshLayout
+from scout_core.mesh import AXIS_ALIASES, Axis, MeshLayout
 from scout_core.replay import taps
 
 if TYPE_CHECKING:
@@ -57,18 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["TorchAdapter", "cpu_rng", "device_rng", "param_items"]
 
 log = logging.getLogger("scout.torch")
-
-
-def cpu_rng() -> RngStream:
-    """The default CPU generator."""
-    return RngStream("cpu", torch.get_rng_state, torch.set_rng_state)
-
-
-def device_rng() -> RngStream | None:
-    """The current CUDA device's generator, when CUDA is available."""
-    if not torch.cuda.is_available():
-        return None
-    return RngStream("cuda", torch.cuda.get_rng_state, torch.cuda.set_rng_state)
 
 
 def _dtensor_cls() -> type | None:
@@ -196,7 +185,7 @@ def hook_free_twin(module: nn.Module) -> nn.Module:
     return twin
 
 
-class TorchAdapter:
+class TorchAdapter(AdapterBase):
     """:class:`~scout_core.adapter.FrameworkAdapter` for plain PyTorch models."""
 
     name = "torch"
@@ -215,19 +204,11 @@ class TorchAdapter:
             )
         self.model = model
         self.root = unwrap(model)
-        self.optimizer = optimizer
-        self.found = found
-        self._rank = dist.get_rank()
-        self._layout = self._derive_layout(mesh)
-        self._steps = 0
+        super().__init__(
+            rank=dist.get_rank(), layout=self._derive_layout(mesh), found=found, optimizer=optimizer
+        )
         self._shard_group: PeerGroup | None = None
         self._tp_group: PeerGroup | None = None
-        self._handle = optimizer.register_step_post_hook(self._count)
-        streams = [cpu_rng()]
-        dev = device_rng()
-        if dev is not None:
-            streams.append(dev)
-        self._rng = tuple(streams)
 
     def _derive_layout(self, mesh: DeviceMesh | MeshLayout | None) -> MeshLayout:
         world = dist.get_world_size()
@@ -244,12 +225,6 @@ class TorchAdapter:
             )
         return layout
 
-    def _count(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._steps += 1
-
-    def close(self) -> None:
-        self._handle.remove()
-
     def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
         """FSDP shards are gathered on SCOUT's diagnostic shard group, TP shards on its
         diagnostic ``"t"`` group. Under pure FSDP the peer group is the shard group."""
@@ -259,15 +234,6 @@ class TorchAdapter:
             self._tp_group = groups.get("t")
 
     # -- FrameworkAdapter ---------------------------------------------------------------
-
-    def layout(self) -> MeshLayout:
-        return self._layout
-
-    def rank(self) -> int:
-        return self._rank
-
-    def address(self) -> MeshAddress:
-        return self._layout.address(self._rank)
 
     def training_groups(self) -> Mapping[str, ProcessGroup]:
         groups: dict[str, ProcessGroup] = {}
@@ -280,25 +246,10 @@ class TorchAdapter:
                 break
         return groups
 
-    def repeated_layers(self) -> Sequence[ModuleRef]:
-        return self.found.layers
-
-    def special_modules(self) -> Mapping[str, ModuleRef]:
-        return self.found.special()
-
-    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
-        return (self.optimizer,)
-
     def optimizer_ownership(self) -> Ownership:
         if self._layout.size(Axis.S) == 1:
             return Ownership.REPLICATED
         return Ownership.SHARDED if self._layout.size(Axis.D) > 1 else Ownership.UNIQUE
-
-    def rng_streams(self) -> Sequence[RngStream]:
-        return self._rng
-
-    def step(self) -> int:
-        return self._steps
 
     @contextmanager
     def materialize(self, ref: ModuleRef) -> Iterator[dict[str, torch.Tensor]]:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from scout_core.adapter import FrameworkAdapter, RngStream
+from scout_core.adapter_base import default_rng_streams
 from scout_core.checkpoint.coordinator import CheckpointCoordinator
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import fetch_from_peer
@@ -36,7 +37,6 @@ from scout_core.checkpoint.state import restore_tree
 from scout_core.errors import CheckpointError
 from scout_core.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
 from scout_core.gate import Selection
-from scout_core.torch_adapter import cpu_rng, device_rng
 from scout_core.vocabulary import Failure, Scope
 
 __all__ = ["Restored", "recover", "restore_from_disk", "default_rng_streams"]
@@ -56,15 +56,6 @@ class Restored:
     """Why this generation (the retrieval's reason)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The caller state saved with the generation."""
-
-
-def default_rng_streams() -> list[RngStream]:
-    """The CPU generator, plus the current CUDA device's when CUDA is available."""
-    streams = [cpu_rng()]
-    dev = device_rng()
-    if dev is not None:
-        streams.append(dev)
-    return streams
 
 
 def _min_max(value: int, group: dist.ProcessGroup) -> tuple[int, int]:
@@ -191,7 +182,7 @@ def restore_from_disk(
         group = dist.new_group(backend="gloo")
     optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
     if rng_streams is None:
-        rng_streams = list(adapter.rng_streams()) if adapter is not None else default_rng_streams()
+        rng_streams = list(adapter.rng_streams() if adapter is not None else default_rng_streams())
     ranks = list(range(dist.get_world_size()))
     store = DurableStore(checkpoint_dir, group=group, ranks=ranks, run_id=run_id or "scout")
     gen, tree = store.load(role, run_id=run_id)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -39,11 +39,11 @@ import torch.distributed as dist
 from torch import nn
 
 from scout_core.adapter import ModuleRef, Ownership, RngStream
+from scout_core.adapter_base import AdapterBase
 from scout_core.config import Config
 from scout_core.discovery import Discovered, discover, find_embedding, find_lm_head
 from scout_core.errors import UnsupportedSetupError
-from scout_core.mesh import Axis, MeshAddress, MeshLayout
-from scout_core.torch_adapter import cpu_rng, device_rng
+from scout_core.mesh import Axis, MeshLayout
 from scout_deepspeed import zero3
 from scout_deepspeed.boundary import StepCoalescer
 from scout_deepspeed.collectives import Repointer
@@ -127,7 +127,7 @@ def _tracker_streams() -> list[RngStream]:
     return streams
 
 
-class DeepSpeedAdapter:
+class DeepSpeedAdapter(AdapterBase):
     """:class:`~scout_core.adapter.FrameworkAdapter` for one DeepSpeed engine.
 
     Collective at construction: every rank checks its layout and the ranks agree
@@ -159,24 +159,21 @@ class DeepSpeedAdapter:
                 problem = str(exc)
         agree_or_raise(problem, world)
         assert layout is not None
-        self._layout = layout
         # Collective too: SCOUT's own sequence/expert-parallel groups, then agreement
         # that every Ulysses/MoE layer holds this rank's group of the layout.
         self._repoint = Repointer(engine.module, layout, self._rank)
         agree_or_raise(self._repoint.problem, world)
-        self.found = _discover(engine, config)
-        self.optimizer = inner_optimizer(engine)
+        optimizer = inner_optimizer(engine)
         # ZeRO steps the inner optimizer once per parameter group: one boundary per step.
-        self._coalescer = StepCoalescer(engine.optimizer, self.optimizer)
-        self._steps = 0
-        self._handle = self.optimizer.register_step_post_hook(self._count)
+        self._coalescer = StepCoalescer(engine.optimizer, optimizer)
+        super().__init__(
+            rank=self._rank,
+            layout=layout,
+            found=_discover(engine, config),
+            optimizer=optimizer,
+            extra_rng=_tracker_streams(),
+        )
         self._peers: PeerGroup | None = None
-        streams = [cpu_rng()]
-        dev = device_rng()
-        if dev is not None:
-            streams.append(dev)
-        streams.extend(_tracker_streams())
-        self._rng = tuple(streams)
 
     @staticmethod
     def _unsupported(engine: Any) -> str | None:
@@ -188,19 +185,7 @@ class DeepSpeedAdapter:
             return "MiCS sharding is not supported"
         return None
 
-    def _count(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._steps += 1
-
     # -- FrameworkAdapter ---------------------------------------------------------------
-
-    def layout(self) -> MeshLayout:
-        return self._layout
-
-    def rank(self) -> int:
-        return self._rank
-
-    def address(self) -> MeshAddress:
-        return self._layout.address(self._rank)
 
     def training_groups(self) -> Mapping[str, ProcessGroup]:
         """DeepSpeed's groups by role (reference only: SCOUT never talks on them)."""
@@ -229,24 +214,9 @@ class DeepSpeedAdapter:
             found["tensor_parallel"] = mpu.get_model_parallel_group()
         return {k: v for k, v in found.items() if v is not None}
 
-    def repeated_layers(self) -> Sequence[ModuleRef]:
-        return self.found.layers
-
-    def special_modules(self) -> Mapping[str, ModuleRef]:
-        return self.found.special()
-
-    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
-        return (self.optimizer,)
-
     def optimizer_ownership(self) -> Ownership:
         # ZeRO 1-3: the inner optimizer steps on this rank's own flat partition.
         return Ownership.REPLICATED if self.zero_stage == 0 else Ownership.UNIQUE
-
-    def rng_streams(self) -> Sequence[RngStream]:
-        return self._rng
-
-    def step(self) -> int:
-        return self._steps
 
     @contextmanager
     def materialize(self, ref: ModuleRef) -> Iterator[dict[str, torch.Tensor]]:
@@ -291,5 +261,5 @@ class DeepSpeedAdapter:
         self._peers = groups.get("shard", groups.get("peer"))
 
     def close(self) -> None:
-        self._handle.remove()
         self._coalescer.remove()
+        super().close()
