@@ -8,7 +8,7 @@ harness-hosted store). On one diagnostic group every rank times, interleaved,
 * ``exchange`` of ``--surfaces`` exact 64-bit surfaces: encode, the one
   AllGather, decode and the strict-majority rule on every surface; and
 * a raw ``all_gather_single`` of the same bytes (a preallocated
-  :data:`~scout_core.c3.ROW_WORDS`-word row, which is what ``exchange`` sends),
+  :data:`~scout_core.decision.c3.ROW_WORDS`-word row, which is what ``exchange`` sends),
   and, for reference, of just the words the surfaces use (the unpadded row).
 
 It also reports ``local_overhead_us``: what ``exchange`` costs beyond the
@@ -40,7 +40,7 @@ def rank_body(n_surfaces: int, iters: int, warmup: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from scout_core.c3 import ROW_WORDS, Surface, exchange
+    from scout_core.decision.c3 import ROW_WORDS, Surface, exchange
     from scout_core.vocabulary import Mode
 
     me, world = dist.get_rank(), dist.get_world_size()
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ranks import the body by module name, so this folder must be importable.
     if str(_HERE) not in sys.path:
         sys.path.insert(0, str(_HERE))
-    from scout_core.c3 import ROW_WORDS
+    from scout_core.decision.c3 import ROW_WORDS
     from scout_core.testing.harness import run_ranks
 
     per_rank = run_ranks(

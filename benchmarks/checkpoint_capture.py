@@ -65,7 +65,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, int, str]:
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from scout_core.gate import Outcome
+    from scout_core.decision.gate import Outcome
 
     model, opt, batch, coord, catalog, device = _setup(args)
     extra: dict[str, Any] = {"step": 0, "cursor": torch.zeros(4, dtype=torch.int64)}

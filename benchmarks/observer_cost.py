@@ -102,7 +102,7 @@ def _rank_body(port: int, report_dir: str, hang_s: float) -> None:
 
 
 def time_to_verdict(world: int, hang_s: float) -> float | None:
-    from scout_core.evidence import load_report
+    from scout_core.records.evidence import load_report
     from scout_core.testing.harness import RankProcess, run_ranks
 
     report = tempfile.mkdtemp(prefix="scout-bench-")

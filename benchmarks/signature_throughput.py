@@ -1,4 +1,4 @@
-"""Throughput of ``scout_core.signature.signature`` against ``torch.sum`` on one tensor.
+"""Throughput of ``scout_core.decision.signature.signature`` against ``torch.sum`` on one tensor.
 
 Run: ``python benchmarks/signature_throughput.py [--mib 256] [--repeats 9] [--threads N]``
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from scout_core.signature import signature
+    from scout_core.decision.signature import signature
 
     torch.manual_seed(args.seed)
     nbytes = args.mib * 1024 * 1024

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from scout_core.c3 import C3Result, Surface, exchange
 from scout_core.config import Config
+from scout_core.decision.c3 import C3Result, Surface, exchange
 from scout_core.errors import (
     CheckpointError,
     ConfigError,
@@ -29,8 +29,8 @@ from scout_core.errors import (
     ScoutError,
     UnsupportedSetupError,
 )
-from scout_core.evidence import EvidenceWriter, Record, Report, load_report
-from scout_core.mesh import Axis, MeshAddress, MeshLayout
+from scout_core.records.evidence import EvidenceWriter, Record, Report, load_report
+from scout_core.topology.mesh import Axis, MeshAddress, MeshLayout
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = [
@@ -90,7 +90,7 @@ def enable(
     ``callback`` receives every verdict record. Bad configuration raises
     :class:`ConfigError` here, before anything is attached.
     """
-    from scout_core.plugins import describe_unsupported, select_plugin
+    from scout_core.integration.registry import describe_unsupported, select_plugin
 
     loaded = select_plugin(obj)
     if loaded is not None:

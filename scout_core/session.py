@@ -27,18 +27,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from scout_core.adapter import FrameworkAdapter
 from scout_core.checkpoint.attach import GateHandle, attach_gate, gate_catalog, model_of
 from scout_core.config import Config
-from scout_core.discovery import discover, unwrap
 from scout_core.errors import UnsupportedSetupError
-from scout_core.evidence import EvidenceWriter, Record
-from scout_core.mesh import MeshLayout
+from scout_core.integration.adapter import FrameworkAdapter
+from scout_core.integration.discovery import discover, unwrap
+from scout_core.integration.torch_adapter import TorchAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
+from scout_core.records.evidence import EvidenceWriter, Record
 from scout_core.replay.driver import ReplayDriver
 from scout_core.replay.runner import RoundOutcome
-from scout_core.torch_adapter import TorchAdapter
+from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ def enable_adapter(
     callback: Callable[[Record], None] | None = None,
     key: object | None = None,
 ) -> Session:
-    """Start a session on any :class:`~scout_core.adapter.FrameworkAdapter`.
+    """Start a session on any :class:`~scout_core.integration.adapter.FrameworkAdapter`.
 
     Plugins call this after building their adapter; :func:`enable_torch` is the
     plain-PyTorch caller. Collective over the job. ``key`` (the user's model or

@@ -9,7 +9,7 @@
   from disk alone;
 * :mod:`.attach`: wires the coordinator to a live replay session (``attach_gate``).
 
-The decision logic itself lives in :mod:`scout_core.gate`.
+The decision logic itself lives in :mod:`scout_core.decision.gate`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Wiring the checkpoint gate to a live replay session: :func:`attach_gate`.
 
-The gate (:mod:`scout_core.gate`) and the checkpoint coordinator
+The gate (:mod:`scout_core.decision.gate`) and the checkpoint coordinator
 (:mod:`.coordinator`) know nothing about replay; the replay driver
 (:mod:`scout_core.replay.driver`) knows nothing about checkpoints. This module
 connects them from the outside, through the same public seam replay itself uses:
@@ -56,16 +56,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.c3 import Surface, exchange
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
+from scout_core.decision.c3 import Surface, exchange
+from scout_core.decision.gate import Outcome, Retrieval, worst
+from scout_core.decision.signature import signature_many
 from scout_core.errors import ConfigError, UnsupportedSetupError
-from scout_core.evidence import EvidenceWriter
-from scout_core.gate import Outcome, Retrieval, worst
+from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.capture import Capture
 from scout_core.replay.driver import ReplayDriver
 from scout_core.replay.runner import RoundOutcome
 from scout_core.replay.schedule import OPTIMIZER, Recipe
-from scout_core.signature import signature_many
 from scout_core.vocabulary import Failure, Mode, Status
 
 if TYPE_CHECKING:

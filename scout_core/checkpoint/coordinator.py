@@ -1,11 +1,11 @@
 """The checkpoint coordinator: turns replay outcomes into gate decisions and checkpoints.
 
 This is the piece the paper calls SCOUT's checkpoint coordinator. It owns one
-rank's :class:`~scout_core.gate.Gate`, its in-memory generations and, when a
+rank's :class:`~scout_core.decision.gate.Gate`, its in-memory generations and, when a
 ``checkpoint_dir`` is configured, the durable store, and runs one replay boundary
 end to end (:meth:`CheckpointCoordinator.on_boundary`):
 
-1. the rank's outcome becomes :class:`~scout_core.gate.LocalFlags`, combined
+1. the rank's outcome becomes :class:`~scout_core.decision.gate.LocalFlags`, combined
    job-wide with one all-reduce on the diagnostic group (errors if ranks disagree
    about the step, the recipe, the gate state or the cycle boundary);
 2. the gate decides (capture / rotate / skip / retrieve);
@@ -29,11 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.adapter import RngStream
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, replicate_to_peer
-from scout_core.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
-from scout_core.gate import (
+from scout_core.decision.gate import (
     Action,
     Decision,
     Gate,
@@ -43,6 +41,8 @@ from scout_core.gate import (
     combine,
     combine_outcome,
 )
+from scout_core.integration.adapter import RngStream
+from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
 from scout_core.vocabulary import Failure, Scope
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class CheckpointCoordinator:
         """Algorithm 3's ``CheckpointSave`` at the replay boundary of ``step``.
 
         ``outcome`` is this rank's result for the boundary (all its recipe rounds and
-        peer groups together, e.g. :func:`~scout_core.gate.worst` of them) and
+        peer groups together, e.g. :func:`~scout_core.decision.gate.worst` of them) and
         ``recipes`` the catalog indices of the recipes checked (``None`` when this
         rank has no result). ``extra`` is the caller's state to capture with the
         model. Collective over the diagnostic group.

@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from scout_core.adapter import RngStream
 from scout_core.checkpoint.state import capture_tree, flatten, restore_tree, tensor_specs, unflatten
+from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
-from scout_core.gate import Selection
+from scout_core.integration.adapter import RngStream
 
 __all__ = ["Snapshot", "InMemoryCheckpoints", "PeerReplica", "replicate_to_peer", "fetch_from_peer"]
 

@@ -28,15 +28,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scout_core.adapter import FrameworkAdapter, RngStream
-from scout_core.adapter_base import default_rng_streams
 from scout_core.checkpoint.coordinator import CheckpointCoordinator
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import fetch_from_peer
 from scout_core.checkpoint.state import restore_tree
+from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
-from scout_core.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
-from scout_core.gate import Selection
+from scout_core.integration.adapter import FrameworkAdapter, RngStream
+from scout_core.integration.adapter_base import default_rng_streams
+from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
 from scout_core.vocabulary import Failure, Scope
 
 __all__ = ["Restored", "recover", "restore_from_disk", "default_rng_streams"]

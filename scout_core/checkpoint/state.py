@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from scout_core.adapter import RngStream
 from scout_core.errors import CheckpointError
+from scout_core.integration.adapter import RngStream
 
 __all__ = [
     "HostShard",

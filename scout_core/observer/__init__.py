@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 from scout_core.config import Config
 from scout_core.errors import ScoutError
-from scout_core.evidence import Record
 from scout_core.observer.escalation import (
     STACK_SIGNAL,
     VERDICT_MARGIN_S,
@@ -60,6 +59,7 @@ from scout_core.observer.stages import (
     watch_dataloader,
 )
 from scout_core.observer.verdict import Verdict
+from scout_core.records.evidence import Record
 
 __all__ = [
     "STACK_SIGNAL",

@@ -21,9 +21,9 @@ from scout_core.observer import (
 )
 
 if TYPE_CHECKING:
-    from scout_core.adapter import FrameworkAdapter
     from scout_core.config import Config
-    from scout_core.evidence import Record
+    from scout_core.integration.adapter import FrameworkAdapter
+    from scout_core.records.evidence import Record
 
 __all__ = ["attach_observer"]
 

@@ -49,8 +49,8 @@ import torch.distributed as dist
 
 from scout_core.config import Config
 from scout_core.errors import ConfigError
-from scout_core.evidence import VERDICT_SCHEMA, Record
 from scout_core.observer.verdict import Verdict
+from scout_core.records.evidence import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Mode
 
 __all__ = [

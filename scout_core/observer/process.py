@@ -67,8 +67,7 @@ import torch.distributed as dist
 # stubs only declare them in the C extension module, so import them from there.
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from scout_core.c3 import Surface, exchange
-from scout_core.evidence import VERDICT_SCHEMA, EvidenceWriter, Record
+from scout_core.decision.c3 import Surface, exchange
 from scout_core.observer.escalation import (
     STACK_SIGNAL,
     send_command,
@@ -88,6 +87,7 @@ from scout_core.observer.record import (
 )
 from scout_core.observer.spec import ObserverSpec
 from scout_core.observer.verdict import RankEvidence, Verdict, decide_round
+from scout_core.records.evidence import VERDICT_SCHEMA, EvidenceWriter, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = ["main", "run"]

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scout_core.c3 import decide_exact
+from scout_core.decision.c3 import decide_exact
 from scout_core.observer.fingerprint import describe
 from scout_core.observer.record import Stage
 from scout_core.vocabulary import Failure, Scope, Status

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from scout_core.adapter import ModuleRef, RngStream
+from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.replay import taps
 
 __all__ = ["Capture", "Capturer", "flatten", "unflatten"]

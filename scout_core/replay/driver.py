@@ -5,7 +5,7 @@ layout, the recipe :class:`~scout_core.replay.schedule.Schedule`, the capturer, 
 layer and optimizer runners and the verdict maker, and hooks the adapter's
 optimizer: a step pre-hook snapshots the optimizer slice, a step post-hook is the
 *replay boundary*. It only talks to the framework through the
-:class:`~scout_core.adapter.FrameworkAdapter` protocol, so every plugin reuses it.
+:class:`~scout_core.integration.adapter.FrameworkAdapter` protocol, so every plugin reuses it.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.adapter import FrameworkAdapter
 from scout_core.config import Config
 from scout_core.errors import UnsupportedSetupError
-from scout_core.evidence import EvidenceWriter
-from scout_core.groups import PeerGroup, create_peer_groups
-from scout_core.mesh import Axis, MeshLayout
+from scout_core.integration.adapter import FrameworkAdapter
+from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.capture import Capturer
 from scout_core.replay.optimizer import OptimizerReplay
 from scout_core.replay.runner import LayerRunner
 from scout_core.replay.schedule import EMBEDDING, HIDDEN, LM_HEAD, OPTIMIZER, Schedule
 from scout_core.replay.verdicts import VerdictMaker
+from scout_core.topology.groups import PeerGroup, create_peer_groups
+from scout_core.topology.mesh import Axis, MeshLayout
 
 if TYPE_CHECKING:
     from scout_core.session import Session

@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
-from scout_core.adapter import Ownership
-from scout_core.c3 import Surface, exchange
-from scout_core.groups import PeerGroup
+from scout_core.decision.c3 import Surface, exchange
+from scout_core.integration.adapter import Ownership
 from scout_core.replay.packing import pack, sign, unpack
 from scout_core.replay.runner import RoundOutcome, timed_broadcast
 from scout_core.replay.schedule import OPTIMIZER, Recipe
+from scout_core.topology.groups import PeerGroup
 from scout_core.vocabulary import Mode, Status
 
 __all__ = ["OptimizerReplay"]

@@ -5,7 +5,7 @@ cheap on the steps where replay runs:
 
 * :func:`pack` / :func:`unpack` turn a list of tensors into one CPU ``uint8``
   buffer and back, so one broadcast carries a whole recipe's inputs (no pickle);
-* :func:`sign` is :func:`scout_core.signature.signature_many` over a surface's
+* :func:`sign` is :func:`scout_core.decision.signature.signature_many` over a surface's
   tensors with consecutive tensors of one dtype and device concatenated first. A
   layer's parameter gradients are dozens of small tensors, and a signature's fixed
   cost is per tensor; concatenating keeps every byte and its position, so one
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from scout_core.signature import signature_many
+from scout_core.decision.signature import signature_many
 
 __all__ = ["pack", "sign", "unpack"]
 

@@ -45,13 +45,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.adapter import ModuleRef, RngStream
-from scout_core.c3 import C3Result, Surface, exchange
-from scout_core.groups import PeerGroup
+from scout_core.decision.c3 import C3Result, Surface, exchange
+from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.replay import taps
 from scout_core.replay.capture import Capture, Capturer, unflatten
 from scout_core.replay.packing import pack, sign, unpack
 from scout_core.replay.schedule import Recipe
+from scout_core.topology.groups import PeerGroup
 from scout_core.vocabulary import Mode, Status
 
 __all__ = [

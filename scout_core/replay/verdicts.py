@@ -17,7 +17,7 @@ because their inputs are:
 * a ``t_gather`` outlier under the same guards marks the communication group it
   measured slow (each replica peer gathers on a *different* shard or TP group, so
   comparing them across replica peers is meaningful); slow groups go through the
-  cross-PG validation of :mod:`scout_core.diagnosis` and give a group-scoped
+  cross-PG validation of :mod:`scout_core.decision.diagnosis` and give a group-scoped
   ``comm_straggler`` (machine-scoped when groups of several kinds meet on one
   machine), never a compute straggler;
 * ``t_bcast`` is one collective of the whole peer group, so peers cannot be
@@ -41,11 +41,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from scout_core.c3 import C3Result
-from scout_core.diagnosis import SlowGroup, diagnose
-from scout_core.evidence import VERDICT_SCHEMA, Record
-from scout_core.mesh import attribution_scope
+from scout_core.decision.c3 import C3Result
+from scout_core.decision.diagnosis import SlowGroup, diagnose
+from scout_core.records.evidence import VERDICT_SCHEMA, Record
 from scout_core.replay.runner import RoundOutcome
+from scout_core.topology.mesh import attribution_scope
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = ["VerdictMaker"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from scout_core.adapter import FrameworkAdapter, ModuleRef, Ownership
-from scout_core.plugins import ScoutPlugin
+from scout_core.integration.adapter import FrameworkAdapter, ModuleRef, Ownership
+from scout_core.integration.registry import ScoutPlugin
 
 __all__ = ["check_adapter", "check_plugin"]
 

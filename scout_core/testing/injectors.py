@@ -228,7 +228,7 @@ class Faults:
         self, model: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int | None = None
     ) -> Faults:
         """Arm the faults for this process's rank (``RANK`` env or ``dist.get_rank()``)."""
-        from scout_core.discovery import unwrap
+        from scout_core.integration.discovery import unwrap
 
         self._rank = _this_rank() if rank is None else rank
         root = unwrap(model)

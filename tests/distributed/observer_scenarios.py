@@ -282,7 +282,7 @@ def wait_for(path: Path, timeout_s: float) -> Any:
 
 def first_verdict(report_dir: str, timeout_s: float) -> float | None:
     """Monotonic time at which the first verdict record appeared (None: never)."""
-    from scout_core.evidence import load_report
+    from scout_core.records.evidence import load_report
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

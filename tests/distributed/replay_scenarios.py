@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.demo import TinyLM, train_step
+from scout_core.testing.models import TinyLM, train_step
 
 
 def _corruption(spec: list[Any]) -> Any:
@@ -134,7 +134,7 @@ def scenario(
 
 
 def _state_signature(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, str]:
-    from scout_core.signature import signature, signature_many
+    from scout_core.decision.signature import signature, signature_many
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t

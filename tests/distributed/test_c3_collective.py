@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scout_core.c3 import ROW_WORDS
+from scout_core.decision.c3 import ROW_WORDS
 from scout_core.testing.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.distributed
 
 def _signature(t: Any) -> int:
     """The real 64-bit tensor signature exact C3 compares (dtype, shape and bytes)."""
-    from scout_core.signature import signature
+    from scout_core.decision.signature import signature
 
     return signature(t)  # unsigned, often >= 2**63: exercises the two's-complement wire
 
@@ -44,7 +44,7 @@ def _views(results: dict[str, Any]) -> dict[str, Any]:
 def attribute_body(group_ranks: list[int], order: list[int], bad: int) -> Any:
     import torch.distributed as dist
 
-    from scout_core.c3 import Surface, exchange
+    from scout_core.decision.c3 import Surface, exchange
     from scout_core.vocabulary import Mode
 
     group = dist.new_group(group_ranks, backend="gloo")  # collective over WORLD: all ranks
@@ -59,7 +59,7 @@ def attribute_body(group_ranks: list[int], order: list[int], bad: int) -> Any:
 def mixed_body() -> Any:
     import torch.distributed as dist
 
-    from scout_core.c3 import Surface, exchange
+    from scout_core.decision.c3 import Surface, exchange
     from scout_core.vocabulary import Mode
 
     me, world = dist.get_rank(), dist.get_world_size()
@@ -79,7 +79,7 @@ def mixed_body() -> Any:
 def pairs_body() -> Any:
     import torch.distributed as dist
 
-    from scout_core.c3 import Surface, exchange
+    from scout_core.decision.c3 import Surface, exchange
     from scout_core.vocabulary import Mode
 
     me = dist.get_rank()
@@ -95,7 +95,7 @@ def pairs_body() -> Any:
 def mismatch_body() -> Any:
     import torch.distributed as dist
 
-    from scout_core.c3 import Surface, exchange
+    from scout_core.decision.c3 import Surface, exchange
     from scout_core.errors import ProtocolError
     from scout_core.vocabulary import Mode
 
@@ -141,7 +141,7 @@ def mismatch_body() -> Any:
 def one_collective_body() -> Any:
     import torch.distributed as dist
 
-    from scout_core.c3 import ROW_WORDS, Surface, exchange
+    from scout_core.decision.c3 import ROW_WORDS, Surface, exchange
     from scout_core.vocabulary import Mode
 
     me, world = dist.get_rank(), dist.get_world_size()

@@ -51,7 +51,7 @@ def save_run(kind: str, ckpt: str, refs: str, die_at: int, victim: int) -> None:
     import torch.distributed as dist
 
     from scout_core.checkpoint import durable
-    from scout_core.gate import Outcome
+    from scout_core.decision.gate import Outcome
 
     torch.set_num_threads(1)
     rank = dist.get_rank()

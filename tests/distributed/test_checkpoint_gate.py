@@ -89,9 +89,9 @@ def job_group() -> tuple[Any, list[int]]:
 
 def layer_outcome(model: Any, index: int, group: Any, ranks: list[int]) -> tuple[Any, list[int]]:
     """Exact C3 on the signature of one hidden layer's parameters (the 'recipe')."""
-    from scout_core.c3 import Surface, exchange
-    from scout_core.gate import Outcome
-    from scout_core.signature import signature_many
+    from scout_core.decision.c3 import Surface, exchange
+    from scout_core.decision.gate import Outcome
+    from scout_core.decision.signature import signature_many
     from scout_core.vocabulary import Mode, Status
 
     sig = signature_many(p.detach() for p in model.layers[index].parameters())
@@ -108,7 +108,7 @@ def layer_outcome(model: Any, index: int, group: Any, ranks: list[int]) -> tuple
 
 def coordinator(model: Any, opt: Any, k: int, **kw: Any) -> Any:
     from scout_core.checkpoint import CheckpointCoordinator, default_rng_streams
-    from scout_core.evidence import EvidenceWriter
+    from scout_core.records.evidence import EvidenceWriter
 
     group, ranks = job_group()
     import torch.distributed as dist
@@ -137,7 +137,7 @@ def two_recipe_rank(report_dir: str, ckpt_dir: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from scout_core.gate import Action
+    from scout_core.decision.gate import Action
     from scout_core.vocabulary import Failure
 
     torch.set_num_threads(1)
@@ -188,7 +188,7 @@ def two_recipe_rank(report_dir: str, ckpt_dir: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(240)
 def test_two_recipe_scenario_on_8_ranks(tmp_path: Path) -> None:
-    from scout_core.evidence import load_report
+    from scout_core.records.evidence import load_report
 
     report, ckpt = tmp_path / "report", tmp_path / "ckpt"
     results = run_ranks(two_recipe_rank, 8, args=(str(report), str(ckpt)), timeout_s=200)
@@ -237,7 +237,7 @@ def retrieval_rank(sweep_sdc_rank: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from scout_core.gate import Outcome
+    from scout_core.decision.gate import Outcome
     from scout_core.vocabulary import Failure
 
     torch.set_num_threads(1)
@@ -292,8 +292,8 @@ def test_straggler_selects_latest_and_hang_follows_the_sweep() -> None:
 def disagree_rank() -> str:
     import torch
 
+    from scout_core.decision.gate import Outcome
     from scout_core.errors import ProtocolError
-    from scout_core.gate import Outcome
 
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

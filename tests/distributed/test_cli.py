@@ -13,7 +13,16 @@ import pytest
 @pytest.mark.timeout(180)
 def test_c3_round_names_the_odd_rank() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "scout_core.cli", "c3-round", "--ranks", "4", "--odd-rank", "2"],
+        [
+            sys.executable,
+            "-m",
+            "scout_core.cli.main",
+            "c3-round",
+            "--ranks",
+            "4",
+            "--odd-rank",
+            "2",
+        ],
         capture_output=True,
         text=True,
         timeout=170,
@@ -28,7 +37,16 @@ def test_c3_round_names_the_odd_rank() -> None:
 @pytest.mark.timeout(180)
 def test_c3_round_without_fault_agrees() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "scout_core.cli", "c3-round", "--ranks", "3", "--odd-rank", "-1"],
+        [
+            sys.executable,
+            "-m",
+            "scout_core.cli.main",
+            "c3-round",
+            "--ranks",
+            "3",
+            "--odd-rank",
+            "-1",
+        ],
         capture_output=True,
         text=True,
         timeout=170,
@@ -39,8 +57,13 @@ def test_c3_round_without_fault_agrees() -> None:
 
 
 def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
-    from scout_core.cli import main
-    from scout_core.evidence import CHECKPOINT_SCHEMA, VERDICT_SCHEMA, EvidenceWriter, Record
+    from scout_core.cli.main import main
+    from scout_core.records.evidence import (
+        CHECKPOINT_SCHEMA,
+        VERDICT_SCHEMA,
+        EvidenceWriter,
+        Record,
+    )
     from scout_core.vocabulary import Failure, Mode, Scope, Status
 
     with EvidenceWriter(tmp_path, 0, run_id="t") as w:
@@ -59,8 +82,8 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
                 hosts=("h2",),
             )
         )
-    from scout_core.evidence import load_report
-    from scout_core.render import render_records
+    from scout_core.records.evidence import load_report
+    from scout_core.records.render import render_records
 
     table = render_records(load_report(tmp_path).records)
     lines = table.splitlines()

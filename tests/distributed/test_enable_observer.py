@@ -98,7 +98,7 @@ def stalled_rank_body(report_dir: str) -> dict[str, Any]:
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_enable_starts_the_observer_and_a_stall_names_the_rank(tmp_path: Any) -> None:
-    from scout_core.evidence import load_report
+    from scout_core.records.evidence import load_report
     from scout_core.testing.harness import run_ranks
 
     results = run_ranks(stalled_rank_body, 4, args=(str(tmp_path),), timeout_s=180)

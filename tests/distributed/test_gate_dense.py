@@ -53,7 +53,7 @@ def build(setup: str, seed: int) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
-    from scout_core.demo import TinyLM
+    from scout_core.testing.models import TinyLM
 
     torch.manual_seed(seed)
     root = TinyLM()
@@ -79,7 +79,7 @@ def fingerprint(root: Any, opt: Any, extra: dict[str, Any]) -> dict[str, str]:
     """Signatures of everything a bitwise restore must reproduce (JSON, no pickle)."""
     import torch
 
-    from scout_core.signature import signature
+    from scout_core.decision.signature import signature
 
     def sig(t: Any) -> str:
         t = t.to_local() if hasattr(t, "to_local") else t
@@ -121,7 +121,7 @@ def iteration(wrapped: Any, opt: Any, extra: dict[str, Any], step: int, data: in
     """One training iteration of the user's loop, with caller state and an RNG draw."""
     import torch
 
-    from scout_core.demo import train_step
+    from scout_core.testing.models import train_step
 
     extra["step"] = step
     extra["cursor"] += step + 1

@@ -25,8 +25,8 @@ def _summed(pg: Any, rank: int) -> int:
 def example_a_body() -> dict[str, Any]:
     import torch.distributed as dist
 
-    from scout_core.groups import create_peer_groups
-    from scout_core.mesh import MeshLayout
+    from scout_core.topology.groups import create_peer_groups
+    from scout_core.topology.mesh import MeshLayout
 
     rank = dist.get_rank()
     layout = MeshLayout.from_order("tp-dp", tp=2, dp=4)
@@ -91,8 +91,8 @@ def device_mesh_body() -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from scout_core.groups import create_peer_groups
-    from scout_core.mesh import MeshLayout
+    from scout_core.topology.groups import create_peer_groups
+    from scout_core.topology.mesh import MeshLayout
 
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
@@ -134,8 +134,8 @@ def refusal_body() -> list[str]:
     import torch.distributed as dist
 
     from scout_core.errors import ConfigError
-    from scout_core.groups import create_peer_groups
-    from scout_core.mesh import MeshLayout
+    from scout_core.topology.groups import create_peer_groups
+    from scout_core.topology.mesh import MeshLayout
 
     rank = dist.get_rank()
     fits = MeshLayout.from_order("dp", dp=3)

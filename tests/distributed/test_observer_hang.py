@@ -21,7 +21,7 @@ from observer_scenarios import (
     wait_for,
 )
 
-from scout_core.evidence import load_report
+from scout_core.records.evidence import load_report
 from scout_core.testing.harness import RankProcess, run_ranks
 
 WORLD = 4

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from observer_scenarios import free_port, scenario
 
-from scout_core.evidence import load_report
+from scout_core.records.evidence import load_report
 from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
 
 CULPRIT = 3

@@ -30,7 +30,7 @@ def sign_and_gather(seed: int, flip_rank: int) -> dict[str, object]:
 
     import torch.distributed as dist
 
-    from scout_core.signature import from_int64, signature, to_int64
+    from scout_core.decision.signature import from_int64, signature, to_int64
 
     rank = int(os.environ["RANK"])
     world = dist.get_world_size()
@@ -54,7 +54,7 @@ def sign_and_gather(seed: int, flip_rank: int) -> dict[str, object]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_every_rank_computes_the_same_signature(world_size: int) -> None:
-    from scout_core.signature import signature
+    from scout_core.decision.signature import signature
 
     expected = str(signature(make_tensor(SEED)))
     results = run_ranks(sign_and_gather, world_size, args=(SEED, -1), timeout_s=90)
@@ -65,7 +65,7 @@ def test_every_rank_computes_the_same_signature(world_size: int) -> None:
 
 @pytest.mark.timeout(120)
 def test_one_flipped_bit_singles_out_its_rank() -> None:
-    from scout_core.signature import signature
+    from scout_core.decision.signature import signature
 
     world_size, flip_rank = 4, 2
     expected = str(signature(make_tensor(SEED)))

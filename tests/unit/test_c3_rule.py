@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from scout_core.c3 import (
+from scout_core.decision.c3 import (
     C3Result,
     Decision,
     Surface,

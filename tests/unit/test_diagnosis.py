@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scout_core.diagnosis import Diagnosis, DiagnosisKind, SlowGroup, diagnose
-from scout_core.mesh import MeshLayout
+from scout_core.decision.diagnosis import Diagnosis, DiagnosisKind, SlowGroup, diagnose
+from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Scope
 
 # Figure 3: the 4x2 DP-FSDP mesh of Figure 2 with TP degree 2, 16 ranks in two TP

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from scout_core.demo import TinyLM
-from scout_core.discovery import candidate_lists, discover, unwrap
 from scout_core.errors import ConfigError
+from scout_core.integration.discovery import candidate_lists, discover, unwrap
+from scout_core.testing.models import TinyLM
 
 
 class Mixed(nn.Module):

@@ -1,4 +1,4 @@
-"""Unit tests for scout_core.evidence: record validation, JSON, the writer, report loading."""
+"""Unit tests for scout_core.records.evidence: validation, JSON, the writer, report loading."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from scout_core.errors import EvidenceError
-from scout_core.evidence import (
+from scout_core.records.evidence import (
     CHECKPOINT_SCHEMA,
     VERDICT_SCHEMA,
     EvidenceWriter,
@@ -254,7 +254,7 @@ def test_writer_is_thread_safe(tmp_path: Path) -> None:
 def test_record_survives_a_crash_right_after_write(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
-        "from scout_core.evidence import EvidenceWriter, Record, VERDICT_SCHEMA\n"
+        "from scout_core.records.evidence import EvidenceWriter, Record, VERDICT_SCHEMA\n"
         "w = EvidenceWriter(sys.argv[1], 3, run_id='crash')\n"
         "w.write(Record(schema=VERDICT_SCHEMA, run_id='crash', time=5.0, step=7,\n"
         "               surface='progress', mode='exact', status='agree'))\n"

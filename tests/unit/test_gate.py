@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from scout_core.errors import ProtocolError
-from scout_core.gate import (
+from scout_core.decision.gate import (
     Action,
     Gate,
     LocalFlags,
@@ -16,6 +15,7 @@ from scout_core.gate import (
     merge_flags,
     retrieval,
 )
+from scout_core.errors import ProtocolError
 from scout_core.vocabulary import Failure
 
 
@@ -132,7 +132,7 @@ def test_several_recipes_at_one_boundary_count_together() -> None:
 
 
 def test_worst_outcome_of_a_boundary() -> None:
-    from scout_core.gate import worst
+    from scout_core.decision.gate import worst
 
     assert worst([Outcome.CLEAN, Outcome.CLEAN]) is Outcome.CLEAN
     assert worst([Outcome.CLEAN, Outcome.INCONCLUSIVE]) is Outcome.INCONCLUSIVE

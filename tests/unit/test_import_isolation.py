@@ -12,8 +12,9 @@ FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "transformer_engine", "apex
 def test_import_scout_core_loads_no_framework() -> None:
     code = (
         "import json, sys\n"
-        "import scout_core, scout_core.cli, scout_core.plugins, scout_core.testing\n"
-        "from scout_core.plugins import discover\n"
+        "import scout_core, scout_core.cli.main, scout_core.testing\n"
+        "import scout_core.integration.registry\n"
+        "from scout_core.integration.registry import discover\n"
         "discover()\n"  # loading the plugin entry points must not import frameworks either
         "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))\n"
     )

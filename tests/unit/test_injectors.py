@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from scout_core.demo import TinyLM, train_step
+from scout_core.decision.signature import signature
 from scout_core.replay import taps
-from scout_core.signature import signature
 from scout_core.testing.injectors import AddNoise, BitFlip, Faults, Scale, flip_bit
+from scout_core.testing.models import TinyLM, train_step
 
 
 def test_low_mantissa_flip_is_tiny_but_changes_the_signature() -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from scout_core.errors import ConfigError
-from scout_core.mesh import (
+from scout_core.topology.mesh import (
     AXES,
     AXIS_ALIASES,
     Axis,

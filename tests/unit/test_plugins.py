@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from scout_core import plugins
 from scout_core.errors import PluginNotReadyError, UnsupportedSetupError
-from scout_core.plugin_support import PendingPlugin, object_from
+from scout_core.integration import registry as plugins
+from scout_core.integration.pending import PendingPlugin, object_from
 
 
 class _GoodPlugin:

@@ -42,9 +42,18 @@ def test_exported_names_are_pinned() -> None:
 def test_submodules_are_not_shadowed() -> None:
     import importlib
 
-    # scout_core.signature is a module (the function lives inside it): no re-export may
-    # shadow a submodule's name.
-    for name in ("signature", "mesh", "c3", "evidence", "config", "observer", "gate"):
+    # Subpackages by role are modules: no re-export may shadow a submodule's name.
+    for name in (
+        "topology",
+        "decision",
+        "integration",
+        "records",
+        "replay",
+        "observer",
+        "checkpoint",
+        "config",
+        "testing",
+    ):
         module = importlib.import_module(f"scout_core.{name}")
         assert getattr(scout_core, name) is module, name
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from scout_core.c3 import C3Result
+from scout_core.decision.c3 import C3Result
 from scout_core.replay.runner import RoundOutcome
 from scout_core.replay.schedule import HIDDEN, Recipe, Schedule
 from scout_core.replay.verdicts import VerdictMaker

@@ -1,4 +1,4 @@
-"""Unit tests for scout_core.signature: definition, sensitivity, dtypes, views, stability.
+"""Unit tests for scout_core.decision.signature: definition, sensitivity, dtypes, views, stability.
 
 The reference implementation below is written from the definition in the module
 docstring with Python integers only, so the torch kernels (chunked, wrapping int64)
@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from scout_core.signature import (
+from scout_core.decision.signature import (
     MAX_FOLD_WORDS,
     finalize,
     fold,
@@ -24,7 +24,7 @@ from scout_core.signature import (
 
 # scout_core re-exports the function ``signature``, which shadows the submodule as an
 # attribute of the package; the module itself is needed for its private helpers.
-sigmod = importlib.import_module("scout_core.signature")
+sigmod = importlib.import_module("scout_core.decision.signature")
 
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15

@@ -32,8 +32,8 @@ from typing import Any
 
 from scout_core.config import Config
 from scout_core.errors import ConfigError, UnsupportedSetupError
-from scout_core.evidence import Record
-from scout_core.plugin_support import object_from
+from scout_core.integration.pending import object_from
+from scout_core.records.evidence import Record
 from scout_core.session import Session, enable_adapter
 from scout_deepspeed.versions import check_version
 

@@ -1,6 +1,6 @@
 """``DeepSpeedAdapter``: what SCOUT's core needs to know about one DeepSpeed engine.
 
-It implements :class:`scout_core.adapter.FrameworkAdapter` for ``DeepSpeedEngine``
+It implements :class:`scout_core.integration.adapter.FrameworkAdapter` for ``DeepSpeedEngine``
 and ``PipelineEngine`` under ZeRO 0-3:
 
 * **layout** from :mod:`scout_deepspeed.layout` (checked against DeepSpeed's own
@@ -38,12 +38,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.adapter import ModuleRef, Ownership, RngStream
-from scout_core.adapter_base import AdapterBase
 from scout_core.config import Config
-from scout_core.discovery import Discovered, discover, find_embedding, find_lm_head
 from scout_core.errors import UnsupportedSetupError
-from scout_core.mesh import Axis, MeshLayout
+from scout_core.integration.adapter import ModuleRef, Ownership, RngStream
+from scout_core.integration.adapter_base import AdapterBase
+from scout_core.integration.discovery import Discovered, discover, find_embedding, find_lm_head
+from scout_core.topology.mesh import Axis, MeshLayout
 from scout_deepspeed import zero3
 from scout_deepspeed.boundary import StepCoalescer
 from scout_deepspeed.collectives import Repointer
@@ -57,7 +57,7 @@ from scout_deepspeed.layout import (
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from scout_core.groups import PeerGroup
+    from scout_core.topology.groups import PeerGroup
 
 __all__ = ["DeepSpeedAdapter", "inner_optimizer", "pipeline_layers"]
 
@@ -128,7 +128,7 @@ def _tracker_streams() -> list[RngStream]:
 
 
 class DeepSpeedAdapter(AdapterBase):
-    """:class:`~scout_core.adapter.FrameworkAdapter` for one DeepSpeed engine.
+    """:class:`~scout_core.integration.adapter.FrameworkAdapter` for one DeepSpeed engine.
 
     Collective at construction: every rank checks its layout and the ranks agree
     on the outcome, so call it on every rank at the same point.

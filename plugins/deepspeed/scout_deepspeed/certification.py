@@ -1,6 +1,6 @@
 """Which DeepSpeed checkpoint tags the gate vouches for: the ledger and its JSON sidecar.
 
-The core's gate (:mod:`scout_core.gate`) certifies *generations named by step*.
+The core's gate (:mod:`scout_core.decision.gate`) certifies *generations named by step*.
 Under DeepSpeed the checkpoints are the tags the user writes with
 ``engine.save_checkpoint(save_dir, tag)`` at steps of their choosing, so this
 module keeps one :class:`TagEntry` per saved tag and moves its ``role`` as the

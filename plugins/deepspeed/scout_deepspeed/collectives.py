@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scout_core.errors import UnsupportedSetupError
-from scout_core.mesh import Axis, MeshLayout
+from scout_core.topology.mesh import Axis, MeshLayout
 
 __all__ = ["DIAGNOSTIC_TIMEOUT", "Repointer", "Site", "find_sites"]
 

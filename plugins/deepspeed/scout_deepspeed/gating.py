@@ -4,7 +4,7 @@ The core's in-memory gate (:class:`scout_core.checkpoint.GateHandle`) keeps its 
 host copies of model and optimizer; under DeepSpeed the checkpoints that matter are
 the ones the user (or the HF Trainer) writes with ``engine.save_checkpoint``. So the
 plugin certifies *those*: :class:`EngineGate` feeds the pure Algorithm-3 state
-machine (:class:`scout_core.gate.Gate`) with each replay boundary's outcome and
+machine (:class:`scout_core.decision.gate.Gate`) with each replay boundary's outcome and
 moves the saved tags' roles in a :class:`~scout_deepspeed.certification.Ledger`.
 
 [The boundary]
@@ -13,7 +13,7 @@ registration order) reads the recipe rounds replay just appended to
 ``session.rounds``, maps each due recipe to a gate outcome with the core's
 ``round_outcome`` and to its catalog index (``gate_catalog``, folded onto
 ``Config.catalog_size``), and combines the flags job-wide with
-``scout_core.gate.combine`` on a diagnostic Gloo group before the gate changes
+``scout_core.decision.gate.combine`` on a diagnostic Gloo group before the gate changes
 state. The same steps as ``GateHandle._post_step``, without its in-memory capture.
 
 [The seam]
@@ -26,7 +26,7 @@ DeepSpeed has no hook around checkpoint I/O, so the engine *instance* gets its o
   calls DeepSpeed and records the tag in the ledger and the sidecar;
 * ``load_checkpoint(dir)`` with no tag loads the newest *verified* tag of the
   sidecar instead of DeepSpeed's ``latest`` file; an explicit tag is honoured;
-* :func:`recover` picks verified or latest per ``scout_core.gate.retrieval``.
+* :func:`recover` picks verified or latest per ``scout_core.decision.gate.retrieval``.
 
 Every rank must call them at the same point (DeepSpeed requires it too); the
 ledger and the gate are identical on every rank, and the tag a load picks is
@@ -47,9 +47,7 @@ import torch.distributed as dist
 
 from scout_core.checkpoint.attach import gate_catalog, round_outcome
 from scout_core.checkpoint.coordinator import write_gate_record
-from scout_core.errors import CheckpointError, ConfigError, UnsupportedSetupError
-from scout_core.evidence import EvidenceWriter
-from scout_core.gate import (
+from scout_core.decision.gate import (
     Action,
     Decision,
     Gate,
@@ -59,6 +57,8 @@ from scout_core.gate import (
     retrieval,
     worst,
 )
+from scout_core.errors import CheckpointError, ConfigError, UnsupportedSetupError
+from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.driver import ReplayDriver
 from scout_core.replay.schedule import Recipe
 from scout_core.session import Session

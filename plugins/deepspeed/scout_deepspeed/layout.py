@@ -2,7 +2,7 @@
 
 SCOUT compares a rank with its *peers*: the ranks that hold the same state and run
 the same work. DeepSpeed knows who they are; this module turns what it knows into a
-:class:`~scout_core.mesh.MeshLayout`, from which the core builds its own Gloo
+:class:`~scout_core.topology.mesh.MeshLayout`, from which the core builds its own Gloo
 diagnostic groups (DeepSpeed's groups are never used for diagnostic traffic):
 
 * **PipelineEngine**: the pipeline grid's topology (``engine.grid._topo``, axes
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from scout_core.errors import UnsupportedSetupError
-from scout_core.mesh import Axis, MeshLayout
+from scout_core.topology.mesh import Axis, MeshLayout
 
 __all__ = [
     "TOPOLOGY_AXES",

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.groups import PeerGroup
 from scout_core.replay import taps
+from scout_core.topology.groups import PeerGroup
 
 __all__ = ["gather_full", "is_deepspeed_hook", "is_partitioned", "without_deepspeed_hooks"]
 

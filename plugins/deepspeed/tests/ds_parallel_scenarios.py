@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.demo import VOCAB, batch
+from scout_core.testing.models import VOCAB, batch
 
 MICRO = 2
 SEQ = 8
@@ -165,7 +165,7 @@ def _faults(specs: list[dict[str, Any]]) -> Any:
 def _signatures(engine: Any) -> dict[str, str]:
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.signature import signature, signature_many
+    from scout_core.decision.signature import signature, signature_many
 
     opt = inner_optimizer(engine)
     slots = [

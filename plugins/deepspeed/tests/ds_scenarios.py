@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.demo import VOCAB, TinyLM, batch
+from scout_core.testing.models import VOCAB, TinyLM, batch
 
 MICRO = 4
 
@@ -122,7 +122,7 @@ def _state(engine: Any) -> dict[str, str]:
     """Signatures of this rank's parameter storage, optimizer state and CPU RNG."""
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.signature import signature, signature_many
+    from scout_core.decision.signature import signature, signature_many
 
     params = [
         p.ds_tensor if getattr(p, "ds_tensor", None) is not None else p.detach()
@@ -221,7 +221,7 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
     from deepspeed.pipe import PipelineModule
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.demo import Block
+    from scout_core.testing.models import Block
 
     deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule needs deepspeed.comm
     rank = dist.get_rank()
@@ -408,7 +408,7 @@ def activation(stage: int, json_path: str) -> dict[str, Any]:
     out["groups"] = sorted(adapter.training_groups())
     with adapter.materialize(adapter.repeated_layers()[1]) as full:
         out["materialized"] = {k: list(v.shape) for k, v in sorted(full.items())}
-        from scout_core.signature import signature_many
+        from scout_core.decision.signature import signature_many
 
         out["materialized_sig"] = f"{signature_many(full[k] for k in sorted(full)):016x}"
     # Reference: DeepSpeed's own gather (test only; it talks on the training group).

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from scout_core.errors import ConfigError, UnsupportedSetupError
-from scout_core.mesh import Axis
+from scout_core.topology.mesh import Axis
 
 
 def test_registered_under_entry_point_group() -> None:
-    from scout_core.plugins import discover
+    from scout_core.integration.registry import discover
 
     found = {p.name: p.plugin for p in discover(refresh=True)}
     import scout_deepspeed
@@ -129,7 +129,7 @@ def test_pipeline_layers_are_the_numbered_same_class_children() -> None:
     from scout_deepspeed.adapter import pipeline_layers
     from torch import nn
 
-    from scout_core.demo import Block
+    from scout_core.testing.models import Block
 
     stage = nn.Module()
     stage.add_module("3", Block(4))

@@ -6,7 +6,7 @@ import pytest
 
 
 def test_registered_under_entry_point_group() -> None:
-    from scout_core.plugins import discover
+    from scout_core.integration.registry import discover
 
     names = {p.name for p in discover(refresh=True)}
     assert "torchtitan" in names

@@ -2,7 +2,7 @@
 
 A plugin's adapter (plain PyTorch, DeepSpeed, ...) differs in how it derives the
 layout, materialises parameters and calls a module without framework hooks. The
-rest of the :class:`~scout_core.adapter.FrameworkAdapter` lifecycle is the same
+rest of the :class:`~scout_core.integration.adapter.FrameworkAdapter` lifecycle is the same
 everywhere and lives here once: counting optimizer steps through a post-step hook
 on the base optimizer, the RNG streams replay reproduces (CPU, the current CUDA
 device, plus framework trackers), and the accessors over the layout and the
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from scout_core.adapter import ModuleRef, RngStream
-from scout_core.discovery import Discovered
-from scout_core.mesh import MeshAddress, MeshLayout
+from scout_core.integration.adapter import ModuleRef, RngStream
+from scout_core.integration.discovery import Discovered
+from scout_core.topology.mesh import MeshAddress, MeshLayout
 
 __all__ = ["AdapterBase", "cpu_rng", "default_rng_streams", "device_rng"]
 

@@ -5,7 +5,7 @@ output signature, a timing, a progress coordinate ...) into one int64 tensor of 
 fixed size, the group runs exactly one single-tensor AllGather
 (``all_gather_single``, formerly ``all_gather_into_tensor``) on a diagnostic
 group, and every peer decodes the same ``N x W`` table and applies
-:mod:`scout_core.c3.rule` locally. Since the input to the rule is identical
+:mod:`scout_core.decision.c3.rule` locally. Since the input to the rule is identical
 everywhere and the rule is deterministic, every peer returns the identical
 :class:`C3Result` per surface, with no coordinator.
 
@@ -66,7 +66,7 @@ from typing import Any, TypeAlias
 import torch
 import torch.distributed as dist
 
-from scout_core.c3.rule import Decision, decide_exact, decide_statistical
+from scout_core.decision.c3.rule import Decision, decide_exact, decide_statistical
 from scout_core.errors import ProtocolError
 from scout_core.vocabulary import Mode, Status
 

@@ -5,15 +5,15 @@ evidence, one AllGather gives every peer the same evidence table, and every peer
 applies the same deterministic rule locally, so all of them return the same
 ``(status, bitmap, evidence)`` together with the ordered peer → global-rank map.
 
-* :mod:`scout_core.c3.rule`: the pure decision rule (exact strict majority,
+* :mod:`scout_core.decision.c3.rule`: the pure decision rule (exact strict majority,
   statistical robust outliers), testable without a process group.
-* :mod:`scout_core.c3.collective`: the wire format and the one-AllGather
+* :mod:`scout_core.decision.c3.collective`: the wire format and the one-AllGather
   :func:`exchange` that carries several surfaces at once.
 """
 
 from __future__ import annotations
 
-from scout_core.c3.collective import (
+from scout_core.decision.c3.collective import (
     DEFAULT_KAPPA,
     ROW_WORDS,
     C3Result,
@@ -21,7 +21,7 @@ from scout_core.c3.collective import (
     Surface,
     exchange,
 )
-from scout_core.c3.rule import Decision, decide_exact, decide_statistical, robust_scale
+from scout_core.decision.c3.rule import Decision, decide_exact, decide_statistical, robust_scale
 
 __all__ = [
     # the rule

@@ -9,7 +9,7 @@ prints each verdict the way a person reads it (step, failure, culprit rank,
 surface, peers) and exits 0 only if both faults were localized to the right ranks
 and nothing else was flagged.
 
-The model and training loop here are also the fixtures the replay tests use.
+The model and training loop are :mod:`scout_core.testing.models`, shared with the tests.
 """
 
 from __future__ import annotations
@@ -21,61 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
-__all__ = ["Block", "TinyLM", "batch", "main", "run_demo_rank", "train_step"]
+from scout_core.testing.models import TinyLM, train_step
 
-VOCAB = 32
-
-
-class Block(nn.Module):
-    """A pre-norm residual MLP block with dropout (so replay must reproduce RNG)."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.fc1 = nn.Linear(dim, 2 * dim)
-        self.fc2 = nn.Linear(2 * dim, dim)
-        self.drop = nn.Dropout(0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.gelu(self.fc1(self.norm(x)))
-        out: torch.Tensor = x + self.drop(self.fc2(h))
-        return out
-
-
-class TinyLM(nn.Module):
-    """Embedding, a ``ModuleList`` of blocks, and an LM head."""
-
-    def __init__(self, dim: int = 16, layers: int = 4, vocab: int = VOCAB) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(dim) for _ in range(layers))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for block in self.layers:
-            x = block(x)
-        return self.head(self.norm(x))  # type: ignore[no-any-return]  # nn.Module call is untyped
-
-
-def batch(step: int, rank: int, *, size: int = 4, seq: int = 8) -> torch.Tensor:
-    """A deterministic token batch, different per rank and step (data parallel)."""
-    gen = torch.Generator().manual_seed(10_000 * step + rank)
-    return torch.randint(0, VOCAB, (size, seq + 1), generator=gen)
-
-
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, step: int, rank: int) -> float:
-    """One unchanged training iteration: forward, loss, backward, optimizer step."""
-    tokens = batch(step, rank)
-    logits = model(tokens[:, :-1])
-    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]  # torch stub lacks annotations
-    optimizer.step()
-    return float(loss.detach())
+__all__ = ["main", "run_demo_rank"]
 
 
 def run_demo_rank(report_dir: str, sdc_rank: int, slow_rank: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@ The core never imports a framework. A plugin (DeepSpeed, Megatron, TorchTitan, o
 core's own plain-PyTorch adapter) turns the framework's structure into the few facts
 replay, the observer and the checkpoint gate need:
 
-* this rank's mesh address and the job's :class:`~scout_core.mesh.MeshLayout`;
+* this rank's mesh address and the job's :class:`~scout_core.topology.mesh.MeshLayout`;
 * the training process groups, by name (for reference and cross-PG validation only:
   SCOUT never sends diagnostic traffic on them);
 * the repeated layers, plus the embedding, LM head and MoE modules when present;
@@ -18,7 +18,7 @@ An adapter may also set ``gates_checkpoints = True`` when its plugin certifies t
 framework's own checkpoints (as DeepSpeed's does through ``save_checkpoint``); the
 core then keeps no in-memory gate copies for it.
 
-:class:`scout_core.adapter_base.AdapterBase` holds the part every adapter shares
+:class:`scout_core.integration.adapter_base.AdapterBase` holds the part every adapter shares
 (step counting, RNG streams, accessors), so a plugin writes only what differs.
 
 The protocol is deliberately small and structural (:class:`typing.Protocol`), so
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-    from scout_core.groups import PeerGroup
-    from scout_core.mesh import MeshAddress, MeshLayout
+    from scout_core.topology.groups import PeerGroup
+    from scout_core.topology.mesh import MeshAddress, MeshLayout
 
 __all__ = ["FrameworkAdapter", "ModuleRef", "Ownership", "RngStream"]
 

@@ -16,8 +16,8 @@ __all__ = ["main"]
 
 def _report(args: argparse.Namespace) -> int:
     from scout_core.errors import EvidenceError
-    from scout_core.evidence import load_report
-    from scout_core.render import render_records
+    from scout_core.records.evidence import load_report
+    from scout_core.records.render import render_records
 
     try:
         report = load_report(args.dir)
@@ -29,13 +29,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from scout_core.demo import main as demo_main
+    from scout_core.cli.demo import main as demo_main
 
     return demo_main(args.rest)
 
 
 def _c3_round(args: argparse.Namespace) -> int:
-    from scout_core.c3_round import main as round_main
+    from scout_core.cli.c3_round import main as round_main
 
     return round_main(ranks=args.ranks, odd_rank=args.odd_rank)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from scout_core.adapter import ModuleRef
 from scout_core.errors import ConfigError
+from scout_core.integration.adapter import ModuleRef
 
 __all__ = [
     "Discovered",

@@ -1,6 +1,6 @@
 """Process groups for SCOUT's own collectives, one per peer group of a mesh layout.
 
-C3 and replay exchange evidence inside peer groups (:mod:`scout_core.mesh`). Those
+C3 and replay exchange evidence inside peer groups (:mod:`scout_core.topology.mesh`). Those
 exchanges must never share a communicator with training: a wedged NCCL group
 would wedge diagnosis with it, and extra traffic on a training group could
 reorder its collectives. So every diagnostic group is a *new* Gloo group made
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from scout_core.errors import ConfigError, UnsupportedSetupError
-from scout_core.mesh import Axis, MeshLayout, attribution_scope
+from scout_core.topology.mesh import Axis, MeshLayout, attribution_scope
 from scout_core.vocabulary import Scope
 
 __all__ = ["PeerGroup", "create_peer_groups"]

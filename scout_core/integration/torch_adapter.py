@@ -9,7 +9,7 @@ adapter reads it off the model:
   mesh when the parameter lives on a sub-mesh), each dimension mapped to an axis by
   name (``dp_replicate``/``dp`` → d, ``dp_shard``/``fsdp`` → s, ``tp`` → t ...) or,
   for unnamed dimensions, by placement (``Shard`` → s, ``Replicate`` → d);
-* or an explicit ``mesh=`` (a ``DeviceMesh`` or a :class:`~scout_core.mesh.MeshLayout`).
+* or an explicit ``mesh=`` (a ``DeviceMesh`` or a :class:`~scout_core.topology.mesh.MeshLayout`).
 
 [Materialising sharded parameters without the framework]
 FSDP2's unshard and tensor parallelism's redistribution run collectives on the
@@ -42,18 +42,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.adapter import ModuleRef, Ownership
-from scout_core.adapter_base import AdapterBase, cpu_rng, device_rng
-from scout_core.discovery import Discovered, unwrap
 from scout_core.errors import UnsupportedSetupError
-from scout_core.mesh import AXIS_ALIASES, Axis, MeshLayout
+from scout_core.integration.adapter import ModuleRef, Ownership
+from scout_core.integration.adapter_base import AdapterBase, cpu_rng, device_rng
+from scout_core.integration.discovery import Discovered, unwrap
 from scout_core.replay import taps
+from scout_core.topology.mesh import AXIS_ALIASES, Axis, MeshLayout
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-    from scout_core.groups import PeerGroup
+    from scout_core.topology.groups import PeerGroup
 
 __all__ = ["TorchAdapter", "cpu_rng", "device_rng", "param_items"]
 
@@ -186,7 +186,7 @@ def hook_free_twin(module: nn.Module) -> nn.Module:
 
 
 class TorchAdapter(AdapterBase):
-    """:class:`~scout_core.adapter.FrameworkAdapter` for plain PyTorch models."""
+    """:class:`~scout_core.integration.adapter.FrameworkAdapter` for plain PyTorch models."""
 
     name = "torch"
 

@@ -20,8 +20,8 @@ def round_on_rank(odd_rank: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from scout_core.c3 import Surface, exchange
-    from scout_core.signature import signature
+    from scout_core.decision.c3 import Surface, exchange
+    from scout_core.decision.signature import signature
     from scout_core.testing.injectors import flip_bit
     from scout_core.vocabulary import Mode
 

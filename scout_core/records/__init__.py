@@ -1,0 +1,1 @@
+"""What SCOUT writes down: evidence records (JSON lines) and their rendering for people."""

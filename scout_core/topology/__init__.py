@@ -1,0 +1,6 @@
+"""Where each rank sits: mesh addresses, the parallel layout, and SCOUT's peer groups.
+
+:mod:`.mesh` names the axes ``(d, s, t, p, c, e)`` and derives who is whose replica
+peer; :mod:`.groups` creates SCOUT's own diagnostic Gloo groups for those peers
+(never the training communicator, never ``WORLD``).
+"""
