@@ -39,6 +39,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, int, str]:
     import torch.distributed as dist
 
     from scout_core.checkpoint import CheckpointCoordinator, default_rng_streams
+    from scout_core.topology.groups import diagnostic_group
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -54,7 +55,7 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, int, str]:
         [opt],
         rng_streams=default_rng_streams(),
         catalog_size=catalog,
-        group=dist.new_group([0], backend="gloo"),
+        group=diagnostic_group([0]),
         ranks=[0],
         run_id="bench",
         checkpoint_dir=args.checkpoint_dir,

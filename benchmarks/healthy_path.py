@@ -62,7 +62,7 @@ def bench_rank(steps: int, layers: int, report_dir: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     from scout_core.config import Config
-    from scout_core.session import enable_torch
+    from scout_core.integration.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     vocab, dim = 256, 128
@@ -73,6 +73,8 @@ def bench_rank(steps: int, layers: int, report_dir: str) -> dict[str, Any]:
         pairs.append((ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3)))
     cfg = Config(report_dir=report_dir, run_id="bench", observer=False)
     session = enable_torch(pairs[0][0], pairs[0][1], cfg)
+    log: list[Any] = []
+    session.on_boundary(lambda boundary: log.extend(boundary.rounds))
     times: dict[str, list[float]] = {"on": [], "off": []}
     for step in range(steps):
         gen = torch.Generator().manual_seed(step * 100 + rank)
@@ -86,7 +88,7 @@ def bench_rank(steps: int, layers: int, report_dir: str) -> dict[str, Any]:
             loss.backward()
             opt.step()
             times[label].append(time.perf_counter() - t0)
-    rounds = len(session.rounds)
+    rounds = len(log)
     flagged = len(session.verdicts)
     estimate = session_estimate(cfg, layers)
     session.close()

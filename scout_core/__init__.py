@@ -66,9 +66,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def _resolve_config(config: Config | str | os.PathLike[str] | None) -> Config:
-    if config is None:
-        return Config.from_env()
+def _resolve_config(config: Config | str | os.PathLike[str]) -> Config:
     if isinstance(config, Config):
         return config
     return Config.from_file(config)
@@ -84,28 +82,27 @@ def enable(
 ) -> Any:
     """Attach SCOUT to a training job and return its session.
 
-    ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``) or a framework object
-    that an installed plugin handles. ``config`` is a :class:`Config`, a path to a
-    TOML/JSON file, or None (``SCOUT_*`` environment variables and defaults).
+    ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``: one
+    ``torch.optim.Optimizer`` or a list of them, and optionally ``mesh=``) or a
+    framework object that an installed plugin handles. ``config`` is a
+    :class:`Config`, a path to a TOML/JSON file, or None (the framework's own SCOUT
+    section, ``SCOUT_CONFIG``, ``SCOUT_*`` environment variables and defaults).
     ``callback`` receives every verdict record. Bad configuration raises
-    :class:`ConfigError` here, before anything is attached.
+    :class:`ConfigError` here, before anything is attached. Collective over the job;
+    enabling the same object twice returns the live session.
     """
     from scout_core.integration.registry import describe_unsupported, select_plugin
 
+    cfg = None if config is None else _resolve_config(config)
     loaded = select_plugin(obj)
     if loaded is not None:
-        cfg = None if config is None else _resolve_config(config)
         args = () if optimizer is None else (optimizer,)
         return loaded.plugin.enable(obj, *args, config=cfg, callback=callback, **kwargs)
     import torch
 
     if isinstance(obj, torch.nn.Module):
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise UnsupportedSetupError(
-                "scout.enable(model, optimizer): plain PyTorch needs the torch.optim.Optimizer "
-                f"that trains the model, got {type(optimizer).__name__}"
-            )
-        from scout_core.session import enable_torch
+        from scout_core.integration.torch_plugin import check_optimizers, plugin
 
-        return enable_torch(obj, optimizer, _resolve_config(config), callback=callback, **kwargs)
+        check_optimizers(optimizer)
+        return plugin.enable(obj, optimizer, config=cfg, callback=callback, **kwargs)
     raise describe_unsupported(obj)

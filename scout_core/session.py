@@ -1,16 +1,19 @@
-"""A SCOUT session on a plain-PyTorch job, and ``enable_torch`` that starts one.
+"""A SCOUT session: the composition root of one job's replay, observer and checkpoint gate.
 
-``enable_torch(model, optimizer, config)`` wires replay into a training loop that
-stays exactly as the user wrote it. Everything attaches through public hooks:
-module forward hooks capture the sampled layer's call, a step pre-hook snapshots
-the optimizer slice, and a step post-hook is the *replay boundary* where due
-recipes run. Verdicts go to the evidence files, to ``session.verdicts`` and to the
-user's callback.
+:func:`compose` builds the parts around a framework adapter, in this order: the
+evidence writer, the replay driver (which owns the step clock and publishes one
+boundary event per iteration), the checkpoint gate (the in-memory
+:class:`~scout_core.checkpoint.attach.GateHandle`, or the
+:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` when the plugin gates
+the framework's own checkpoints) and the hang observer. Each part subscribes to
+what it needs (the driver's boundaries, its verdict callback) and registers its own
+undo step; the :class:`Session` only holds the parts and delivers verdicts to the
+user. Nothing else writes into it.
 
-Every rank must call ``enable_torch`` at the same point (it creates SCOUT's
-diagnostic Gloo groups, a collective). Calling it twice on the same model returns
-the live session. ``close`` removes every hook and runs the closers other parts of
-SCOUT registered (the observer, the checkpoint gate); it is idempotent.
+``FrameworkPlugin.enable`` (:mod:`scout_core.integration.plugin_base`) calls
+:func:`compose`; ``scout.enable(model, optimizer)`` reaches it through the core's own
+plain-PyTorch plugin. ``close`` removes every hook and runs the closers in reverse
+order; it is idempotent.
 """
 
 from __future__ import annotations
@@ -18,71 +21,92 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
-from torch import nn
-
-from scout_core.checkpoint.attach import GateHandle, attach_gate, gate_catalog, model_of
+from scout_core.checkpoint.attach import GateHandle, model_of
+from scout_core.checkpoint.catalog import agreed_catalog
+from scout_core.checkpoint.framework_gate import FrameworkGate
 from scout_core.config import Config
 from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
-from scout_core.integration.discovery import discover, unwrap
-from scout_core.integration.torch_adapter import TorchAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
 from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
-from scout_core.replay.runner import RoundOutcome
-from scout_core.topology.mesh import MeshLayout
+from scout_core.topology.groups import diagnostic_group
 from scout_core.vocabulary import Failure
 
 if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
-
+    from scout_core.checkpoint.io import Recovered
     from scout_core.checkpoint.recovery import Restored
 
-__all__ = ["Session", "enable_adapter", "enable_torch"]
+__all__ = ["VERDICTS_KEPT", "Session", "compose"]
 
 log = logging.getLogger("scout")
 T = TypeVar("T")
 
-_live: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+VERDICTS_KEPT = 10_000
+"""Verdicts a session keeps in :attr:`Session.verdicts` (the evidence files keep all)."""
 
 
 class Session:
-    """What ``enable`` returns: owns SCOUT's hooks on one job until :meth:`close`."""
+    """What ``enable`` returns: owns SCOUT's parts on one job until :meth:`close`."""
 
     def __init__(self, config: Config, *, callback: Callable[[Record], None] | None = None) -> None:
         self.config = config
         self.callback = callback
-        self.verdicts: list[Record] = []
-        """Every verdict this rank learned of (agreeing rounds are not recorded)."""
-        self.rounds: list[RoundOutcome] = []
-        """Every recipe round this rank took part in, agreeing ones included."""
-        self.step = 0
-        """The current iteration (0-based): completed optimizer steps."""
+        self.verdicts: deque[Record] = deque(maxlen=VERDICTS_KEPT)
+        """The verdicts this rank learned of, newest last (agreeing rounds are not
+        recorded; bounded: the evidence files hold everything)."""
         self.adapter: FrameworkAdapter | None = None
         """The framework adapter (None when SCOUT is disabled)."""
         self.replay: ReplayDriver | None = None
-        """The replay driver (None when SCOUT is disabled)."""
+        """The replay driver, owner of the step clock (None when SCOUT is disabled)."""
         self.observer: ObserverHandle | None = None
         """This rank's hang observer (None when ``Config.observer`` is off)."""
-        self.gate: GateHandle | None = None
-        """The checkpoint gate (None when ``Config.gate`` is off or nothing can be gated)."""
+        self.checkpoints: GateHandle | FrameworkGate | None = None
+        """The checkpoint gate: in-memory generations (:class:`GateHandle`) or the
+        framework's own checkpoints (:class:`FrameworkGate`); None when off."""
         self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
         self._closed = False
+
+    # -- read-only views -----------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is attached (False for a disabled config)."""
+        return self.replay is not None
+
+    @property
+    def step(self) -> int:
+        """The current iteration (0-based): the replay driver's clock, read-only."""
+        return 0 if self.replay is None else self.replay.step
+
+    @property
+    def gate(self) -> GateHandle | FrameworkGate | None:
+        """The same as :attr:`checkpoints` (its earlier name)."""
+        return self.checkpoints
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def add_closer(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on :meth:`close` (last added, first run)."""
         self._closers.append(fn)
+
+    def on_boundary(self, fn: Callable[[Boundary], None]) -> Callable[[], None]:
+        """Call ``fn`` with every training iteration's :class:`Boundary` (step, recipes due,
+        this rank's rounds) from now on; returns the remover. A no-op when disabled."""
+        if self.replay is None:
+            return lambda: None
+        remove = self.replay.on_boundary(fn)
+        self.add_closer(remove)
+        return remove
 
     def close(self) -> None:
         """Detach everything; safe to call twice."""
@@ -134,119 +158,92 @@ class Session:
 
     def recover(
         self, failure: Failure | str | None, *, machines_accessible: bool = True
-    ) -> Restored:
+    ) -> Restored | Recovered:
         """Restore the checkpoint the gate trusts after ``failure`` (collective).
 
         SDC or an unreachable machine restores *verified*, a straggler *latest*; any
         other failure first replays the whole recipe catalog (paper Algorithm 3).
-        Returns what was restored (step, role, reason); writes a checkpoint record.
+        With the in-memory gate it returns what was restored (step, role, source,
+        reason); with a framework's gate, the tag it loaded from the directory the
+        framework last used. Writes a checkpoint record.
         """
-        if self.gate is None:
-            raise UnsupportedSetupError(
-                "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
-                f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
-            )
         found = None if failure is None else Failure(failure)
-        return self.gate.recover(found, machines_accessible=machines_accessible)
+        if isinstance(self.checkpoints, GateHandle):
+            return self.checkpoints.recover(found, machines_accessible=machines_accessible)
+        if isinstance(self.checkpoints, FrameworkGate):
+            return self.checkpoints.recover(found, None, machines_accessible=machines_accessible)
+        raise UnsupportedSetupError(
+            "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
+            f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
+        )
 
-    def emit(self, record: Record, writer: EvidenceWriter | None) -> None:
-        """Deliver one verdict: evidence file (group's lowest rank), list, callback.
+    def emit(self, record: Record) -> None:
+        """Hand one verdict to the user: :attr:`verdicts` and the callback.
 
-        The observer delivers its verdicts from a listener thread, hence the lock.
+        Replay (trainer thread) and the observer (a listener thread) both deliver
+        here, hence the lock. Writing evidence files is the producer's job.
         """
         with self._lock:
-            self._emit(record, writer)
-
-    def _emit(self, record: Record, writer: EvidenceWriter | None) -> None:
-        self.verdicts.append(record)
-        if writer is not None and (not record.group or writer.rank in record.group):
-            # A group's record is written once, by its lowest rank; a record about
-            # another group (a slow shard group seen from a replica group) is written
-            # by that group's members.
-            writer.write_group(record) if record.group else writer.write(record)
-        if self.callback is not None:
-            self.callback(record)
+            self.verdicts.append(record)
+            if self.callback is not None:
+                self.callback(record)
 
 
-def _forget(key: object) -> None:
-    _live.pop(key, None)
-
-
-def enable_adapter(
+def compose(
     adapter: FrameworkAdapter,
     config: Config,
     *,
     callback: Callable[[Record], None] | None = None,
-    key: object | None = None,
+    gates_checkpoints: bool = False,
 ) -> Session:
-    """Start a session on any :class:`~scout_core.integration.adapter.FrameworkAdapter`.
+    """Start a session on ``adapter``: replay, the checkpoint gate and the observer.
 
-    Plugins call this after building their adapter; :func:`enable_torch` is the
-    plain-PyTorch caller. Collective over the job. ``key`` (the user's model or
-    engine) makes enabling twice return the live session instead of attaching twice.
+    Collective over the job (SCOUT's diagnostic groups are created here), so every
+    rank calls it at the same point. ``gates_checkpoints`` picks the
+    :class:`FrameworkGate` (the plugin then wires the framework's checkpoint seam to
+    ``session.checkpoints``) over the in-memory :class:`GateHandle`.
     """
-    if key is not None:
-        existing = _live.get(key)
-        if existing is not None and not existing.closed:
-            adapter.close()
-            return existing
     session = Session(config, callback=callback)
     if not config.enabled:
         adapter.close()
         return session
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
-    replay = ReplayDriver(session, adapter, config, writer)
+    session.add_closer(writer.close)
+    replay = ReplayDriver(adapter, config, writer, on_verdict=session.emit)
     session.adapter = adapter
     session.replay = replay
-    session.add_closer(writer.close)
     session.add_closer(replay.close)
-    if config.gate and gate_catalog(replay):
-        if getattr(adapter, "gates_checkpoints", False):
-            # The plugin certifies the framework's own checkpoints (DeepSpeed wraps the
-            # engine's save/load_checkpoint) instead of keeping in-memory copies.
-            log.info("scout: the %s plugin gates its own checkpoints", adapter.name)
-        elif model_of(adapter) is None:
-            log.warning(
-                "scout: the %s adapter exposes no model, so the checkpoint gate is off",
-                adapter.name,
-            )
-        else:
-            session.gate = attach_gate(session, replay, writer=writer)
+    if config.gate:
+        session.checkpoints = _gate(replay, config, writer, gates_checkpoints)
+        if session.checkpoints is not None:
+            session.add_closer(session.checkpoints.close)
     if config.observer:
         session.observer = attach_observer(
             adapter,
             config,
-            on_verdict=lambda record: session.emit(record, None),
+            on_verdict=session.emit,
             add_closer=session.add_closer,
+            on_boundary=session.on_boundary,
         )
-    if key is not None:
-        _live[key] = session
-        session.add_closer(lambda: _forget(key))
     return session
 
 
-def enable_torch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    config: Config | None = None,
-    *,
-    callback: Callable[[Record], None] | None = None,
-    mesh: DeviceMesh | MeshLayout | None = None,
-) -> Session:
-    """Attach SCOUT to a plain-PyTorch job (DDP, FSDP2, HSDP, DeviceMesh layouts).
-
-    Collective over the job: every rank calls it at the same point. Raises
-    :class:`~scout_core.errors.ConfigError` for a configured module path that does
-    not exist and :class:`~scout_core.errors.UnsupportedSetupError` for a setup it
-    cannot watch, before attaching anything.
-    """
-    config = Config() if config is None else config
-    root = unwrap(model)
-    existing = _live.get(root)
-    if existing is not None and not existing.closed:
-        return existing
-    if not config.enabled:
-        return Session(config, callback=callback)
-    found = discover(root, layers=config.layers, embedding=config.embedding, lm_head=config.lm_head)
-    adapter = TorchAdapter(model, optimizer, found, mesh=mesh)
-    return enable_adapter(adapter, config, callback=callback, key=root)
+def _gate(
+    replay: ReplayDriver, config: Config, writer: EvidenceWriter, framework: bool
+) -> GateHandle | FrameworkGate | None:
+    """The checkpoint gate for this job, or None (logged) when nothing can be gated."""
+    group = diagnostic_group()
+    catalog = agreed_catalog(replay, config, group)
+    if catalog is None:
+        return None
+    if framework:
+        log.info("scout: gating the %s framework's own checkpoints", replay.adapter.name)
+        return FrameworkGate(replay, catalog, group=group, writer=writer)
+    model = model_of(replay.adapter)
+    if model is None:
+        log.warning(
+            "scout: the %s adapter exposes no model, so the checkpoint gate is off",
+            replay.adapter.name,
+        )
+        return None
+    return GateHandle(replay, catalog, model=model, group=group, writer=writer)

@@ -107,7 +107,7 @@ def parse_inject(text: str | None) -> dict[str, Any] | None:
 
 
 def attach_fault(spec: dict[str, Any] | None, model: TinyGPT, opt: Any, steps: int) -> Any:
-    from scout_core.testing.injectors import BitFlip, Faults
+    from scout_core.testing import BitFlip, Faults
 
     if spec is None:
         return None

@@ -7,7 +7,13 @@
 * :mod:`.coordinator`: runs the gate at each replay boundary and writes the records;
 * :mod:`.recovery`: restores the generation the gate selects, or a fresh process
   from disk alone;
-* :mod:`.attach`: wires the coordinator to a live replay session (``attach_gate``).
+* :mod:`.catalog`: what a replay boundary means for a gate (catalog slots, outcome);
+* :mod:`.attach`: the in-memory gate of a live session (:class:`GateHandle`);
+* :mod:`.io`: the ``CheckpointIO`` protocol for checkpoints a framework owns;
+* :mod:`.certification`: the tag ledger and its JSON sidecar;
+* :mod:`.framework_gate`: gating a framework's own checkpoints (:class:`FrameworkGate`);
+* :mod:`.dcp_store`: the core's own checkpoints as a ``CheckpointIO`` (DCP, JSON);
+* :mod:`.records`: the one writer of ``scout.checkpoint/1`` records.
 
 The decision logic itself lives in :mod:`scout_core.decision.gate`.
 """
@@ -16,7 +22,10 @@ from __future__ import annotations
 
 from scout_core.checkpoint.attach import GateHandle, attach_gate
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
+from scout_core.checkpoint.dcp_store import DcpCheckpointIO
 from scout_core.checkpoint.durable import DurableStore, Generation, scan
+from scout_core.checkpoint.framework_gate import FrameworkGate
+from scout_core.checkpoint.io import CheckpointIO, Recovered
 from scout_core.checkpoint.memory import (
     InMemoryCheckpoints,
     PeerReplica,
@@ -31,6 +40,10 @@ __all__ = [
     "attach_gate",
     "BoundaryResult",
     "CheckpointCoordinator",
+    "CheckpointIO",
+    "DcpCheckpointIO",
+    "FrameworkGate",
+    "Recovered",
     "DurableStore",
     "Generation",
     "scan",

@@ -1,30 +1,15 @@
-"""Wiring the checkpoint gate to a live replay session: :func:`attach_gate`.
+"""The in-memory checkpoint gate of a live replay session: :class:`GateHandle`.
 
 The gate (:mod:`scout_core.decision.gate`) and the checkpoint coordinator
 (:mod:`.coordinator`) know nothing about replay; the replay driver
-(:mod:`scout_core.replay.driver`) knows nothing about checkpoints. This module
-connects them from the outside, through the same public seam replay itself uses:
-an optimizer step post-hook registered *after* the driver's, so it fires at the
-replay boundary right after the driver has appended this step's recipe rounds to
-``session.rounds``. Per boundary it
+(:mod:`scout_core.replay.driver`) knows nothing about checkpoints. The handle
+connects them from the outside: it subscribes to the driver's boundary events and,
+per :class:`~scout_core.replay.boundary.Boundary`,
 
-1. takes the rounds of the recipes due at this step and maps each to a gate
-   outcome (:func:`round_outcome`): not ready → inconclusive; an attributed *exact*
-   surface → SDC; an inconclusive exact surface → inconclusive; otherwise clean
-   (timing-only attribution is a straggler, which is clean for the gate). A due
-   recipe without a round on this rank is *missing*;
-2. maps each due recipe to its index in the gate's catalog by ``(kind, path)``
-   (the optimizer recipe's own ``index`` is a slice number, not a catalog entry);
-3. calls :meth:`~.coordinator.CheckpointCoordinator.on_boundary` with the worst
-   outcome, on every rank, at every boundary where a catalog recipe was due.
-
-[The gate's catalog]
-It is the replay schedule's catalog minus the recipes this job can never run: the
-optimizer recipe needs replicated optimizer state, so under pure FSDP it is left
-out (otherwise no cycle could ever close). ``Config.catalog_size`` overrides ``K``;
-the catalog is then folded onto ``K`` slots (index modulo ``K``), so ``K = 1``
-means any accepted check closes a cycle, the explicit "one check covers all state"
-configuration. A ``K`` larger than the catalog is refused: no cycle could close.
+1. reads this rank's outcome and the catalog slots checked off the event
+   (:class:`~.catalog.GateCatalog`: the recipes due, their rounds, the worst outcome);
+2. calls :meth:`~.coordinator.CheckpointCoordinator.on_boundary` with them, on every
+   rank, at every boundary where a catalog recipe was due.
 
 [After a retrieval]
 An SDC at a boundary makes the gate select a generation; from then on the handle
@@ -34,20 +19,13 @@ the same boundary, because the decision is job-wide.
 
 [The full-catalog sweep]
 Retrieval after a failure that is neither SDC nor slowness (a hang, a protocol
-mismatch) runs every catalog recipe *now* (:meth:`GateHandle.sweep`). Layer recipes
-replay on the most recent captured inputs of each layer: the handle keeps the last
-complete capture the driver took for each layer (one capture per catalog layer of
-memory, the tensors the driver already cloned) and hands them to the driver's
-layer runner, stamped with the sweep's step so every peer agrees on readiness. A
-layer never captured yet reads inconclusive (fail closed). The optimizer recipe
-cannot be replayed without a pre-step snapshot, so the sweep compares the full
-local optimizer state and parameters across replica peers instead (exact surface
-``optimizer/state``): a corrupted moment or parameter on one replica shows there.
+mismatch) runs every catalog recipe *now*: the driver's
+:meth:`~scout_core.replay.driver.ReplayDriver.sweep`, on the last complete capture
+of each layer, which the handle asks the driver to keep.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, MutableMapping
@@ -56,23 +34,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from scout_core.checkpoint.catalog import GateCatalog, round_outcome
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
-from scout_core.decision.c3 import Surface, exchange
 from scout_core.decision.gate import Outcome, Retrieval, worst
-from scout_core.decision.signature import signature_many
-from scout_core.errors import ConfigError, UnsupportedSetupError
+from scout_core.errors import UnsupportedSetupError
 from scout_core.records.evidence import EvidenceWriter
-from scout_core.replay.capture import Capture
+from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
 from scout_core.replay.runner import RoundOutcome
-from scout_core.replay.schedule import OPTIMIZER, Recipe
-from scout_core.vocabulary import Failure, Mode, Status
+from scout_core.vocabulary import Failure
 
 if TYPE_CHECKING:
     from scout_core.checkpoint.recovery import Restored
     from scout_core.session import Session
 
-__all__ = ["model_of", "GateHandle", "attach_gate", "gate_catalog", "round_outcome"]
+__all__ = ["GateHandle", "attach_gate", "model_of", "round_outcome"]
 
 log = logging.getLogger("scout")
 
@@ -80,50 +56,6 @@ ExtraState = Callable[[], Mapping[str, Any]]
 RestoreExtra = Callable[[dict[str, Any]], None]
 
 _HISTORY = 256  # boundary results kept on the handle (a long run must not grow without bound)
-
-
-def round_outcome(round_: RoundOutcome) -> Outcome:
-    """The gate outcome of one recipe round on this rank.
-
-    Not ready → inconclusive; any exact surface attributed → SDC; any exact surface
-    inconclusive → inconclusive; otherwise clean. Statistical surfaces (timings)
-    never make a round unclean: slowness is reported by replay, not gated.
-    """
-    if not round_.ready:
-        return Outcome.INCONCLUSIVE
-    exact = [r for r in round_.results.values() if r.mode is Mode.EXACT]
-    if any(r.status is Status.ATTRIBUTED for r in exact):
-        return Outcome.SDC
-    if any(r.status is Status.INCONCLUSIVE for r in exact):
-        return Outcome.INCONCLUSIVE
-    return Outcome.CLEAN
-
-
-def _key(recipe: Recipe) -> tuple[str, str | None]:
-    return (recipe.kind, recipe.path)
-
-
-def gate_catalog(driver: ReplayDriver) -> tuple[Recipe, ...]:
-    """The replay catalog this job can actually run (see the module docstring)."""
-    catalog = driver.schedule.catalog
-    if not driver.opt.supported:
-        catalog = tuple(r for r in catalog if r.kind != OPTIMIZER)
-    return catalog
-
-
-def _find_driver(session: Session) -> ReplayDriver:
-    """The session's replay driver: ``session.replay`` when the session exposes it, else
-    the driver whose ``close`` the session registered as a closer."""
-    found = getattr(session, "replay", None)
-    if isinstance(found, ReplayDriver):
-        return found
-    for fn in getattr(session, "_closers", ()):
-        owner = getattr(fn, "__self__", None)
-        if isinstance(owner, ReplayDriver):
-            return owner
-    raise UnsupportedSetupError(
-        "attach_gate needs a session with replay running (scout.enable with replay on)"
-    )
 
 
 def model_of(adapter: Any) -> torch.nn.Module | None:
@@ -136,60 +68,32 @@ def model_of(adapter: Any) -> torch.nn.Module | None:
     return None
 
 
-def _model_of(adapter: Any) -> torch.nn.Module:
-    found = model_of(adapter)
-    if found is not None:
-        return found
-    raise UnsupportedSetupError(
-        f"the {getattr(adapter, 'name', type(adapter).__name__)} adapter exposes no model "
-        "(root, module or model); pass model= to attach_gate"
-    )
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    if callable(to_local):
-        out = to_local()
-        assert isinstance(out, torch.Tensor)
-        return out
-    return t
-
-
 class GateHandle:
     """The checkpoint gate attached to one session; one per rank."""
 
     def __init__(
         self,
-        session: Session,
         driver: ReplayDriver,
+        catalog: GateCatalog,
         *,
         model: torch.nn.Module,
+        group: dist.ProcessGroup,
         writer: EvidenceWriter | None,
-        extra_state: ExtraState | None,
-        restore_extra: RestoreExtra | None,
+        extra_state: ExtraState | None = None,
+        restore_extra: RestoreExtra | None = None,
     ) -> None:
-        config = session.config
-        self.session = session
+        config = driver.config
         self.driver = driver
         self.extra_state = extra_state
         self.restore_extra = restore_extra
-        self.catalog = gate_catalog(driver)
-        if not self.catalog:
-            raise UnsupportedSetupError("the checkpoint gate needs at least one replay recipe")
-        size = config.catalog_size if config.catalog_size is not None else len(self.catalog)
-        if size > len(self.catalog):
-            raise ConfigError(
-                f"catalog_size K={size} exceeds the {len(self.catalog)} checks this job's "
-                "replay can run; no recipe cycle could ever close"
-            )
-        self._index = {_key(r): i % size for i, r in enumerate(self.catalog)}
+        self.catalog = catalog
         ranks = list(range(dist.get_world_size()))
         self.coordinator = CheckpointCoordinator(
             model,
-            list(driver.adapter.optimizers()),
+            driver.optimizers,
             rng_streams=driver.adapter.rng_streams(),
-            catalog_size=size,
-            group=dist.new_group(ranks, backend="gloo"),
+            catalog_size=catalog.size,
+            group=group,
             ranks=ranks,
             run_id=config.resolved_run_id(),
             writer=writer,
@@ -203,18 +107,10 @@ class GateHandle:
         """The selection an SDC at a boundary made; set until :meth:`recover` runs."""
         self.sweep_rounds: list[RoundOutcome] = []
         """The rounds of the most recent full-catalog sweep."""
-        self._seen = len(session.rounds)
-        self._last: dict[str, Capture] = {}
-        self._feed: dict[str, Capture] | None = None
         self._warned = False
         self._closed = False
-        capturer = driver.capturer
-        self._take = capturer.take
-        # The driver pops each capture as it replays it; keep the last one of each
-        # layer for the sweep. An instance attribute shadows the method until close().
-        setattr(capturer, "take", self._keep_take)  # noqa: B010  # shadowing a bound method
-        # Registered after the driver's post-hook: hooks fire in registration order.
-        self._hook = driver.optimizer.register_step_post_hook(self._post_step)
+        driver.keep_captures(True)
+        self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
             log.warning("scout: replay has no peers here; the checkpoint gate never certifies")
 
@@ -228,28 +124,9 @@ class GateHandle:
 
     # -- the boundary --------------------------------------------------------------------
 
-    def _keep_take(self, path: str) -> Capture | None:
-        if self._feed is not None:  # a sweep is running: serve the kept capture
-            return self._feed.pop(path, None)
-        cap = self._take(path)
-        if cap is not None:
-            self._last[path] = cap
-        return cap
-
-    def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # The driver's hook already ran for this iteration and advanced session.step.
-        step = self.session.step - 1
-        fresh = self.session.rounds[self._seen :]
-        self._seen = len(self.session.rounds)
-        schedule = self.driver.schedule
-        if not schedule.any_due(step):
-            return
-        due = [
-            r
-            for r in schedule.due(step, optimizer_slices=self.driver.opt.slices())
-            if _key(r) in self._index
-        ]
-        if not due:
+    def _on_boundary(self, boundary: Boundary) -> None:
+        found = self.catalog.evaluate(boundary)
+        if found is None:
             return
         if self.pending is not None:
             if not self._warned:
@@ -260,14 +137,10 @@ class GateHandle:
                 )
                 self._warned = True
             return
-        outcomes: list[Outcome] = []
-        for recipe in due:
-            mine = [o for o in fresh if o.step == step and _key(o.recipe) == _key(recipe)]
-            outcomes.append(worst(round_outcome(o) for o in mine))  # none → MISSING
+        outcome, slots = found
+        step = boundary.step
         extra = None if self.extra_state is None else self.extra_state()
-        result = self.coordinator.on_boundary(
-            step, worst(outcomes), [self._index[_key(r)] for r in due], extra=extra
-        )
+        result = self.coordinator.on_boundary(step, outcome, slots, extra=extra)
         self.history.append(result)
         if result.retrieval is not None:
             self.pending = result.retrieval
@@ -286,45 +159,10 @@ class GateHandle:
     def sweep(self) -> Outcome:
         """Run every catalog recipe now and return this rank's outcome. Collective over
         the job (every rank runs the same recipes in the same order)."""
-        driver = self.driver
-        if driver.peer_size < 2:
+        if self.driver.peer_size < 2:
             return Outcome.MISSING
-        step = self.session.step
-        rounds: list[RoundOutcome] = []
-        for recipe in self.catalog:
-            if recipe.kind == OPTIMIZER:
-                rounds.append(self._optimizer_state_round(recipe, step))
-                continue
-            assert recipe.path is not None
-            kept = self._last.get(recipe.path)
-            # Restamped with the sweep's step: every peer kept the same capture step
-            # for this layer (the schedule is global), so readiness still agrees.
-            self._feed = {} if kept is None else {recipe.path: dataclasses.replace(kept, step=step)}
-            try:
-                rounds.append(driver.runner.run(recipe, step))
-            finally:
-                self._feed = None
-        self.sweep_rounds = rounds
-        return worst(round_outcome(r) for r in rounds)
-
-    def _optimizer_state_round(self, recipe: Recipe, step: int) -> RoundOutcome:
-        """Exact C3 of the whole local optimizer state and parameters across replica peers."""
-        peers = self.driver.peers
-        opt = self.driver.optimizer
-        held = [p for g in opt.param_groups for p in g["params"]]
-        tensors: list[torch.Tensor] = [_local(p.detach()) for p in held]
-        for p in held:
-            state = opt.state.get(p, {})
-            for key in sorted(state):
-                value = state[key]
-                if isinstance(value, torch.Tensor):
-                    tensors.append(_local(value.detach()))
-        sig = signature_many(tensors)
-        surface = Surface("optimizer/state", Mode.EXACT, sig)
-        results = exchange(
-            [surface], group=peers.pg, ranks=peers.ranks, kappa=self.session.config.kappa
-        )
-        return RoundOutcome(recipe, step, peers.ranks, True, results)
+        self.sweep_rounds = self.driver.sweep(self.catalog.recipes)
+        return worst(round_outcome(r) for r in self.sweep_rounds)
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -340,7 +178,7 @@ class GateHandle:
         if self.extra_state is not None:
             live = self.extra_state()
             target = live if isinstance(live, MutableMapping) else dict(live)
-        at = max(self.session.step - 1, 0)
+        at = max(self.driver.step - 1, 0)
         restored = self.coordinator.recover(
             failure, step=at, machines_accessible=machines_accessible, extra=target
         )
@@ -351,60 +189,41 @@ class GateHandle:
         # Replay's schedule follows the training iteration, which resumes after the
         # restored step; the captures armed for the abandoned iteration are useless.
         resume = restored.step + 1
-        if resume != self.session.step:
-            self.session.step = resume
-            schedule = self.driver.schedule
-            self.driver.capturer.arm(
-                resume, schedule.modules_due(resume) if schedule.any_due(resume) else ()
-            )
+        if resume != self.driver.step:
+            self.driver.resume_at(resume)
         return restored
 
     def close(self) -> None:
-        """Remove the hook, give the capturer its method back, detach the coordinator."""
+        """Unsubscribe from the driver, stop keeping captures, detach the coordinator."""
         if self._closed:
             return
         self._closed = True
-        self._hook.remove()
-        self.driver.capturer.__dict__.pop("take", None)
-        self._last.clear()
+        self._unsubscribe()
+        self.driver.keep_captures(False)
         self.coordinator.close()
 
 
 def attach_gate(
     session: Session,
-    driver: ReplayDriver | None = None,
     *,
-    model: torch.nn.Module | None = None,
-    writer: EvidenceWriter | None = None,
     extra_state: ExtraState | None = None,
     restore_extra: RestoreExtra | None = None,
 ) -> GateHandle:
-    """Attach the checkpoint gate to a live replay ``session``. Collective over the job.
+    """The in-memory gate ``scout.enable`` attached to ``session``, with caller state.
 
-    Every rank calls it at the same point, after replay started (``scout.enable``).
-    ``driver`` defaults to the session's replay driver, ``model`` to the adapter's
-    unwrapped model, ``writer`` to replay's evidence writer. ``extra_state``
-    returns the caller-owned state to capture with each checkpoint (a dict of
-    tensors and JSON-safe values: step counter, data-loader position);
-    ``restore_extra`` receives it back on recovery. Configured by the session's
-    ``Config`` (``checkpoint_dir``, ``catalog_size``, ``peer_replication``). The
-    handle is closed with the session.
+    ``extra_state`` returns the caller-owned state to capture with each checkpoint
+    (a dict of tensors and JSON-safe values: step counter, data-loader position);
+    ``restore_extra`` receives it back on recovery. The gate is configured by the
+    session's ``Config`` (``gate``, ``checkpoint_dir``, ``catalog_size``,
+    ``peer_replication``) and closed with the session. Raises
+    :class:`~scout_core.errors.UnsupportedSetupError` when the session has none.
     """
-    if session.closed or session.adapter is None:
-        raise UnsupportedSetupError("attach_gate needs an enabled, open SCOUT session")
-    existing = getattr(session, "gate", None)
-    if isinstance(existing, GateHandle):  # scout.enable attached one: attaching is idempotent
-        if extra_state is not None or restore_extra is not None:
-            existing.set_extra_state(extra_state, restore_extra)
-        return existing
-    driver = _find_driver(session) if driver is None else driver
-    handle = GateHandle(
-        session,
-        driver,
-        model=_model_of(driver.adapter) if model is None else model,
-        writer=driver.writer if writer is None else writer,
-        extra_state=extra_state,
-        restore_extra=restore_extra,
-    )
-    session.add_closer(handle.close)
+    handle = session.checkpoints
+    if session.closed or not isinstance(handle, GateHandle):
+        raise UnsupportedSetupError(
+            "attach_gate needs an open SCOUT session with the in-memory checkpoint gate "
+            "(Config.gate on, replay running, a plain-PyTorch model)"
+        )
+    if extra_state is not None or restore_extra is not None:
+        handle.set_extra_state(extra_state, restore_extra)
     return handle

@@ -24,31 +24,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, replicate_to_peer
-from scout_core.decision.gate import (
-    Action,
-    Decision,
-    Gate,
-    Outcome,
-    Retrieval,
-    Selection,
-    combine,
-    combine_outcome,
-)
+from scout_core.checkpoint.records import write_gate_record
+from scout_core.checkpoint.recovery import Restored, recover
+from scout_core.decision.agreement import check_group
+from scout_core.decision.gate import Action, Decision, Gate, Outcome, Retrieval, Selection
+from scout_core.decision.gate_wire import combine, combine_outcome
 from scout_core.integration.adapter import RngStream
-from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
-from scout_core.vocabulary import Failure, Scope
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.vocabulary import Failure
 
-if TYPE_CHECKING:
-    from scout_core.checkpoint.recovery import Restored
-
-__all__ = ["BoundaryResult", "CheckpointCoordinator", "write_gate_record"]
+__all__ = ["BoundaryResult", "CheckpointCoordinator"]
 
 
 @dataclass(frozen=True)
@@ -60,40 +52,6 @@ class BoundaryResult:
     """Set when the boundary saw SDC or a hang: the generation recovery should use."""
     capture_s: float = 0.0
     """Host time the in-memory capture blocked for (0 when nothing was captured)."""
-
-
-def write_gate_record(
-    writer: EvidenceWriter | None,
-    *,
-    run_id: str,
-    ranks: Sequence[int],
-    action: str,
-    step: int,
-    checkpoint_step: int | None,
-    selected: Selection | None = None,
-    failure: Failure | None = None,
-    detail: Mapping[str, Any] | None = None,
-) -> None:
-    """Write one gate decision as a ``scout.checkpoint/1`` record, once for the job (by
-    its lowest rank); nothing when there is no writer. Plugins that gate their own
-    checkpoints (DeepSpeed) record their decisions through this too."""
-    if writer is None:
-        return
-    writer.write_group(
-        Record(
-            schema=CHECKPOINT_SCHEMA,
-            run_id=run_id,
-            step=step,
-            surface="gate",
-            failure=failure,
-            group=tuple(ranks),
-            scope=Scope.JOB,
-            action=action,
-            selected=None if selected is None else selected.value,
-            checkpoint_step=checkpoint_step,
-            detail=dict(detail or {}),
-        )
-    )
 
 
 class CheckpointCoordinator:
@@ -121,11 +79,9 @@ class CheckpointCoordinator:
         peer_replication: bool = False,
         sweep: Callable[[], Outcome] | None = None,
     ) -> None:
-        if group is None or group == dist.group.WORLD:
-            raise ValueError("the checkpoint coordinator needs a diagnostic group, never WORLD")
+        self.group = check_group(group)  # a SCOUT diagnostic group, never WORLD
         self.gate = Gate(catalog_size)
         self.memory = InMemoryCheckpoints(model, optimizers, rng_streams)
-        self.group = group
         self.ranks = tuple(ranks)
         self.run_id = run_id
         self.writer = writer
@@ -287,8 +243,6 @@ class CheckpointCoordinator:
         extra: MutableMapping[str, Any] | None = None,
     ) -> Restored:
         """Select and restore the generation the gate trusts (see :func:`.recovery.recover`)."""
-        from scout_core.checkpoint.recovery import recover  # recovery imports this module
-
         return recover(
             self, failure, step=step, machines_accessible=machines_accessible, extra=extra
         )

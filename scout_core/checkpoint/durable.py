@@ -63,6 +63,7 @@ from scout_core.checkpoint.dcp_io import (
     write_json,
 )
 from scout_core.checkpoint.state import flatten, tensor_specs, unflatten
+from scout_core.decision.agreement import all_ok, check_group, min_max
 from scout_core.errors import CheckpointError
 
 __all__ = [
@@ -71,12 +72,17 @@ __all__ = [
     "ROLES",
     "Generation",
     "DurableStore",
+    "generation_name",
+    "generation_step",
     "scan",
 ]
 
 MANIFEST_FORMAT = "scout.generation/1"
 SHARD_FORMAT = "scout.shard/1"
-ROLES: tuple[str, ...] = ("candidate", "verified")
+ROLES: tuple[str, ...] = ("candidate", "verified", "saved")
+"""``candidate`` / ``verified``: the in-memory gate's generations; ``saved``: a checkpoint
+written through :class:`~scout_core.checkpoint.dcp_store.DcpCheckpointIO` (its gate role
+lives in the certification sidecar)."""
 _MANIFEST = "manifest.json"
 _SHARD = "shard.json"
 _PREFIX = "step-"
@@ -108,8 +114,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _gen_name(step: int) -> str:
+def generation_name(step: int) -> str:
+    """The directory name of generation ``step`` (``step-00000012``)."""
     return f"{_PREFIX}{step:08d}"
+
+
+def generation_step(name: str) -> int | None:
+    """The step a generation directory name stands for; None for any other name."""
+    digits = name[len(_PREFIX) :]
+    if not name.startswith(_PREFIX) or len(digits) != 8 or not digits.isdigit():
+        return None
+    return int(digits)
 
 
 def _rank_dir(gen: Path, rank: int) -> Path:
@@ -134,7 +149,7 @@ def _parse_manifest(gen: Path) -> Generation:
         run_id = str(data["run_id"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"manifest {gen / _MANIFEST} is malformed: {exc!r}") from None
-    if gen.name != _gen_name(step):
+    if gen.name != generation_name(step):
         raise CheckpointError(f"manifest {gen / _MANIFEST} names step {step}, dir is {gen.name}")
     if sorted(shards, key=int) != [str(r) for r in range(world)]:
         raise CheckpointError(
@@ -177,10 +192,8 @@ class DurableStore:
         ranks: list[int],
         run_id: str,
     ) -> None:
-        if group is None or group == dist.group.WORLD:
-            raise ValueError("the durable store coordinates on a diagnostic group, never WORLD")
+        self.group = check_group(group)  # a SCOUT diagnostic group, never WORLD
         self.root = Path(checkpoint_dir)
-        self.group = group
         self.ranks = list(ranks)
         self.rank = dist.get_rank()
         self.run_id = run_id
@@ -193,15 +206,10 @@ class DurableStore:
     # -- collectives ---------------------------------------------------------------------
 
     def _all_ok(self, ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
+        return all_ok(ok, self.group)
 
     def _min_max(self, value: int) -> tuple[int, int]:
-        words = torch.tensor([value, -value], dtype=torch.int64)
-        dist.all_reduce(words, op=dist.ReduceOp.MAX, group=self.group)
-        hi, neg_lo = words.tolist()
-        return -int(neg_lo), int(hi)
+        return min_max(value, self.group)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -230,8 +238,8 @@ class DurableStore:
         """Write this rank's ``tree`` as generation ``step``; commit atomically, job-wide."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        tmp = self.root / f"{_TMP_PREFIX}{_gen_name(step)}"
-        final = self.root / _gen_name(step)
+        tmp = self.root / f"{_TMP_PREFIX}{generation_name(step)}"
+        final = self.root / generation_name(step)
         if self.coordinator:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.iterdir():  # leftovers of a writer that died
@@ -288,7 +296,7 @@ class DurableStore:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         ok = True
         if self.coordinator:
-            gen = self.root / _gen_name(step)
+            gen = self.root / generation_name(step)
             try:
                 data = read_json(gen / _MANIFEST, "manifest")
                 data["role"] = role
@@ -301,7 +309,7 @@ class DurableStore:
     def discard(self, step: int) -> None:
         """Remove generation ``step`` (never selected again); collective."""
         if self.coordinator:
-            gen = self.root / _gen_name(step)
+            gen = self.root / generation_name(step)
             if gen.exists():
                 self._trash(gen)
         self._all_ok(True)
@@ -349,16 +357,19 @@ class DurableStore:
                 )
         return dict(shard)
 
-    def _pick(self, role: str | None) -> Generation | None:
+    def _pick(self, role: str | None, step: int | None) -> Generation | None:
         gens = scan(self.root)
         if role is not None:
             gens = [g for g in gens if g.role == role]
+        if step is not None:
+            gens = [g for g in gens if g.step == step]
         return gens[-1] if gens else None
 
     def load(
-        self, role: str | None, *, run_id: str | None = None
+        self, role: str | None, *, run_id: str | None = None, step: int | None = None
     ) -> tuple[Generation, dict[str, Any]]:
-        """Select and read the newest generation of ``role`` (``None``: any role).
+        """Select and read the newest generation of ``role`` (``None``: any role), or the
+        one of ``step`` when given.
 
         Collective. Returns the generation and this rank's state tree. Raises
         :class:`CheckpointError` on every rank when any rank lacks the generation,
@@ -368,7 +379,7 @@ class DurableStore:
         gen: Generation | None = None
         shard: dict[str, Any] = {}
         try:
-            gen = self._pick(role)
+            gen = self._pick(role, step)
             if gen is not None:
                 if run_id is not None and gen.run_id != run_id:
                     raise CheckpointError(

@@ -23,21 +23,26 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.coordinator import CheckpointCoordinator
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import fetch_from_peer
+from scout_core.checkpoint.records import write_gate_record
 from scout_core.checkpoint.state import restore_tree
+from scout_core.decision.agreement import min_max
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import FrameworkAdapter, RngStream
 from scout_core.integration.adapter_base import default_rng_streams
-from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
-from scout_core.vocabulary import Failure, Scope
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.topology.groups import diagnostic_group
+from scout_core.vocabulary import Failure
+
+if TYPE_CHECKING:
+    from scout_core.checkpoint.coordinator import CheckpointCoordinator
 
 __all__ = ["Restored", "recover", "restore_from_disk", "default_rng_streams"]
 
@@ -56,13 +61,6 @@ class Restored:
     """Why this generation (the retrieval's reason)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The caller state saved with the generation."""
-
-
-def _min_max(value: int, group: dist.ProcessGroup) -> tuple[int, int]:
-    words = torch.tensor([value, -value], dtype=torch.int64)
-    dist.all_reduce(words, op=dist.ReduceOp.MAX, group=group)
-    hi, neg_lo = words.tolist()
-    return -int(neg_lo), int(hi)
 
 
 def recover(
@@ -104,7 +102,7 @@ def recover(
     memory = coord.memory
     snap = memory.get(found.selected)
     held = snap if snap is not None and snap.step == target else None
-    lo, hi = _min_max(-1 if held is None else target, coord.group)
+    lo, hi = min_max(-1 if held is None else target, coord.group)
     source = "memory"
     tree: Any = None
     if lo != hi and hi == target and coord.peer_replication:
@@ -112,7 +110,7 @@ def recover(
         mine = fetch_from_peer(coord.replicas.get(target), group=coord.group, ranks=coord.ranks)
         if held is None and mine is not None and mine.step == target:
             tree, source = mine.tree, "peer"
-        lo, hi = _min_max(-1 if (held is None and tree is None) else target, coord.group)
+        lo, hi = min_max(-1 if (held is None and tree is None) else target, coord.group)
     if lo == hi == target:
         if held is not None:
             held.wait()
@@ -179,7 +177,7 @@ def restore_from_disk(
     if not dist.is_available() or not dist.is_initialized():
         raise CheckpointError("restore_from_disk needs torch.distributed to be initialised")
     if group is None:
-        group = dist.new_group(backend="gloo")
+        group = diagnostic_group()
     optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
     if rng_streams is None:
         rng_streams = list(adapter.rng_streams() if adapter is not None else default_rng_streams())
@@ -191,18 +189,14 @@ def restore_from_disk(
     reason = f"fresh restore of the newest {role or 'durable'} generation"
     if report_dir is not None:
         with EvidenceWriter(report_dir, dist.get_rank(), run_id=gen.run_id) as writer:
-            writer.write_group(
-                Record(
-                    schema=CHECKPOINT_SCHEMA,
-                    run_id=gen.run_id,
-                    step=gen.step,
-                    surface="gate",
-                    group=tuple(ranks),
-                    scope=Scope.JOB,
-                    action="retrieve",
-                    selected=selected.value,
-                    checkpoint_step=gen.step,
-                    detail={"reason": reason, "source": "disk", "role": gen.role},
-                )
+            write_gate_record(
+                writer,
+                run_id=gen.run_id,
+                ranks=ranks,
+                action="retrieve",
+                step=gen.step,
+                checkpoint_step=gen.step,
+                selected=selected,
+                detail={"reason": reason, "source": "disk", "role": gen.role},
             )
     return Restored(gen.step, selected.value, "disk", reason, restored_extra)

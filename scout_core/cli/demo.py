@@ -33,7 +33,8 @@ def run_demo_rank(report_dir: str, sdc_rank: int, slow_rank: int) -> dict[str, A
     from torch.nn.parallel import DistributedDataParallel
 
     from scout_core.config import Config
-    from scout_core.session import enable_torch
+    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.replay.boundary import Boundary
     from scout_core.testing.injectors import BitFlip, Faults
 
     rank = dist.get_rank()
@@ -61,10 +62,16 @@ def run_demo_rank(report_dir: str, sdc_rank: int, slow_rank: int) -> dict[str, A
         observer=False,
     )
     with enable_torch(ddp, opt, cfg) as session:
+        rounds = 0
+
+        def count(boundary: Boundary) -> None:
+            nonlocal rounds
+            rounds += len(boundary.rounds)
+
+        session.on_boundary(count)
         for step in range(10):
             train_step(ddp, opt, step, rank)
         verdicts = [r.to_dict() for r in session.verdicts]
-        rounds = len(session.rounds)
     return {"verdicts": verdicts, "rounds": rounds}
 
 

@@ -31,7 +31,8 @@ counts as accepted here: slowness alone is not numerical divergence.
 Before any change of gate state the ranks combine their flags (missing result, SDC,
 hang, not clean, cycle boundary, plus the step, a digest of the recipes that ran and
 a digest of the gate state) with one all-reduce on a diagnostic Gloo group
-(:func:`combine`); the pure fold of the same flags is :func:`merge_flags`. Any
+(:func:`scout_core.decision.gate_wire.combine`, the wire format); the pure fold of
+the same flags is :func:`~scout_core.decision.gate_wire.merge_flags`. Any
 rank's SDC or hang triggers retrieval everywhere; any rank's incomplete evidence
 skips capture everywhere; and ranks that disagree about the step, the recipes, the
 gate state or whether the cycle closes raise
@@ -45,15 +46,11 @@ and persisting the checkpoints the decisions name is the job of
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-import torch
-import torch.distributed as dist
-
-from scout_core.errors import ProtocolError
+from scout_core.decision.agreement import digest as _digest
 from scout_core.vocabulary import Failure
 
 __all__ = [
@@ -65,10 +62,7 @@ __all__ = [
     "Decision",
     "Retrieval",
     "Gate",
-    "merge_flags",
-    "combine",
     "retrieval",
-    "combine_outcome",
     "worst",
     "SLOWNESS",
 ]
@@ -114,15 +108,6 @@ class Selection(str, Enum):
 SLOWNESS: frozenset[Failure] = frozenset({Failure.STRAGGLER, Failure.COMM_STRAGGLER})
 """Failures that are slowness alone; retrieval trusts ``latest`` after them."""
 
-_NONE = -1  # wire value of "no recipes" (the rank has no result)
-_FAR = 1 << 62  # neutral element for a max over negated values of absent entries
-
-
-def _digest(value: object) -> int:
-    """Stable 62-bit digest (non-negative, so it fits the MAX/MIN wire words)."""
-    raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
-    return int.from_bytes(raw, "little") >> 2
-
 
 @dataclass(frozen=True, slots=True)
 class LocalFlags:
@@ -140,24 +125,6 @@ class LocalFlags:
     closes: bool
     """Accepting these recipes would close the cycle (meaningful when present)."""
 
-    def words(self) -> list[int]:
-        """The int64 words :func:`combine` reduces with MAX (mins ride negated)."""
-        present = not self.missing
-        return [
-            int(self.missing),
-            int(self.sdc),
-            int(self.hang),
-            int(self.unclean),
-            int(present and self.closes),
-            int(present and not self.closes),
-            self.step,
-            -self.step,
-            _digest(self.recipes) if present else _NONE,
-            -_digest(self.recipes) if present else -_FAR,
-            self.state,
-            -self.state,
-        ]
-
 
 @dataclass(frozen=True, slots=True)
 class JobFlags:
@@ -173,64 +140,6 @@ class JobFlags:
     closes: bool
 
 
-def _fold_words(maxima: Sequence[int]) -> JobFlags:
-    """Turn the MAX-reduced words back into :class:`JobFlags`, checking agreement."""
-    (missing, sdc, hang, unclean, closes, not_closes, s_hi, s_lo, r_hi, r_lo, g_hi, g_lo) = (
-        int(w) for w in maxima
-    )
-    if s_hi != -s_lo:
-        raise ProtocolError(
-            f"gate boundary at different steps across the job ({-s_lo}..{s_hi}); "
-            "every rank must reach the same replay boundary"
-        )
-    if g_hi != -g_lo:
-        raise ProtocolError(
-            f"gate state differs across the job at step {s_hi} "
-            "(counter, accepted recipes or generations); refusing to change it"
-        )
-    present = r_hi != _NONE
-    if present and r_hi != -r_lo:
-        raise ProtocolError(
-            f"ranks checked different recipes at step {s_hi}; every rank must run the same schedule"
-        )
-    if closes and not_closes:
-        raise ProtocolError(
-            f"ranks disagree about the recipe-cycle boundary at step {s_hi}; "
-            "a cycle boundary is never guessed"
-        )
-    return JobFlags(
-        step=s_hi,
-        recipes=r_hi,
-        missing=bool(missing),
-        sdc=bool(sdc),
-        hang=bool(hang),
-        unclean=bool(unclean),
-        closes=bool(closes),
-    )
-
-
-def merge_flags(flags: Sequence[LocalFlags]) -> JobFlags:
-    """What :func:`combine` computes, as a pure function of every rank's flags."""
-    if not flags:
-        raise ValueError("merge_flags needs the flags of at least one rank")
-    columns = zip(*(f.words() for f in flags), strict=True)
-    return _fold_words([max(c) for c in columns])
-
-
-def combine(local: LocalFlags, *, group: dist.ProcessGroup) -> JobFlags:
-    """Combine ``local`` with every other rank's flags: one MAX all-reduce on ``group``.
-
-    ``group`` must be a diagnostic Gloo group spanning the whole job (made with
-    ``dist.new_group(..., backend="gloo")``), never ``WORLD`` or a training group.
-    Raises :class:`ProtocolError` on every rank when the ranks disagree.
-    """
-    if group is None or group == dist.group.WORLD:
-        raise ValueError("the gate combines flags on a diagnostic group, never WORLD")
-    words = torch.tensor(local.words(), dtype=torch.int64)
-    dist.all_reduce(words, op=dist.ReduceOp.MAX, group=group)
-    return _fold_words(words.tolist())
-
-
 _SEVERITY = (Outcome.CLEAN, Outcome.INCONCLUSIVE, Outcome.MISSING, Outcome.HANG, Outcome.SDC)
 
 
@@ -241,25 +150,6 @@ def worst(outcomes: Iterable[Outcome]) -> Outcome:
     if not found:
         return Outcome.MISSING
     return max(found, key=_SEVERITY.index)
-
-
-def combine_outcome(outcome: Outcome, *, group: dist.ProcessGroup) -> Outcome:
-    """The job-wide outcome of a check every rank ran (the full-catalog sweep).
-
-    SDC anywhere wins, then any hang, inconclusive or missing result (not clean);
-    clean only when every rank was clean. One MAX all-reduce on ``group``.
-    """
-    if group is None or group == dist.group.WORLD:
-        raise ValueError("the gate combines outcomes on a diagnostic group, never WORLD")
-    outcome = Outcome(outcome)
-    words = torch.tensor(
-        [int(outcome is Outcome.SDC), int(outcome is not Outcome.CLEAN)], dtype=torch.int64
-    )
-    dist.all_reduce(words, op=dist.ReduceOp.MAX, group=group)
-    sdc, unclean = words.tolist()
-    if sdc:
-        return Outcome.SDC
-    return Outcome.INCONCLUSIVE if unclean else Outcome.CLEAN
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,15 +11,18 @@ replay, the observer and the checkpoint gate need:
 * the underlying ``torch.optim.Optimizer`` objects and whether their state is
   replicated across replica peers or uniquely owned;
 * every RNG stream replay must reproduce (CPU, device, framework trackers);
-* how to materialise one module's parameters for replay (FSDP, ZeRO-3), how to
-  call it functionally without the framework's hooks, and the optimizer step.
+* how to materialise one module's parameters for replay (FSDP, ZeRO-3) and how to
+  call it functionally without the framework's hooks;
+* how many times the framework steps each optimizer per training iteration (ZeRO
+  steps its inner optimizer once per parameter group).
 
-An adapter may also set ``gates_checkpoints = True`` when its plugin certifies the
-framework's own checkpoints (as DeepSpeed's does through ``save_checkpoint``); the
-core then keeps no in-memory gate copies for it.
+Adapters do not count steps: the replay driver owns the one step clock
+(:mod:`scout_core.replay.boundary`). Whether the framework's own checkpoints are
+gated is the plugin's business (``FrameworkPlugin.gates_checkpoints``), not the
+adapter's.
 
 :class:`scout_core.integration.adapter_base.AdapterBase` holds the part every adapter shares
-(step counting, RNG streams, accessors), so a plugin writes only what differs.
+(RNG streams, optimizers, accessors), so a plugin writes only what differs.
 
 The protocol is deliberately small and structural (:class:`typing.Protocol`), so
 Megatron chunks, DeepSpeed engines and TorchTitan trainers all fit it without
@@ -123,8 +126,9 @@ class FrameworkAdapter(Protocol):
         """Every RNG stream replay must set from the source peer and restore afterwards."""
         ...
 
-    def step(self) -> int:
-        """The optimizer step count (completed updates)."""
+    def steps_per_iteration(self) -> Sequence[int]:
+        """How many times each optimizer of :meth:`optimizers` steps per training iteration
+        (1 almost everywhere; DeepSpeed's ZeRO steps its inner optimizer once per group)."""
         ...
 
     def materialize(self, ref: ModuleRef) -> AbstractContextManager[Mapping[str, torch.Tensor]]:
@@ -160,5 +164,5 @@ class FrameworkAdapter(Protocol):
         ...
 
     def close(self) -> None:
-        """Remove whatever the adapter attached (its own step counter hooks)."""
+        """Remove whatever the adapter attached (idempotent)."""
         ...

@@ -1,21 +1,22 @@
-"""What every framework adapter shares: the step counter, RNG streams and accessors.
+"""What every framework adapter shares: RNG streams, optimizers and accessors.
 
 A plugin's adapter (plain PyTorch, DeepSpeed, ...) differs in how it derives the
 layout, materialises parameters and calls a module without framework hooks. The
-rest of the :class:`~scout_core.integration.adapter.FrameworkAdapter` lifecycle is the same
-everywhere and lives here once: counting optimizer steps through a post-step hook
-on the base optimizer, the RNG streams replay reproduces (CPU, the current CUDA
-device, plus framework trackers), and the accessors over the layout and the
-discovered modules.
+rest of the :class:`~scout_core.integration.adapter.FrameworkAdapter` protocol is the
+same everywhere and lives here once: the optimizers (one or several; stub
+optimizers are simply not listed) and how often each steps per iteration, the RNG
+streams replay reproduces (CPU, the current CUDA device, plus framework trackers),
+and the accessors over the layout and the discovered modules. Adapters attach
+nothing and count nothing: the replay driver owns the step clock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import torch
 
+from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.integration.discovery import Discovered
 from scout_core.topology.mesh import MeshAddress, MeshLayout
@@ -50,23 +51,28 @@ class AdapterBase:
         rank: int,
         layout: MeshLayout,
         found: Discovered,
-        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
+        steps_per_iteration: Sequence[int] | None = None,
         extra_rng: Iterable[RngStream] = (),
     ) -> None:
         self._rank = rank
         self._layout = layout
         self.found = found
-        self.optimizer = optimizer
-        self._steps = 0
-        self._handle = optimizer.register_step_post_hook(self._count)
+        self._optimizers = tuple(optimizers)
+        for opt in self._optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise UnsupportedSetupError(
+                    f"{type(opt).__name__} is not a torch.optim.Optimizer; list the optimizers "
+                    "inside the framework's wrappers"
+                )
+        steps = (1,) * len(self._optimizers) if steps_per_iteration is None else steps_per_iteration
+        self._steps_per_iteration = tuple(int(n) for n in steps)
+        if len(self._steps_per_iteration) != len(self._optimizers):
+            raise ValueError("steps_per_iteration needs one count per optimizer")
         self._rng = default_rng_streams() + tuple(extra_rng)
 
-    def _count(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._steps += 1
-
     def close(self) -> None:
-        """Remove the step counter (subclasses remove what they attached, then call this)."""
-        self._handle.remove()
+        """Nothing to remove here; subclasses remove what they attached."""
 
     def layout(self) -> MeshLayout:
         return self._layout
@@ -84,10 +90,10 @@ class AdapterBase:
         return self.found.special()
 
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
-        return (self.optimizer,)
+        return self._optimizers
+
+    def steps_per_iteration(self) -> Sequence[int]:
+        return self._steps_per_iteration
 
     def rng_streams(self) -> Sequence[RngStream]:
         return self._rng
-
-    def step(self) -> int:
-        return self._steps

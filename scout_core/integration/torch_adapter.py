@@ -33,8 +33,7 @@ three kinds (registered tensors, ``_st_info`` local shards, DTensor attributes).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -193,7 +192,7 @@ class TorchAdapter(AdapterBase):
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
         found: Discovered,
         *,
         mesh: DeviceMesh | MeshLayout | None = None,
@@ -205,7 +204,10 @@ class TorchAdapter(AdapterBase):
         self.model = model
         self.root = unwrap(model)
         super().__init__(
-            rank=dist.get_rank(), layout=self._derive_layout(mesh), found=found, optimizer=optimizer
+            rank=dist.get_rank(),
+            layout=self._derive_layout(mesh),
+            found=found,
+            optimizers=optimizers,
         )
         self._shard_group: PeerGroup | None = None
         self._tp_group: PeerGroup | None = None
@@ -339,10 +341,7 @@ class TorchAdapter(AdapterBase):
         pad = torch.zeros((width, *moved.shape[1:]), dtype=moved.dtype)
         pad[: moved.shape[0]] = moved
         recv = torch.empty((n * width, *moved.shape[1:]), dtype=moved.dtype)
-        if taps._delays:
-            delay = taps.comm_delay_s("shard" if axis is Axis.S else "tp")
-            if delay:
-                time.sleep(delay)
+        taps.sleep_injected("shard" if axis is Axis.S else "tp")
         dist.all_gather_into_tensor(recv, pad.contiguous(), group=group.pg)
         by_coord = sorted(range(n), key=lambda j: self._layout.address(group.ranks[j]).get(axis))
         pieces = [recv[j * width : j * width + rows[k]] for k, j in enumerate(by_coord)]

@@ -2,8 +2,10 @@
 
 It checks that a hang verdict comes before the training communicator's watchdog,
 starts this rank's observer process, publishes progress at the adapter's repeated
-layers and optimizer steps, fingerprints ``torch.distributed`` collectives, and
-hands every observer verdict to the session (its list and the user's callback).
+layers and optimizer steps, takes the published step from the replay driver's
+boundary events (the job's one step clock), fingerprints ``torch.distributed``
+collectives, and hands every observer verdict to the session (its list and the
+user's callback).
 The session's ``close`` undoes all of it, in reverse order.
 """
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from scout_core.config import Config
     from scout_core.integration.adapter import FrameworkAdapter
     from scout_core.records.evidence import Record
+    from scout_core.replay.boundary import Boundary
 
 __all__ = ["attach_observer"]
 
@@ -34,6 +37,7 @@ def attach_observer(
     *,
     on_verdict: Callable[[Record], None],
     add_closer: Callable[[Callable[[], None]], None],
+    on_boundary: Callable[[Callable[[Boundary], None]], Callable[[], None]],
 ) -> ObserverHandle:
     """Start and hook up this rank's observer; register its undo steps with ``add_closer``.
 
@@ -48,5 +52,8 @@ def attach_observer(
     add_closer(handle.close)
     add_closer(install_collective_fingerprints(handle.publisher))
     layers = [ref.module for ref in adapter.repeated_layers()]
-    add_closer(attach_progress_hooks(handle.publisher, layers, list(adapter.optimizers())))
+    optimizers = list(adapter.optimizers())
+    add_closer(attach_progress_hooks(handle.publisher, layers, optimizers, advance_step=False))
+    publisher = handle.publisher
+    on_boundary(lambda boundary: publisher.set_step(boundary.step + 1))
     return handle

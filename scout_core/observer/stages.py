@@ -85,12 +85,18 @@ def checkpoint_stage(publisher: Publisher, kind: str = "write") -> Iterator[None
 
 
 def attach_progress_hooks(
-    publisher: Publisher, layers: Sequence[nn.Module], optimizers: Sequence[Optimizer]
+    publisher: Publisher,
+    layers: Sequence[nn.Module],
+    optimizers: Sequence[Optimizer],
+    *,
+    advance_step: bool = True,
 ) -> Callable[[], None]:
     """Publish at every repeated layer's forward and around every optimizer step.
 
-    The optimizer's post-step hook advances the published step. Returns a closer
-    that removes every hook (calling it twice is harmless).
+    With ``advance_step`` each optimizer's post-step hook advances the published step
+    (for a bare observer; a SCOUT session sets the step from its replay boundaries
+    instead, so several optimizers still count one step per iteration). Returns a
+    closer that removes every hook (calling it twice is harmless).
     """
     handles: list[Any] = []
 
@@ -107,7 +113,8 @@ def attach_progress_hooks(
         handles.append(layer.register_forward_pre_hook(layer_pre))
     for opt in optimizers:
         handles.append(opt.register_step_pre_hook(opt_pre))
-        handles.append(opt.register_step_post_hook(opt_post))
+        if advance_step:
+            handles.append(opt.register_step_post_hook(opt_post))
 
     def close() -> None:
         while handles:

@@ -10,6 +10,11 @@ backward); everything else is kept by reference. Hooks stay registered for the
 whole run but return at once unless the module is armed for the current
 iteration, so the healthy path costs one Python call per sampled module.
 
+With :meth:`Capturer.keep_last` on (the checkpoint gate turns it on), the last
+complete capture taken of each module is kept (:meth:`Capturer.last`), so a
+full-catalog sweep can replay every layer on the newest inputs it saw: one capture
+per sampled module of memory, the tensors the capture already cloned.
+
 A capture belongs to the first grad-enabled call of an armed module in an
 iteration; later calls (gradient accumulation, activation-checkpoint recompute) and
 calls made by replay itself are ignored.
@@ -112,6 +117,8 @@ class Capturer:
         self._armed: set[str] = set()
         self._step = 0
         self._captures: dict[str, Capture] = {}
+        self._keep = False
+        self._last: dict[str, Capture] = {}
         self.replaying = False
         self._handles: list[RemovableHandle] = []
         for ref in refs:
@@ -136,13 +143,26 @@ class Capturer:
         cap = self._captures.pop(path, None)
         if cap is None or cap.step != self._step or not cap.complete():
             return None
+        if self._keep:
+            self._last[path] = cap
         return cap
+
+    def keep_last(self, enabled: bool = True) -> None:
+        """Keep (or stop keeping) the last complete capture of each module taken."""
+        self._keep = enabled
+        if not enabled:
+            self._last.clear()
+
+    def last(self, path: str) -> Capture | None:
+        """The last complete capture of ``path`` taken while keeping was on, or None."""
+        return self._last.get(path)
 
     def close(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self._captures = {}
+        self._last = {}
         self._armed = set()
 
     def _pre(self, path: str) -> Any:
@@ -154,7 +174,7 @@ class Capturer:
                 or not torch.is_grad_enabled()
             ):
                 return
-            if taps._vetoes and taps.capture_vetoed(path):
+            if taps.capture_vetoed(path):
                 return
             leaves, spec = flatten((args, kwargs))
             kept = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in leaves]

@@ -1,40 +1,62 @@
-"""The replay driver: the per-step logic that runs due recipes at the replay boundary.
+"""The replay driver: the step clock, and the per-step logic that runs due recipes.
 
 One driver per session. It builds SCOUT's diagnostic peer groups from the adapter's
 layout, the recipe :class:`~scout_core.replay.schedule.Schedule`, the capturer, the
-layer and optimizer runners and the verdict maker, and hooks the adapter's
-optimizer: a step pre-hook snapshots the optimizer slice, a step post-hook is the
-*replay boundary*. It only talks to the framework through the
-:class:`~scout_core.integration.adapter.FrameworkAdapter` protocol, so every plugin reuses it.
+layer and optimizer runners and the verdict maker, and owns the job's one step
+clock (:class:`~scout_core.replay.boundary.StepClock` over every optimizer the
+adapter lists): before an optimizer's first step of an iteration it snapshots the
+optimizer slice, and at the iteration's *replay boundary* it runs the due recipes,
+delivers their verdicts and publishes one :class:`~scout_core.replay.boundary.Boundary`
+to its subscribers (the checkpoint gate, the observer, plugins). It only talks to
+the framework through the :class:`~scout_core.integration.adapter.FrameworkAdapter`
+protocol, so every plugin reuses it; nothing else writes into it.
+
+[The full-catalog sweep]
+:meth:`ReplayDriver.sweep` runs a list of catalog recipes *now* (recovery after a
+hang asks for it). Layer recipes replay on the last complete capture of each layer
+(the capturer keeps them once :meth:`ReplayDriver.keep_captures` is on), restamped
+with the sweep's step so every peer agrees on readiness; a layer never captured
+reads inconclusive. The optimizer recipe cannot be replayed without a pre-step
+snapshot, so the sweep compares the full local optimizer state and parameters
+across replica peers instead (exact surface ``optimizer/state``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from scout_core.config import Config
+from scout_core.decision.c3 import Surface, exchange
+from scout_core.decision.signature import signature_many
 from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
-from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
 from scout_core.replay.capture import Capturer
-from scout_core.replay.optimizer import OptimizerReplay
-from scout_core.replay.runner import LayerRunner
-from scout_core.replay.schedule import EMBEDDING, HIDDEN, LM_HEAD, OPTIMIZER, Schedule
+from scout_core.replay.optimizer import OptimizerReplay, local_tensor
+from scout_core.replay.runner import LayerRunner, RoundOutcome
+from scout_core.replay.schedule import EMBEDDING, HIDDEN, LM_HEAD, OPTIMIZER, Recipe, Schedule
 from scout_core.replay.verdicts import VerdictMaker
-from scout_core.topology.groups import PeerGroup, create_peer_groups
+from scout_core.topology.groups import PeerGroup, create_peer_groups, diagnostic_group
 from scout_core.topology.mesh import Axis, MeshLayout
-
-if TYPE_CHECKING:
-    from scout_core.session import Session
+from scout_core.vocabulary import Mode
 
 __all__ = ["ReplayDriver", "exchange_hosts"]
 
 log = logging.getLogger("scout")
+
+HISTORY = 256
+"""Round outcomes the driver keeps (:attr:`ReplayDriver.history`): a long run must not grow."""
+
+_NO_RECIPES: tuple[Recipe, ...] = ()
+_NO_ROUNDS: tuple[RoundOutcome, ...] = ()
 
 
 class ReplayDriver:
@@ -42,14 +64,16 @@ class ReplayDriver:
 
     def __init__(
         self,
-        session: Session,
         adapter: FrameworkAdapter,
         config: Config,
         writer: EvidenceWriter,
+        *,
+        on_verdict: Callable[[Record], None] = lambda record: None,
     ) -> None:
-        self.session = session
         self.adapter = adapter
+        self.config = config
         self.writer = writer
+        self._on_verdict = on_verdict
         layout = adapter.layout()
         rank = adapter.rank()
         kinds = ["peer"]
@@ -67,13 +91,12 @@ class ReplayDriver:
         self.hosts = exchange_hosts(layout)
         self.peers: PeerGroup = groups["peer"]
         adapter.bind_groups(groups)
-        optimizers = list(adapter.optimizers())
-        if len(optimizers) != 1:
+        self.optimizers = list(adapter.optimizers())
+        if not self.optimizers:
             raise UnsupportedSetupError(
-                f"replay watches exactly one torch.optim.Optimizer, the {adapter.name} adapter "
-                f"reports {len(optimizers)}"
+                f"replay needs at least one torch.optim.Optimizer; the {adapter.name} adapter "
+                "lists none"
             )
-        self.optimizer = optimizers[0]
         layers = list(adapter.repeated_layers())
         special = adapter.special_modules()
         embedding, lm_head = special.get("embedding"), special.get("lm_head")
@@ -116,7 +139,7 @@ class ReplayDriver:
             closure=[g for k, g in groups.items() if k != "peer" and g.ranks != self.peers.ranks],
         )
         self.opt = OptimizerReplay(
-            self.optimizer,
+            self.optimizers,
             self.peers,
             slice_size=config.optimizer_slice,
             kappa=config.kappa,
@@ -137,10 +160,16 @@ class ReplayDriver:
             peer_kind=self.peers.kind,
         )
         self.peer_size = len(self.peers.ranks)
-        self._handles = [
-            self.optimizer.register_step_pre_hook(self._pre_step),
-            self.optimizer.register_step_post_hook(self._post_step),
-        ]
+        self.history: deque[RoundOutcome] = deque(maxlen=HISTORY)
+        """This rank's most recent round outcomes, oldest first (bounded)."""
+        self.events = BoundaryEvents()
+        self._step = 0
+        self.clock = StepClock(
+            self.optimizers,
+            list(adapter.steps_per_iteration()),
+            pre=self._pre_step,
+            boundary=self._boundary,
+        )
         self.capturer.arm(0, self.schedule.modules_due(0))
         log.info(
             "scout: replay on %s group %s, catalog K=%d, estimated overhead V/(I*N)=%.4f%%",
@@ -150,49 +179,123 @@ class ReplayDriver:
             100 * self.schedule.overhead_estimate(),
         )
 
+    @property
+    def step(self) -> int:
+        """The current iteration (0-based): the boundaries passed so far."""
+        return self._step
+
+    def on_boundary(self, fn: Callable[[Boundary], None]) -> Callable[[], None]:
+        """Call ``fn`` with every :class:`Boundary` from now on; returns the remover."""
+        return self.events.subscribe(fn)
+
+    def keep_captures(self, enabled: bool = True) -> None:
+        """Keep the last complete capture of each layer, for :meth:`sweep`."""
+        self.capturer.keep_last(enabled)
+
+    def resume_at(self, step: int) -> None:
+        """Training continues with iteration ``step`` (after a restore); re-arms capture."""
+        self._step = step
+        self.clock.reset()
+        due = self.schedule.modules_due(step) if self.schedule.any_due(step) else ()
+        self.capturer.arm(step, due)
+
     def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self.clock.close()
         self.capturer.close()
         self.adapter.close()
 
-    # The two step hooks run on every iteration; on a step where nothing is due they
+    # The clock calls these on every iteration; on a step where nothing is due they
     # cost one modulo per active interval and allocate nothing.
 
-    def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        step = self.session.step
+    def _pre_step(self, which: int) -> None:
+        step = self._step
         if self.peer_size < 2 or not self.schedule.any_due(step):
             return
         for recipe in self.schedule.due(step, optimizer_slices=self.opt.slices()):
             if recipe.kind == OPTIMIZER:
-                self.opt.snapshot(recipe.index)
+                self.opt.snapshot(recipe.index, which, step=step)
 
-    def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        step = self.session.step
-        if self.peer_size >= 2 and self.schedule.any_due(step):
-            for recipe in self.schedule.due(step, optimizer_slices=self.opt.slices()):
-                outcome = (
-                    self.opt.run(step)
-                    if recipe.kind == OPTIMIZER
-                    else self.runner.run(recipe, step)
-                )
-                if outcome is None:
-                    continue
-                self.session.rounds.append(outcome)
-                for record in self.verdicts.judge(outcome):
-                    self.session.emit(record, self.writer)
-        self.session.step = step + 1
+    def _boundary(self) -> None:
+        step = self._step
+        due, rounds = _NO_RECIPES, _NO_ROUNDS
+        if self.schedule.any_due(step):
+            due = tuple(self.schedule.due(step, optimizer_slices=self.opt.slices()))
+            if self.peer_size >= 2:
+                rounds = tuple(self._run(due, step))
+        self._step = step + 1
         if self.schedule.any_due(step + 1):
             self.capturer.arm(step + 1, self.schedule.modules_due(step + 1))
         elif self.capturer.armed:
             self.capturer.arm(step + 1, ())
+        self.events.publish(Boundary(step, due, rounds))
+
+    def _run(self, due: Sequence[Recipe], step: int) -> list[RoundOutcome]:
+        out: list[RoundOutcome] = []
+        for recipe in due:
+            outcome = (
+                self.opt.run(step) if recipe.kind == OPTIMIZER else self.runner.run(recipe, step)
+            )
+            if outcome is None:
+                continue
+            out.append(outcome)
+            self.history.append(outcome)
+            for record in self.verdicts.judge(outcome):
+                self._deliver(record)
+        return out
+
+    def _deliver(self, record: Record) -> None:
+        # A group's record is written once, by its lowest rank; a record about another
+        # group (a slow shard group seen from a replica group) by that group's members.
+        if not record.group:
+            self.writer.write(record)
+        elif self.writer.rank in record.group:
+            self.writer.write_group(record)
+        self._on_verdict(record)
+
+    # -- the full-catalog sweep ----------------------------------------------------------
+
+    def sweep(self, recipes: Sequence[Recipe]) -> list[RoundOutcome]:
+        """Run ``recipes`` now, on kept captures (see the module doc). Collective over the
+        job: every rank runs the same recipes in the same order. Empty without peers."""
+        if self.peer_size < 2:
+            return []
+        step = self._step
+        rounds: list[RoundOutcome] = []
+        for recipe in recipes:
+            if recipe.kind == OPTIMIZER:
+                rounds.append(self._optimizer_state_round(recipe, step))
+                continue
+            assert recipe.path is not None
+            kept = self.capturer.last(recipe.path)
+            # Restamped with the sweep's step: every peer kept the same capture step for
+            # this layer (the schedule is global), so readiness still agrees.
+            cap = None if kept is None else dataclasses.replace(kept, step=step)
+            rounds.append(self.runner.run(recipe, step, capture=cap))
+        return rounds
+
+    def _optimizer_state_round(self, recipe: Recipe, step: int) -> RoundOutcome:
+        """Exact C3 of the whole local optimizer state and parameters across replica peers."""
+        tensors: list[torch.Tensor] = []
+        for opt in self.optimizers:
+            held = [p for g in opt.param_groups for p in g["params"]]
+            tensors += [local_tensor(p.detach()) for p in held]
+            for p in held:
+                state = opt.state.get(p, {})
+                for key in sorted(state):
+                    value = state[key]
+                    if isinstance(value, torch.Tensor):
+                        tensors.append(local_tensor(value.detach()))
+        surface = Surface("optimizer/state", Mode.EXACT, signature_many(tensors))
+        results = exchange(
+            [surface], group=self.peers.pg, ranks=self.peers.ranks, kappa=self.config.kappa
+        )
+        return RoundOutcome(recipe, step, self.peers.ranks, True, results)
 
 
 def exchange_hosts(layout: MeshLayout) -> dict[int, str]:
     """Every rank's host name, exchanged as fixed-width bytes on a diagnostic group."""
     ranks = list(layout.ranks)
-    group = dist.new_group(ranks, backend="gloo")
+    group = diagnostic_group(ranks)
     name = socket.gethostname().encode()[:64]
     mine = torch.zeros(64, dtype=torch.uint8)
     mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)

@@ -15,6 +15,12 @@ same shape, the scalar slots and the group hyperparameters. After the real step:
   across replica peers, so a corrupted moment or parameter on one peer shows up
   there.
 
+A job with several optimizers (Megatron's chained optimizers, TorchTitan's
+per-model-part ones) has one slice rotation over all of their parameters, in the
+order the adapter lists them: slice ``i`` may fall in any optimizer, and each
+optimizer's part of it is snapshotted before that optimizer's first step of the
+iteration and replayed with that optimizer's class and hyperparameters.
+
 This needs replicated ownership (DDP, or HSDP shards compared between replica
 peers). Uniquely owned shards (pure FSDP, ZeRO-3 without replicas) have no peer
 holding the same state; the recipe is skipped with a logged reason. The replayed
@@ -29,6 +35,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +49,13 @@ from scout_core.replay.schedule import OPTIMIZER, Recipe
 from scout_core.topology.groups import PeerGroup
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["OptimizerReplay"]
+__all__ = ["OptimizerReplay", "local_tensor"]
 
 log = logging.getLogger("scout.replay")
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2/TP), the tensor itself otherwise."""
     to_local = getattr(t, "to_local", None)
     if callable(to_local):
         out = to_local()
@@ -60,6 +68,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class _Piece:
     """One parameter's part of the slice."""
 
+    optimizer: int
     group: int
     param: torch.Tensor
     grad: torch.Tensor
@@ -72,35 +81,59 @@ class OptimizerReplay:
 
     def __init__(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizers: Sequence[torch.optim.Optimizer],
         peers: PeerGroup,
         *,
         slice_size: int,
         kappa: float,
         ownership: Ownership,
     ) -> None:
-        self.optimizer = optimizer
+        self.optimizers = list(optimizers)
         self.peers = peers
         self.slice_size = slice_size
         self.kappa = kappa
         self.ownership = ownership
         self._pieces: list[_Piece] | None = None
         self._index = 0
+        self._snap_step = -1
         self._warned = False
 
     @property
     def supported(self) -> bool:
         return self.ownership is not Ownership.UNIQUE
 
+    def _params(self) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(optimizer index, group index, parameter) over every optimizer, in order."""
+        for oi, opt in enumerate(self.optimizers):
+            for gi, group in enumerate(opt.param_groups):
+                for p in group["params"]:
+                    yield oi, gi, p
+
     def slices(self) -> int:
         """How many slices one rotation over the local parameters has."""
-        total = sum(_local(p).numel() for g in self.optimizer.param_groups for p in g["params"])
+        total = sum(local_tensor(p).numel() for _, _, p in self._params())
         return max(1, -(-total // self.slice_size))
+
+    def _spans(self, which: int | None = None) -> Iterator[tuple[int, int, torch.Tensor, slice]]:
+        """(optimizer, group, parameter, flat range) of the current slice's parameters
+        that have a gradient; only optimizer ``which`` when given."""
+        lo = self._index * self.slice_size
+        hi = lo + self.slice_size
+        at = 0
+        for oi, gi, p in self._params():
+            n = local_tensor(p).numel()
+            a, b = max(lo, at), min(hi, at + n)
+            at += n
+            if a >= b or p.grad is None or (which is not None and oi != which):
+                continue
+            yield oi, gi, p, slice(a - (at - n), b - (at - n))
 
     # -- before the step ------------------------------------------------------------------
 
-    def snapshot(self, index: int) -> None:
-        """Clone slice ``index`` of parameters, gradients and slots (the step pre-hook)."""
+    def snapshot(self, index: int, which: int = 0, *, step: int = 0) -> None:
+        """Clone optimizer ``which``'s part of slice ``index`` (parameters, gradients,
+        slots) at iteration ``step``: the pre-step hook of that optimizer's first step
+        in the iteration. The parts of one iteration add up to the slice."""
         if not self.supported:
             if not self._warned:
                 log.warning(
@@ -110,39 +143,30 @@ class OptimizerReplay:
                 )
                 self._warned = True
             return
-        self._index = index
-        lo = index * self.slice_size
-        hi = lo + self.slice_size
-        at = 0
-        pieces: list[_Piece] = []
-        for gi, group in enumerate(self.optimizer.param_groups):
-            for p in group["params"]:
-                local = _local(p)
-                n = local.numel()
-                a, b = max(lo, at), min(hi, at + n)
-                at += n
-                if a >= b or p.grad is None:
+        if (index, step) != (self._index, self._snap_step) or self._pieces is None:
+            self._index, self._snap_step = index, step
+            self._pieces = []
+        for oi, gi, p, flat in self._spans(which):
+            n = local_tensor(p).numel()
+            state = self.optimizers[oi].state.get(p, {})
+            slots: dict[str, torch.Tensor] = {}
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
                     continue
-                flat = slice(a - (at - n), b - (at - n))
-                state = self.optimizer.state.get(p, {})
-                slots: dict[str, torch.Tensor] = {}
-                for key, value in state.items():
-                    if not isinstance(value, torch.Tensor):
-                        continue
-                    v = _local(value)
-                    if v.numel() == n:
-                        slots[key] = v.detach().reshape(-1)[flat].clone()
-                    elif v.numel() == 1:
-                        slots[key] = v.detach().clone()
-                pieces.append(
-                    _Piece(
-                        gi,
-                        local.detach().reshape(-1)[flat].clone(),
-                        _local(p.grad).detach().reshape(-1)[flat].clone(),
-                        slots,
-                    )
+                v = local_tensor(value)
+                if v.numel() == n:
+                    slots[key] = v.detach().reshape(-1)[flat].clone()
+                elif v.numel() == 1:
+                    slots[key] = v.detach().clone()
+            self._pieces.append(
+                _Piece(
+                    oi,
+                    gi,
+                    local_tensor(p).detach().reshape(-1)[flat].clone(),
+                    local_tensor(p.grad).detach().reshape(-1)[flat].clone(),  # type: ignore[arg-type]  # _spans skips grad None
+                    slots,
                 )
-        self._pieces = pieces
+            )
 
     # -- after the step -------------------------------------------------------------------
 
@@ -163,7 +187,7 @@ class OptimizerReplay:
                 recipe, step, self.peers.ranks, False, dict(ready), "optimizer snapshot differs"
             )
         own_before = sign(self._flat(pieces))
-        after = self._after(pieces)
+        after = self._after()
         src = self.peers.ranks[step % len(self.peers.ranks)]
         t0 = time.monotonic()
         received = self._broadcast(pieces, src)
@@ -193,9 +217,10 @@ class OptimizerReplay:
         meta = {
             "step": step,
             "index": self._index,
-            "cls": type(self.optimizer).__qualname__,
+            "cls": [type(o).__qualname__ for o in self.optimizers],
             "pieces": [
                 [
+                    pc.optimizer,
                     pc.group,
                     pc.param.numel(),
                     str(pc.param.dtype),
@@ -203,7 +228,7 @@ class OptimizerReplay:
                 ]
                 for pc in pieces
             ],
-            "hyper": [_hyper(g) for g in self.optimizer.param_groups],
+            "hyper": [[_hyper(g) for g in o.param_groups] for o in self.optimizers],
         }
         text = json.dumps(meta, sort_keys=True, separators=(",", ":"))
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
@@ -215,26 +240,17 @@ class OptimizerReplay:
             out += [pc.param, pc.grad] + [pc.slots[k] for k in sorted(pc.slots)]
         return out
 
-    def _after(self, pieces: list[_Piece]) -> list[torch.Tensor]:
+    def _after(self) -> list[torch.Tensor]:
         """This peer's own post-step values of the same slice (parameter and slots)."""
-        lo = self._index * self.slice_size
         out: list[torch.Tensor] = []
-        at = 0
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                local = _local(p)
-                n = local.numel()
-                a, b = max(lo, at), min(lo + self.slice_size, at + n)
-                at += n
-                if a >= b or p.grad is None:
-                    continue
-                flat = slice(a - (at - n), b - (at - n))
-                out.append(local.detach().reshape(-1)[flat])
-                state = self.optimizer.state.get(p, {})
-                for key in sorted(state):
-                    v = state[key]
-                    if isinstance(v, torch.Tensor) and _local(v).numel() == n:
-                        out.append(_local(v).detach().reshape(-1)[flat])
+        for oi, _, p, flat in self._spans():
+            local = local_tensor(p)
+            out.append(local.detach().reshape(-1)[flat])
+            state = self.optimizers[oi].state.get(p, {})
+            for key in sorted(state):
+                v = state[key]
+                if isinstance(v, torch.Tensor) and local_tensor(v).numel() == local.numel():
+                    out.append(local_tensor(v).detach().reshape(-1)[flat])
         return out
 
     def _broadcast(self, pieces: list[_Piece], src: int) -> list[_Piece]:
@@ -246,23 +262,29 @@ class OptimizerReplay:
         for pc in pieces:
             param, grad = next(got), next(got)
             slots = {k: next(got) for k in sorted(pc.slots)}
-            out.append(_Piece(pc.group, param, grad, slots))
+            out.append(_Piece(pc.optimizer, pc.group, param, grad, slots))
         return out
 
     def _replay(self, pieces: list[_Piece]) -> list[torch.Tensor]:
-        """Apply the same optimizer class to copies of the slice; return the updated values."""
-        cls = type(self.optimizer)
+        """Apply each piece's optimizer class to copies of the slice; the updated values."""
+        out: list[torch.Tensor] = []
+        for oi, opt in enumerate(self.optimizers):
+            mine = [pc for pc in pieces if pc.optimizer == oi]
+            if mine:
+                out += self._replay_one(opt, mine)
+        return out
+
+    @staticmethod
+    def _replay_one(opt: torch.optim.Optimizer, pieces: list[_Piece]) -> list[torch.Tensor]:
         groups: list[dict[str, Any]] = []
         params: list[torch.Tensor] = []
         for pc in pieces:
             q = pc.param.clone().requires_grad_(True)
             q.grad = pc.grad.clone()
             params.append(q)
-            hyper = dict(_hyper(self.optimizer.param_groups[pc.group], raw=True))
+            hyper = dict(_hyper(opt.param_groups[pc.group], raw=True))
             groups.append({"params": [q], **hyper})
-        if not groups:
-            return []
-        shadow = cls(groups)  # type: ignore[call-arg]  # subclasses take (params, **defaults)
+        shadow = type(opt)(groups)  # type: ignore[call-arg]  # subclasses take (params, **defaults)
         for q, pc in zip(params, pieces, strict=True):
             if pc.slots:
                 shadow.state[q] = {k: v.clone() for k, v in pc.slots.items()}

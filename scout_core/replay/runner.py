@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scout_core.decision.agreement import all_ok as all_ready
 from scout_core.decision.c3 import C3Result, Surface, exchange
 from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.replay import taps
@@ -175,16 +176,26 @@ class LayerRunner:
 
     # -- the round ------------------------------------------------------------------------
 
-    def run(self, recipe: Recipe, step: int) -> RoundOutcome:
+    def run(
+        self, recipe: Recipe, step: int, *, capture: Capture | bool | None = True
+    ) -> RoundOutcome:
+        """One round of ``recipe`` at ``step``. Collective over the peer group.
+
+        ``capture`` is this iteration's capture (``True``: take it from the capturer),
+        or an explicit one (a kept capture for the full-catalog sweep; None: none).
+        """
         assert recipe.path is not None
         ref = self.modules[recipe.path]
-        cap = self.capturer.take(recipe.path)
+        if capture is True:
+            cap = self.capturer.take(recipe.path)
+        else:
+            cap = capture if isinstance(capture, Capture) else None
         group = self.peers.ranks
         ready = self._readiness(recipe, step, ref, cap)
         meta = ready[f"{recipe.name}/ready"]
         ok = meta.status is Status.AGREE and cap is not None
         # Every rank takes part in the AND, ready or not, before anyone returns.
-        all_ok = _all_ready(ok, self.closure) if self.closure else ok
+        all_ok = all_ready(ok, [g.pg for g in self.closure]) if self.closure else ok
         if ok and not all_ok:
             reason = "a gather partner's replica group is not ready"
             return RoundOutcome(recipe, step, group, False, dict(ready), reason)
@@ -361,19 +372,6 @@ class LayerRunner:
         }
 
 
-def _all_ready(ok: bool, groups: Sequence[PeerGroup]) -> bool:
-    """AND of ``ok`` over every rank reachable through ``groups`` (called by all of them).
-
-    Under HSDP each shard group holds one member of every replica group (and under
-    DP x TP each TP group does), so one MIN-reduction per group tells every rank
-    whether every replica group is ready.
-    """
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    for g in groups:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=g.pg)
-    return bool(flag.item())
-
-
 def timed_broadcast(buf: torch.Tensor, src: int, peers: PeerGroup) -> None:
     """Broadcast ``buf`` from ``src`` on the peer group: the interval ``t_bcast`` times.
 
@@ -381,10 +379,7 @@ def timed_broadcast(buf: torch.Tensor, src: int, peers: PeerGroup) -> None:
     peer group) stalls this rank inside the interval before it enters the broadcast,
     as a slow NIC on this rank would.
     """
-    if taps._delays:
-        delay = taps.comm_delay_s(peers.kind)
-        if delay:
-            time.sleep(delay)
+    taps.sleep_injected(peers.kind)
     dist.broadcast(buf, src=src, group=peers.payload_pg or peers.pg)
 
 

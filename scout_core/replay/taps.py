@@ -10,9 +10,17 @@ collective.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-__all__ = ["add_capture_veto", "add_comm_delay", "capture_vetoed", "comm_delay_s"]
+__all__ = [
+    "add_capture_veto",
+    "add_comm_delay",
+    "capture_vetoed",
+    "comm_delay_s",
+    "injected_delay",
+    "sleep_injected",
+]
 
 _vetoes: list[Callable[[str], bool]] = []
 _delays: list[Callable[[str], float]] = []
@@ -32,9 +40,23 @@ def add_comm_delay(fn: Callable[[str], float]) -> Callable[[], None]:
 
 def capture_vetoed(path: str) -> bool:
     """Whether an injector asks this rank to skip capturing ``path``."""
-    return any(fn(path) for fn in list(_vetoes))
+    return any(fn(path) for fn in list(_vetoes)) if _vetoes else False
 
 
-def comm_delay_s(kind: str) -> float:
-    """Seconds injected into this rank's timed collective on a group of ``kind``."""
+def injected_delay(kind: str) -> float:
+    """Seconds a test injector asks this rank to stall inside a timed diagnostic
+    collective on a group of ``kind`` (0.0 in production: one empty-list check)."""
     return sum(fn(kind) for fn in list(_delays)) if _delays else 0.0
+
+
+comm_delay_s = injected_delay
+"""The older name of :func:`injected_delay`."""
+
+
+def sleep_injected(kind: str) -> None:
+    """Stall for :func:`injected_delay` ``(kind)`` seconds, if any: call it right before
+    entering the timed collective, where a slow link at this rank would stall it."""
+    if _delays:
+        delay = injected_delay(kind)
+        if delay:
+            time.sleep(delay)

@@ -1,9 +1,19 @@
-"""Test tooling shipped with SCOUT, for its own tests, plugin tests and users.
+"""Test tooling shipped with SCOUT, for its own tests, plugin tests, examples and users.
 
 * :func:`run_ranks`: run a function on N local ranks over Gloo with a hard timeout.
-* :class:`Faults`: deterministic fault injectors keyed by (rank, step).
-* :mod:`scout_core.testing.conformance`: the adapter/plugin conformance checks.
+* :class:`Faults`: deterministic fault injectors keyed by (rank, step);
+  :func:`comm_delay` stalls this rank inside SCOUT's timed diagnostic collectives of
+  one group kind (what a plugin's own timed collective reads through
+  ``scout_core.plugin_api.injected_delay``).
+* The shared conformance bodies: :func:`check_plugin`, :func:`check_adapter`,
+  :func:`check_checkpoint_io`; :func:`installed_plugins` lists what the
+  ``scout.plugins`` entry points load.
+* The tiny models the tests, benchmarks and the demo share: :class:`TinyLM`,
+  :class:`Block`, :func:`batch`, :func:`train_step`, ``VOCAB``.
+* :func:`signature` / :func:`signature_many`: bitwise fingerprints of tensors, to
+  compare training states in tests.
 
+Plugins and examples import these names only as ``from scout_core.testing import X``.
 Importing this package does not import torch until a name is used.
 """
 
@@ -12,29 +22,69 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from scout_core.decision.signature import signature, signature_many
+    from scout_core.testing.checkpoint_io import check_checkpoint_io
+    from scout_core.testing.conformance import check_adapter, check_plugin, installed_plugins
     from scout_core.testing.harness import RankFailedError, RanksTimeoutError, run_ranks
-    from scout_core.testing.injectors import AddNoise, BitFlip, Faults, Scale, flip_bit
+    from scout_core.testing.injectors import (
+        AddNoise,
+        BitFlip,
+        Faults,
+        Scale,
+        comm_delay,
+        flip_bit,
+    )
+    from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
 
 __all__ = [
+    # running ranks
     "run_ranks",
     "RankFailedError",
     "RanksTimeoutError",
+    # fault injection
     "Faults",
     "BitFlip",
     "Scale",
     "AddNoise",
     "flip_bit",
+    "comm_delay",
+    # conformance
+    "check_adapter",
+    "check_plugin",
+    "check_checkpoint_io",
+    "installed_plugins",
+    # tiny models
+    "TinyLM",
+    "Block",
+    "batch",
+    "train_step",
+    "VOCAB",
+    # comparing states
+    "signature",
+    "signature_many",
 ]
 
 _HOME = {
-    "run_ranks": "harness",
-    "RankFailedError": "harness",
-    "RanksTimeoutError": "harness",
-    "Faults": "injectors",
-    "BitFlip": "injectors",
-    "Scale": "injectors",
-    "AddNoise": "injectors",
-    "flip_bit": "injectors",
+    "run_ranks": "scout_core.testing.harness",
+    "RankFailedError": "scout_core.testing.harness",
+    "RanksTimeoutError": "scout_core.testing.harness",
+    "Faults": "scout_core.testing.injectors",
+    "BitFlip": "scout_core.testing.injectors",
+    "Scale": "scout_core.testing.injectors",
+    "AddNoise": "scout_core.testing.injectors",
+    "flip_bit": "scout_core.testing.injectors",
+    "comm_delay": "scout_core.testing.injectors",
+    "check_adapter": "scout_core.testing.conformance",
+    "check_plugin": "scout_core.testing.conformance",
+    "installed_plugins": "scout_core.testing.conformance",
+    "check_checkpoint_io": "scout_core.testing.checkpoint_io",
+    "TinyLM": "scout_core.testing.models",
+    "Block": "scout_core.testing.models",
+    "batch": "scout_core.testing.models",
+    "train_step": "scout_core.testing.models",
+    "VOCAB": "scout_core.testing.models",
+    "signature": "scout_core.decision.signature",
+    "signature_many": "scout_core.decision.signature",
 }
 
 
@@ -42,5 +92,5 @@ def __getattr__(name: str) -> Any:
     if name in _HOME:
         import importlib
 
-        return getattr(importlib.import_module(f"scout_core.testing.{_HOME[name]}"), name)
+        return getattr(importlib.import_module(_HOME[name]), name)
     raise AttributeError(f"module 'scout_core.testing' has no attribute {name!r}")

@@ -1,10 +1,12 @@
-"""The one conformance test every framework plugin runs against its adapter.
+"""The one conformance test every framework plugin runs against its plugin and adapter.
 
 A plugin's own test suite builds a real (tiny) job of its framework and calls::
 
-    from scout_core.testing.conformance import check_adapter, check_plugin
-    check_plugin(plugin, engine)             # discovery contract
+    from scout_core.testing import check_adapter, check_plugin
+    check_plugin(plugin, engine)             # the plugin contract (and its entry point)
     check_adapter(adapter)                   # the adapter protocol, inside a process group
+
+(:func:`scout_core.testing.check_checkpoint_io` is the same for a ``CheckpointIO``.)
 
 Each check raises ``AssertionError`` with a message naming the broken part of the
 contract, so a plugin test needs no assertions of its own for the protocol.
@@ -16,18 +18,45 @@ import contextlib
 from typing import Any
 
 from scout_core.integration.adapter import FrameworkAdapter, ModuleRef, Ownership
-from scout_core.integration.registry import ScoutPlugin
+from scout_core.integration.plugin_base import FrameworkPlugin
+from scout_core.integration.registry import ScoutPlugin, discover
+from scout_core.integration.versions import VersionRange
 
-__all__ = ["check_adapter", "check_plugin"]
+__all__ = ["check_adapter", "check_plugin", "installed_plugins"]
 
 
-def check_plugin(plugin: object, obj: object) -> None:
-    """``plugin`` follows :class:`ScoutPlugin`, claims ``obj`` and declines foreign objects."""
+def installed_plugins() -> dict[str, object]:
+    """Entry-point name → plugin object, for every plugin ``scout.plugins`` loads now."""
+    return {p.name: p.plugin for p in discover(refresh=True)}
+
+
+def check_plugin(plugin: object, obj: object, *, registered: bool = True) -> None:
+    """``plugin`` follows the plugin contract, claims ``obj`` and declines foreign objects.
+
+    A :class:`FrameworkPlugin` must also declare its facts (distribution, framework,
+    a parsable ``supported`` range the installed framework satisfies, prefixes, the
+    section name); with ``registered`` it must be what its ``scout.plugins`` entry
+    point loads.
+    """
     assert isinstance(plugin, ScoutPlugin), f"{plugin!r} lacks name/handles/enable"
     assert isinstance(plugin.name, str) and plugin.name, "plugin.name must be a non-empty str"
     assert plugin.handles(obj), f"plugin {plugin.name!r} does not claim {type(obj).__name__}"
     for foreign in (object(), 3, "engine", None):
         assert not plugin.handles(foreign), f"plugin {plugin.name!r} claims {foreign!r}"
+    if isinstance(plugin, FrameworkPlugin):
+        for attr in ("distribution", "framework", "supported", "section_name"):
+            value = getattr(type(plugin), attr, None)
+            assert isinstance(value, str) and value, f"{plugin.name}: {attr} must be a str"
+        assert plugin.prefixes and all(p.endswith(".") for p in plugin.prefixes), (
+            f"{plugin.name}: prefixes must be module prefixes ending in '.', got {plugin.prefixes}"
+        )
+        VersionRange.parse(plugin.supported)
+        plugin.check_version()
+    if registered:
+        found = installed_plugins().get(plugin.name)
+        assert found is plugin, (
+            f"the scout.plugins entry point {plugin.name!r} loads {found!r}, not {plugin!r}"
+        )
 
 
 def _check_modules(adapter: FrameworkAdapter) -> None:
@@ -80,8 +109,14 @@ def check_adapter(adapter: Any) -> None:
         assert isinstance(opt, torch.optim.Optimizer), f"{type(opt).__name__} is not an Optimizer"
     assert isinstance(adapter.optimizer_ownership(), Ownership), "ownership must be an Ownership"
     _check_rng(adapter)
-    step = adapter.step()
-    assert isinstance(step, int) and step >= 0, f"step() must be a non-negative int, got {step!r}"
+    steps = list(adapter.steps_per_iteration())
+    assert len(steps) == len(optimizers), (
+        f"steps_per_iteration() gives {len(steps)} counts for {len(optimizers)} optimizers"
+    )
+    assert all(isinstance(n, int) and n >= 1 for n in steps), (
+        f"steps_per_iteration() must be ints >= 1, got {steps}"
+    )
+    assert not hasattr(adapter, "step"), "adapters do not count steps: the driver owns the clock"
     ref = adapter.repeated_layers()[0]
     cm = adapter.materialize(ref)
     assert isinstance(cm, contextlib.AbstractContextManager), "materialize() must return a context"

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from scout_core.replay import taps
+from scout_core.replay.optimizer import local_tensor
 
 __all__ = [
     "AddNoise",
@@ -47,6 +49,7 @@ __all__ = [
     "Faults",
     "Scale",
     "Trigger",
+    "comm_delay",
     "flip_bit",
 ]
 
@@ -297,13 +300,13 @@ class Faults:
                 param = self._params.get(f.target)
                 if param is None:
                     param = root.get_parameter(f.target)
-                p = _local(param)
+                p = local_tensor(param)
                 if f.kind == "param":
                     f.payload.apply_(p)
                 elif f.kind == "grad":
                     if p.grad is None:
                         continue
-                    f.payload.apply_(_local(p.grad))
+                    f.payload.apply_(local_tensor(p.grad))
                 else:
                     how, key = f.payload
                     state = optimizer.state.get(param, {})
@@ -314,7 +317,7 @@ class Faults:
                     ]
                     if not slots:
                         continue  # no state yet (first step): nothing to corrupt
-                    how.apply_(_local(state[key or slots[0]]))
+                    how.apply_(local_tensor(state[key or slots[0]]))
                 self._fire(f)
 
         return hook
@@ -338,14 +341,20 @@ class Faults:
         return veto
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (FSDP2/TP), the tensor itself otherwise."""
-    to_local = getattr(t, "to_local", None)
-    if callable(to_local):
-        local = to_local()
-        assert isinstance(local, torch.Tensor)
-        return local
-    return t
+@contextmanager
+def comm_delay(kind: str, seconds: float) -> Iterator[None]:
+    """Inside: this rank stalls ``seconds`` in each of SCOUT's timed diagnostic collectives
+    on a group of ``kind`` (``"replica"``, ``"shard"``, ``"tp"``, or ``"any"``), and in a
+    plugin's own timed collective that reads ``plugin_api.injected_delay(kind)``.
+
+    The model-free counterpart of :meth:`Trigger.delay_collective`, for a test that
+    decides itself when the link is slow (e.g. only on one rank)."""
+    wanted = float(seconds)
+    remove = taps.add_comm_delay(lambda got: wanted if kind in ("any", got) else 0.0)
+    try:
+        yield
+    finally:
+        remove()
 
 
 def _corrupt_first(output: Any, how: Corruption) -> Any:

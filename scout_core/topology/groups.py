@@ -15,10 +15,17 @@ call it for every group, in the same order, even for groups it is not in.
 order, and kinds are processed in the order given, so all ranks agree. Kinds
 that resolve to the same axes (``"peer"`` and ``"replica"`` when d > 1) share one
 set of process groups.
+
+[Which groups are SCOUT's]
+:func:`diagnostic_group` is the one place SCOUT makes a process group; it remembers
+every group it made (weakly), so :func:`is_diagnostic` can tell SCOUT's own groups
+from ``WORLD`` and from the framework's training groups. The agreement helpers
+(:mod:`scout_core.decision.agreement`) refuse any group that is not SCOUT's.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,9 +37,18 @@ from scout_core.errors import ConfigError, UnsupportedSetupError
 from scout_core.topology.mesh import Axis, MeshLayout, attribution_scope
 from scout_core.vocabulary import Scope
 
-__all__ = ["PeerGroup", "create_peer_groups"]
+__all__ = [
+    "PeerGroup",
+    "create_peer_groups",
+    "diagnostic_group",
+    "diagnostic_groups",
+    "is_diagnostic",
+]
 
 _DEVICE_BACKENDS = frozenset({"nccl", "xccl", "hccl"})
+
+_created: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
+"""Every process group :func:`diagnostic_group` made in this process."""
 
 # (members, evidence group, payload group) of one kind, as this rank sees it.
 _Created = tuple[tuple[int, ...], dist.ProcessGroup, dist.ProcessGroup | None]
@@ -179,4 +195,56 @@ def _new_group(
     pg = dist.new_group(ranks=list(members), backend=backend, timeout=timeout)
     if not isinstance(pg, dist.ProcessGroup):
         return None
+    _created.add(pg)
     return pg
+
+
+def diagnostic_group(
+    ranks: Sequence[int] | None = None,
+    *,
+    backend: str = "gloo",
+    timeout: timedelta | None = None,
+) -> dist.ProcessGroup:
+    """A new SCOUT-owned process group over ``ranks`` (default: every rank of the job).
+
+    Collective over the whole default group, like ``dist.new_group``: every rank calls
+    it with the same ``ranks``, members or not. Never ``WORLD``, never a training
+    group; the group is remembered as SCOUT's (:func:`is_diagnostic`). Raises
+    :class:`UnsupportedSetupError` on a rank that is not a member.
+    """
+    members = tuple(range(dist.get_world_size())) if ranks is None else tuple(ranks)
+    if backend.lower() in _DEVICE_BACKENDS:
+        raise ConfigError(f"backend={backend!r}: diagnostic groups use a CPU backend such as gloo")
+    pg = _new_group(members, backend, timeout)
+    if pg is None:
+        raise UnsupportedSetupError(
+            f"rank {dist.get_rank()} asked for a diagnostic group it is not in: {list(members)}"
+        )
+    return pg
+
+
+def diagnostic_groups(
+    partition: Sequence[Sequence[int]],
+    *,
+    backend: str = "gloo",
+    timeout: timedelta | None = None,
+) -> dist.ProcessGroup:
+    """One new SCOUT-owned group per member list of ``partition``; returns this rank's.
+
+    Collective: every rank calls it with the same ``partition`` (lists of global
+    ranks, e.g. :meth:`MeshLayout.groups` of one axis), creating every group in the
+    same order. Raises :class:`UnsupportedSetupError` when this rank is in none.
+    """
+    mine: dist.ProcessGroup | None = None
+    for members in partition:
+        pg = _new_group(tuple(members), backend, timeout)
+        if pg is not None:
+            mine = pg
+    if mine is None:
+        raise UnsupportedSetupError(f"rank {dist.get_rank()} is in none of the groups {partition}")
+    return mine
+
+
+def is_diagnostic(group: object) -> bool:
+    """Whether ``group`` is a process group SCOUT made (never ``WORLD`` or a training group)."""
+    return isinstance(group, dist.ProcessGroup) and group in _created and group != dist.group.WORLD

@@ -108,7 +108,7 @@ def scenario(
 ) -> dict[str, Any]:
     """Train ``steps`` iterations with SCOUT and the faults; return the verdicts seen."""
     from scout_core.config import Config
-    from scout_core.session import enable_torch
+    from scout_core.integration.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     wrapped, _, mesh = build(setup)
@@ -126,9 +126,11 @@ def scenario(
     }
     base.update(cfg)
     with enable_torch(wrapped, opt, Config(**base), mesh=mesh) as session:
+        log: list[Any] = []
+        session.on_boundary(lambda boundary: log.extend(boundary.rounds))
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
-        rounds = len(session.rounds)
+        rounds = len(log)
         verdicts = [r.to_dict() for r in session.verdicts]
     return {"verdicts": verdicts, "rounds": rounds, "fired": inj.fired(), "rank": rank}
 
@@ -159,10 +161,11 @@ def _state_signature(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, 
 def bitwise(setup: str, steps: int) -> dict[str, Any]:
     """Train twice from the same seed, SCOUT off then on; return both state signatures."""
     from scout_core.config import Config
-    from scout_core.session import enable_torch
+    from scout_core.integration.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     out: dict[str, Any] = {}
+    log: list[Any] = []
     for label in ("off", "on"):
         wrapped, _, mesh = build(setup)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
@@ -180,11 +183,12 @@ def bitwise(setup: str, steps: int) -> dict[str, Any]:
                 observer=False,
             )
             session = enable_torch(wrapped, opt, cfg, mesh=mesh)
+            session.on_boundary(lambda boundary: log.extend(boundary.rounds))
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
         out[label] = _state_signature(wrapped, opt)
         if session is not None:
-            out["rounds"] = len(session.rounds)
+            out["rounds"] = len(log)
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
             session.close()
     return out
@@ -196,7 +200,7 @@ def bad_layer_path() -> str:
 
     from scout_core.config import Config
     from scout_core.errors import ConfigError
-    from scout_core.session import enable_torch
+    from scout_core.integration.torch_plugin import enable_torch
 
     torch.manual_seed(0)
     model = DistributedDataParallel(TinyLM())

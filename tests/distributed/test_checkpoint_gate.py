@@ -83,8 +83,10 @@ def fingerprint(model: Any, opt: Any, extra: dict[str, Any] | None = None) -> di
 def job_group() -> tuple[Any, list[int]]:
     import torch.distributed as dist
 
+    from scout_core.topology.groups import diagnostic_group
+
     ranks = list(range(dist.get_world_size()))
-    return dist.new_group(ranks, backend="gloo"), ranks
+    return diagnostic_group(ranks), ranks
 
 
 def layer_outcome(model: Any, index: int, group: Any, ranks: list[int]) -> tuple[Any, list[int]]:

@@ -12,9 +12,9 @@ from scout_core.decision.gate import (
     LocalFlags,
     Outcome,
     Selection,
-    merge_flags,
     retrieval,
 )
+from scout_core.decision.gate_wire import merge_flags
 from scout_core.errors import ProtocolError
 from scout_core.vocabulary import Failure
 

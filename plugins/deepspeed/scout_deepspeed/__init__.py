@@ -6,14 +6,17 @@ Add a top-level ``"scout"`` section to the DeepSpeed JSON config, then either ca
 of ``engine.module`` at the inner optimizer's step boundary and compares each rank
 with its peers (data-parallel replicas under ZeRO 0-2, the shard group under ZeRO-3,
 per stage under a ``PipelineEngine``), and gates ``engine.save_checkpoint`` /
-``load_checkpoint`` by the replay evidence (:func:`recover`). See ``docs/deepspeed.md``.
+``load_checkpoint`` through the core's checkpoint gate (:func:`recover`). See
+``docs/deepspeed.md`` and, for how the plugin is built, ``docs/plugins.md``.
 """
 
 from __future__ import annotations
 
 from scout_deepspeed.activation import (
     SECTION,
+    SUPPORTED_DEEPSPEED,
     DeepSpeedPlugin,
+    check_version,
     config_for,
     enable,
     initialize,
@@ -21,8 +24,7 @@ from scout_deepspeed.activation import (
     section_config,
     session_of,
 )
-from scout_deepspeed.gating import Recovered, gate_of, recover
-from scout_deepspeed.versions import SUPPORTED_DEEPSPEED, check_version
+from scout_deepspeed.gating import DeepSpeedCheckpointIO, Recovered, gate_of, recover
 
 __all__ = [
     "plugin",
@@ -38,4 +40,5 @@ __all__ = [
     "DeepSpeedPlugin",
     "SUPPORTED_DEEPSPEED",
     "check_version",
+    "DeepSpeedCheckpointIO",
 ]

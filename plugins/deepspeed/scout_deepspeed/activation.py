@@ -1,4 +1,4 @@
-"""Switching SCOUT on for a DeepSpeed engine: the ``"scout"`` section, ``enable``, ``initialize``.
+"""Switching SCOUT on for a DeepSpeed engine: the plugin, the ``"scout"`` section, ``initialize``.
 
 DeepSpeed's JSON config tolerates unknown *top-level* keys (its nested sections are
 pydantic models that reject them), and keeps the parsed dict as
@@ -13,33 +13,31 @@ override them. Two ways to act on it:
 * ``scout_deepspeed.initialize(...)``, a drop-in for ``deepspeed.initialize`` that
   returns the same tuple and attaches SCOUT to the engine when the section asks.
 
-No section, or ``"enabled": false``, attaches nothing. A bad section (unknown key,
-wrong type, negative interval) raises :class:`~scout_core.errors.ConfigError`
-naming the key; ``initialize`` checks a dict or JSON-file config *before* the
-expensive engine construction. The session stays reachable through
-:func:`session_of`; enabling twice returns the live session. With replay and
-``"gate"`` on, the engine's checkpoints are gated too (:mod:`scout_deepspeed.gating`).
+:class:`DeepSpeedPlugin` is a :class:`~scout_core.plugin_api.FrameworkPlugin`: the core
+owns the version check, idempotence, config resolution (no section and no
+``SCOUT_CONFIG`` / ``SCOUT_ENABLED``: nothing is attached) and the session registry;
+this module states the DeepSpeed facts: which objects are engines, where the section
+is, how to build the adapter (:mod:`scout_deepspeed.adapter`) and how the engine's
+own checkpoints are routed through the core's gate (:mod:`scout_deepspeed.gating`).
+``initialize`` checks a dict or JSON-file section *before* the expensive engine
+construction.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from scout_core.config import Config
-from scout_core.errors import ConfigError, UnsupportedSetupError
-from scout_core.integration.pending import object_from
-from scout_core.records.evidence import Record
-from scout_core.session import Session, enable_adapter
-from scout_deepspeed.versions import check_version
+from scout_core import Config, ConfigError, Record, UnsupportedSetupError
+from scout_core.plugin_api import FrameworkGate, FrameworkPlugin, Session
 
 __all__ = [
     "SECTION",
+    "SUPPORTED_DEEPSPEED",
     "DeepSpeedPlugin",
+    "check_version",
     "config_for",
     "enable",
     "initialize",
@@ -48,22 +46,71 @@ __all__ = [
     "session_of",
 ]
 
-log = logging.getLogger("scout.deepspeed")
-
 SECTION = "scout"
 """The top-level key of the DeepSpeed JSON config that holds SCOUT's settings."""
 
-_sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+SUPPORTED_DEEPSPEED = ">=0.19,<0.20"
+"""Every 0.19.x release; the one tested is 0.19.8."""
 
 
-def _is_engine(obj: object) -> bool:
-    return any(
+def _require_engine(obj: object) -> None:
+    if not any(
         cls.__name__ == "DeepSpeedEngine" and (cls.__module__ or "").startswith("deepspeed.")
         for cls in type(obj).__mro__
-    )
+    ):
+        raise UnsupportedSetupError(
+            f"scout-deepspeed attaches to the engine deepspeed.initialize returns, "
+            f"got {type(obj).__module__}.{type(obj).__qualname__}"
+        )
 
 
-def section_config(section: object, *, source: str = 'DeepSpeed config "scout" section') -> Config:
+def _param_dict(engine: Any) -> Mapping[str, Any]:
+    params = getattr(getattr(engine, "_config", None), "_param_dict", None)
+    return params if isinstance(params, Mapping) else {}
+
+
+class DeepSpeedPlugin(FrameworkPlugin):
+    """The ``scout.plugins`` entry point ``deepspeed``: DeepSpeed facts only."""
+
+    name: ClassVar[str] = "deepspeed"
+    distribution: ClassVar[str] = "scout-deepspeed"
+    framework: ClassVar[str] = "deepspeed"
+    supported: ClassVar[str] = SUPPORTED_DEEPSPEED
+    prefixes: ClassVar[tuple[str, ...]] = ("deepspeed.",)
+    section_name: ClassVar[str] = 'DeepSpeed config "scout" section'
+    gates_checkpoints: ClassVar[bool] = True
+
+    def build_adapter(self, obj: Any, config: Config, *args: Any, **kwargs: Any) -> Any:
+        _require_engine(obj)
+        if args or kwargs:
+            extra = [type(a).__name__ for a in args] + sorted(kwargs)
+            raise UnsupportedSetupError(
+                "scout.enable(engine) takes only the DeepSpeed engine (the optimizer and groups "
+                f"are read from it); unexpected: {', '.join(extra)}"
+            )
+        from scout_deepspeed.adapter import DeepSpeedAdapter
+
+        return DeepSpeedAdapter(obj, config)
+
+    def config_section(self, obj: Any) -> Any:
+        return _param_dict(obj).get(SECTION)
+
+    def wire_checkpoints(self, obj: Any, gate: FrameworkGate) -> Callable[[], None]:
+        from scout_deepspeed.gating import wire
+
+        return wire(obj, gate)
+
+
+plugin = DeepSpeedPlugin()
+"""The object registered under the ``scout.plugins`` entry point ``deepspeed``."""
+
+
+def check_version(version: str | None = None) -> str:
+    """The installed (or given) DeepSpeed version if supported, else UnsupportedSetupError."""
+    return plugin.check_version(version)
+
+
+def section_config(section: object, *, source: str = DeepSpeedPlugin.section_name) -> Config:
     """Validate a ``"scout"`` section and apply ``SCOUT_*`` overrides; ConfigError names the key."""
     if not isinstance(section, Mapping):
         raise ConfigError(
@@ -72,29 +119,21 @@ def section_config(section: object, *, source: str = 'DeepSpeed config "scout" s
     return Config.from_env(Config.from_mapping(section, source=source))
 
 
-def _param_dict(engine: Any) -> Mapping[str, Any]:
-    params = getattr(getattr(engine, "_config", None), "_param_dict", None)
-    return params if isinstance(params, Mapping) else {}
-
-
 def config_for(engine: Any, config: Config | None = None) -> Config | None:
     """The config for ``engine``: ``config`` if given, else its ``"scout"`` section, else None."""
     if config is not None:
         return config
-    section = _param_dict(engine).get(SECTION)
+    section = plugin.config_section(engine)
     return None if section is None else section_config(section)
 
 
 def session_of(engine: Any) -> Session | None:
     """The SCOUT session attached to ``engine`` (also a disabled one), or None."""
-    return _sessions.get(engine)
+    return plugin.session_of(engine)
 
 
 def enable(
-    engine: Any,
-    config: Config | None = None,
-    *,
-    callback: Callable[[Record], None] | None = None,
+    engine: Any, config: Config | None = None, *, callback: Callable[[Record], None] | None = None
 ) -> Session:
     """Attach SCOUT to a ``DeepSpeedEngine`` / ``PipelineEngine``; collective over the job.
 
@@ -102,32 +141,8 @@ def enable(
     one is attached already, and a disabled session (nothing attached) when there
     is no ``"scout"`` section or it says ``"enabled": false``.
     """
-    if not _is_engine(engine):
-        raise UnsupportedSetupError(
-            f"scout-deepspeed attaches to the engine deepspeed.initialize returns, "
-            f"got {type(engine).__module__}.{type(engine).__qualname__}"
-        )
-    check_version()
-    existing = _sessions.get(engine)
-    if existing is not None and not existing.closed:
-        return existing
-    cfg = config_for(engine, config)
-    if cfg is None or not cfg.enabled:
-        why = 'no "scout" section' if cfg is None else '"enabled": false'
-        log.info("scout: not attached to the DeepSpeed engine (%s)", why)
-        session = Session(cfg if cfg is not None else Config(enabled=False), callback=callback)
-        _sessions[engine] = session
-        return session
-    from scout_deepspeed.adapter import DeepSpeedAdapter
-    from scout_deepspeed.gating import attach_checkpoint_gate
-
-    adapter = DeepSpeedAdapter(engine, cfg)
-    session = enable_adapter(adapter, cfg, callback=callback, key=engine)
-    # The core's in-memory gate needs a model on the adapter; DeepSpeed's checkpoints
-    # are the engine's own tags, gated through save_checkpoint / load_checkpoint.
-    attach_checkpoint_gate(engine, session)
-    _sessions[engine] = session
-    return session
+    _require_engine(engine)
+    return plugin.enable(engine, config=config, callback=callback)
 
 
 def _precheck(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
@@ -162,33 +177,3 @@ def initialize(*args: Any, callback: Callable[[Record], None] | None = None, **k
     out = deepspeed.initialize(*args, **kwargs)
     enable(out[0], callback=callback)
     return out
-
-
-class DeepSpeedPlugin:
-    """The ``scout.plugins`` entry point: ``scout.enable(engine)`` reaches :func:`enable`."""
-
-    name = "deepspeed"
-
-    def handles(self, obj: object) -> bool:
-        """Claims objects from the ``deepspeed`` package (engines; others get a clear error)."""
-        return object_from(obj, ("deepspeed.",))
-
-    def enable(
-        self,
-        obj: object,
-        *args: Any,
-        config: Config | None,
-        callback: Callable[[Record], None] | None,
-        **kwargs: Any,
-    ) -> Session:
-        if args or kwargs:
-            extra = [type(a).__name__ for a in args] + sorted(kwargs)
-            raise UnsupportedSetupError(
-                "scout.enable(engine) takes only the DeepSpeed engine (the optimizer and groups "
-                f"are read from it); unexpected: {', '.join(extra)}"
-            )
-        return enable(obj, config, callback=callback)
-
-
-plugin = DeepSpeedPlugin()
-"""The object registered under the ``scout.plugins`` entry point ``deepspeed``."""

@@ -11,11 +11,16 @@ and ``PipelineEngine`` under ZeRO 0-3:
   same-class numbered children on this stage;
 * **optimizer**: the torch optimizer inside DeepSpeed's wrappers
   (``engine.optimizer.optimizer`` under ZeRO / bf16 / fp16), resolved after
-  ``deepspeed.initialize``; its step hooks fire once per gradient-accumulation
-  boundary (coalesced to one firing when ZeRO steps it once per parameter group:
-  :mod:`scout_deepspeed.boundary`). Under ZeRO 1-3 it steps on this rank's flat
-  fp32 partition, which no other rank holds, so its ownership is ``UNIQUE`` and
-  the core skips optimizer replay with a logged reason;
+  ``deepspeed.initialize``; it steps once per gradient-accumulation boundary, or,
+  under a ZeRO wrapper, once per parameter group (ZeRO 1/2: each of
+  ``bit16_groups``; ZeRO-3: each of ``fp16_groups``, with ``param_groups`` narrowed
+  to that group). The adapter reports that count as its steps per iteration, and
+  the core's step clock makes one replay boundary of them, at the first group's
+  step: the only point where no parameter of the iteration has moved yet (right
+  after each group's step DeepSpeed copies that group's update into the module).
+  Under ZeRO 1-3 it steps on this rank's flat fp32 partition, which no other rank
+  holds, so its ownership is ``UNIQUE`` and the core skips optimizer replay with a
+  logged reason;
 * **materialize**: parameter clones under ZeRO 0-2 (replicated), a gather of this
   layer's partitions on SCOUT's diagnostic group under ZeRO-3
   (:func:`scout_deepspeed.zero3.gather_full`);
@@ -38,14 +43,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.config import Config
-from scout_core.errors import UnsupportedSetupError
-from scout_core.integration.adapter import ModuleRef, Ownership, RngStream
-from scout_core.integration.adapter_base import AdapterBase
-from scout_core.integration.discovery import Discovered, discover, find_embedding, find_lm_head
-from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core import Axis, Config, MeshLayout, UnsupportedSetupError
+from scout_core.plugin_api import (
+    AdapterBase,
+    Discovered,
+    ModuleRef,
+    Ownership,
+    PeerGroup,
+    RngStream,
+    discover_modules,
+    find_embedding,
+    find_lm_head,
+)
 from scout_deepspeed import zero3
-from scout_deepspeed.boundary import StepCoalescer
 from scout_deepspeed.collectives import Repointer
 from scout_deepspeed.layout import (
     agree_or_raise,
@@ -57,9 +67,7 @@ from scout_deepspeed.layout import (
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from scout_core.topology.groups import PeerGroup
-
-__all__ = ["DeepSpeedAdapter", "inner_optimizer", "pipeline_layers"]
+__all__ = ["DeepSpeedAdapter", "inner_optimizer", "inner_steps_per_step", "pipeline_layers"]
 
 log = logging.getLogger("scout.deepspeed")
 
@@ -77,6 +85,17 @@ def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
     return inner
 
 
+def inner_steps_per_step(wrapper: Any) -> int:
+    """How many times ``wrapper.step`` steps the inner optimizer (0: not a ZeRO wrapper)."""
+    if not callable(getattr(wrapper, "_optimizer_step", None)):
+        return 0
+    for name in ("bit16_groups", "fp16_groups"):  # ZeRO 1/2, then ZeRO-3
+        groups = getattr(wrapper, name, None)
+        if isinstance(groups, list) and groups:
+            return len(groups)
+    return 0
+
+
 def pipeline_layers(module: nn.Module) -> tuple[ModuleRef, ...]:
     """The repeated layers of a ``PipelineModule`` stage: same-class numbered children."""
     numbered = [(name, child) for name, child in module.named_children() if name.isdigit()]
@@ -91,7 +110,7 @@ def pipeline_layers(module: nn.Module) -> tuple[ModuleRef, ...]:
 def _discover(engine: Any, config: Config) -> Discovered:
     module: nn.Module = engine.module
     if not is_pipeline(engine) or config.layers is not None:
-        return discover(
+        return discover_modules(
             module, layers=config.layers, embedding=config.embedding, lm_head=config.lm_head
         )
     layers = pipeline_layers(module)
@@ -164,13 +183,15 @@ class DeepSpeedAdapter(AdapterBase):
         self._repoint = Repointer(engine.module, layout, self._rank)
         agree_or_raise(self._repoint.problem, world)
         optimizer = inner_optimizer(engine)
-        # ZeRO steps the inner optimizer once per parameter group: one boundary per step.
-        self._coalescer = StepCoalescer(engine.optimizer, optimizer)
+        wrapper = engine.optimizer
+        # ZeRO steps the inner optimizer once per parameter group: one iteration.
+        steps = inner_steps_per_step(wrapper) if wrapper is not optimizer else 0
         super().__init__(
             rank=self._rank,
             layout=layout,
             found=_discover(engine, config),
-            optimizer=optimizer,
+            optimizers=(optimizer,),
+            steps_per_iteration=(max(1, steps),),
             extra_rng=_tracker_streams(),
         )
         self._peers: PeerGroup | None = None
@@ -232,7 +253,7 @@ class DeepSpeedAdapter(AdapterBase):
     def local_shards(self, ref: ModuleRef) -> list[torch.Tensor]:
         """This rank's ZeRO-3 partitions of ``ref`` (whole parameters under ZeRO 0-2)."""
         return [
-            zero3._partition(p) if zero3.is_partitioned(p) else p.detach()
+            zero3.partition(p) if zero3.is_partitioned(p) else p.detach()
             for _, p in sorted(ref.module.named_parameters())
         ]
 
@@ -259,7 +280,3 @@ class DeepSpeedAdapter(AdapterBase):
     def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
         """ZeRO-3 partitions are gathered on SCOUT's peer group (the shard group)."""
         self._peers = groups.get("shard", groups.get("peer"))
-
-    def close(self) -> None:
-        self._coalescer.remove()
-        super().close()

@@ -37,8 +37,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.errors import UnsupportedSetupError
-from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core import Axis, MeshLayout
+from scout_core.plugin_api import diagnostic_groups
 
 __all__ = ["DIAGNOSTIC_TIMEOUT", "Repointer", "Site", "find_sites"]
 
@@ -109,13 +109,9 @@ class Repointer:
         for axis in (Axis.C, Axis.E):
             if layout.size(axis) <= 1:
                 continue
-            for ranks in layout.groups((axis,)):
-                pg = dist.new_group(list(ranks), backend="gloo", timeout=DIAGNOSTIC_TIMEOUT)
-                if rank in ranks:
-                    if not isinstance(pg, dist.ProcessGroup):
-                        raise UnsupportedSetupError(f"new_group gave rank {rank} no group {ranks}")
-                    self.groups[axis] = pg
-                    self.members[axis] = tuple(ranks)
+            partition = layout.groups((axis,))
+            self.groups[axis] = diagnostic_groups(partition, timeout=DIAGNOSTIC_TIMEOUT)
+            self.members[axis] = next(tuple(r) for r in partition if rank in r)
         self.problem = self._check()
 
     def _check(self) -> str | None:

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scout_core.errors import UnsupportedSetupError
-from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core import Axis, MeshLayout, UnsupportedSetupError
+from scout_core.plugin_api import any_flag, diagnostic_group
 
 __all__ = [
     "TOPOLOGY_AXES",
@@ -224,12 +224,10 @@ def agree_or_raise(problem: str | None, world_size: int) -> None:
         if problem is not None:
             raise UnsupportedSetupError(f"scout-deepspeed: {problem}")
         return
-    group = dist.new_group(list(range(world_size)), backend="gloo")
-    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    found = any_flag(problem is not None, diagnostic_group(range(world_size)))
     if problem is not None:
         raise UnsupportedSetupError(f"scout-deepspeed: {problem}")
-    if int(flag.item()):
+    if found:
         raise UnsupportedSetupError(
             "scout-deepspeed: another rank found that the parallel layout does not match "
             "DeepSpeed's process groups (see that rank's error)"

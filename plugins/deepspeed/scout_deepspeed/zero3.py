@@ -33,10 +33,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.replay import taps
-from scout_core.topology.groups import PeerGroup
+from scout_core.plugin_api import PeerGroup, injected_delay
 
-__all__ = ["gather_full", "is_deepspeed_hook", "is_partitioned", "without_deepspeed_hooks"]
+__all__ = [
+    "gather_full",
+    "is_deepspeed_hook",
+    "is_partitioned",
+    "partition",
+    "without_deepspeed_hooks",
+]
 
 _HOOK_DICTS = (
     "_forward_pre_hooks",
@@ -86,7 +91,8 @@ def without_deepspeed_hooks(module: nn.Module) -> Iterator[None]:
             setattr(sub, attr, hooks)
 
 
-def _partition(p: torch.Tensor) -> torch.Tensor:
+def partition(p: torch.Tensor) -> torch.Tensor:
+    """This rank's ZeRO-3 partition of ``p`` (its ``ds_numel`` leading elements)."""
     part: torch.Tensor = p.ds_tensor  # type: ignore[attr-defined]  # ZeRO-3 attribute
     numel = int(getattr(part, "ds_numel", part.numel()))
     return part.detach().reshape(-1)[:numel]
@@ -112,11 +118,11 @@ def gather_full(params: Sequence[tuple[str, torch.Tensor]], group: PeerGroup) ->
         else:
             out[name] = p.detach().clone()
     for dtype, items in by_dtype.items():
-        parts = [_partition(p).cpu() for _, p in items]
+        parts = [partition(p).cpu() for _, p in items]
         sizes = [t.numel() for t in parts]
         mine = torch.cat(parts) if parts else torch.empty(0, dtype=dtype)
         recv = torch.empty(n * mine.numel(), dtype=dtype)
-        delay = taps.comm_delay_s("shard") if taps._delays else 0.0
+        delay = injected_delay("shard")  # a test's slow link at this rank; 0.0 in production
         if delay:
             time.sleep(delay)
         dist.all_gather_into_tensor(recv, mine.contiguous(), group=group.pg)
@@ -130,5 +136,5 @@ def gather_full(params: Sequence[tuple[str, torch.Tensor]], group: PeerGroup) ->
             flat = torch.cat([rows[j, start : start + sizes[i]] for j in order])
             numel = int(p.ds_numel)  # type: ignore[attr-defined]  # ZeRO-3 attribute
             shape = tuple(p.ds_shape)  # type: ignore[attr-defined]  # ZeRO-3 attribute
-            out[name] = flat[:numel].reshape(shape).clone().to(_partition(p).device)
+            out[name] = flat[:numel].reshape(shape).clone().to(partition(p).device)
     return dict(out)

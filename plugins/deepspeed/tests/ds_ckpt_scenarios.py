@@ -30,7 +30,7 @@ def signatures(engine: Any) -> dict[str, str]:
     """Signature of every module parameter, fp32 master partition and optimizer slot."""
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.decision.signature import signature
+    from scout_core.testing import signature
 
     out = {
         f"param/{n}": f"{signature(p.detach()):016x}" for n, p in engine.module.named_parameters()
@@ -120,8 +120,7 @@ def gated_checkpoints(ckpt_dir: str) -> dict[str, Any]:
     import scout_deepspeed
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.testing.injectors import BitFlip, Faults
-    from scout_core.testing.models import TinyLM
+    from scout_core.testing import BitFlip, Faults, TinyLM
 
     torch.manual_seed(0)
     model = TinyLM()

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ds_scenarios import round_log
 from torch import nn
 
-from scout_core.testing.models import VOCAB, batch
+from scout_core.testing import VOCAB, batch
 
 MICRO = 2
 SEQ = 8
@@ -150,7 +151,7 @@ def _config(stage: int, scout: dict[str, Any] | None, batch_size: int) -> dict[s
 
 
 def _faults(specs: list[dict[str, Any]]) -> Any:
-    from scout_core.testing.injectors import BitFlip, Faults
+    from scout_core.testing import BitFlip, Faults
 
     faults = Faults()
     for f in specs:
@@ -165,7 +166,7 @@ def _faults(specs: list[dict[str, Any]]) -> Any:
 def _signatures(engine: Any) -> dict[str, str]:
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.decision.signature import signature, signature_many
+    from scout_core.testing import signature, signature_many
 
     opt = inner_optimizer(engine)
     slots = [
@@ -240,14 +241,15 @@ def parallel_scenario(
     session = scout_deepspeed.session_of(engine)
     assert session is not None and session.adapter is not None
     adapter = session.adapter
+    rounds = round_log(session)
     inj = _faults(faults).attach(engine.module, inner_optimizer(engine))
     for step in range(steps):
         _train_step(engine, kind, step, rank, sp_or_ep)
     out = {
         "rank": rank,
         "verdicts": [r.to_dict() for r in session.verdicts],
-        "rounds": len(session.rounds),
-        "ready": sum(1 for o in session.rounds if o.ready),
+        "rounds": len(rounds),
+        "ready": sum(1 for o in rounds if o.ready),
         "fired": inj.fired(),
         "layout": str(adapter.layout()),
         "address": list(adapter.address().as_tuple()),
@@ -255,7 +257,7 @@ def parallel_scenario(
         "groups": sorted(adapter.training_groups()),
         "repointed": adapter.repointed_summary(),
         "layers": [ref.path for ref in adapter.repeated_layers()],
-        "reasons": [[o.step, o.recipe.name, o.ready, o.reason] for o in session.rounds],
+        "reasons": [[o.step, o.recipe.name, o.ready, o.reason] for o in rounds],
     }
     session.close()
     return out
@@ -273,13 +275,14 @@ def bitwise_on_off(kind: str, sp_or_ep: int, stage: int, steps: int) -> dict[str
         session = scout_deepspeed.session_of(engine)
         assert session is not None
         out[f"{label}_attached"] = session.adapter is not None
+        rounds = round_log(session)
         torch.manual_seed(1)
         losses = [_train_step(engine, kind, s, rank, sp_or_ep) for s in range(steps)]
         out[label] = _signatures(engine)
         out[f"{label}_losses"] = [float(x).hex() for x in losses]
         if label == "on":
-            out["rounds"] = len(session.rounds)
-            out["ready"] = sum(1 for o in session.rounds if o.ready)
+            out["rounds"] = len(rounds)
+            out["ready"] = sum(1 for o in rounds if o.ready)
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
         session.close()
     return out

@@ -3,7 +3,7 @@
 Each body runs on every rank (spawned by ``run_ranks``) and returns JSON. The model
 is the core demo's ``TinyLM`` (embedding, four residual blocks with dropout, LM
 head); DeepSpeed runs it on CPU with Gloo and ``torch_adam`` (no JIT kernels).
-Faults come from ``scout_core.testing.injectors`` except the parameter corruption,
+Faults come from ``scout_core.testing`` except the parameter corruption,
 which must reach each ZeRO stage's real parameter storage (the module copy under
 ZeRO 1/2, this rank's partition ``ds_tensor`` under ZeRO-3) and so lives here.
 """
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.testing.models import VOCAB, TinyLM, batch
+from scout_core.testing import VOCAB, TinyLM, batch
 
 MICRO = 4
 
@@ -49,8 +49,15 @@ def scout_section(**over: Any) -> dict[str, Any]:
     return base
 
 
+def round_log(session: Any) -> list[Any]:
+    """Every round outcome of ``session`` from now on, from its boundary events."""
+    rounds: list[Any] = []
+    session.on_boundary(lambda boundary: rounds.extend(boundary.rounds))
+    return rounds
+
+
 def faults_from(specs: list[dict[str, Any]]) -> Any:
-    from scout_core.testing.injectors import BitFlip, Faults
+    from scout_core.testing import BitFlip, Faults
 
     faults = Faults()
     for f in specs:
@@ -90,7 +97,7 @@ class ParamCorruption:
         self._advance = False
 
     def pre_forward(self, module: nn.Module, args: Any) -> None:
-        from scout_core.testing.injectors import flip_bit
+        from scout_core.testing import flip_bit
 
         if self._advance:
             self.step += 1
@@ -122,7 +129,7 @@ def _state(engine: Any) -> dict[str, str]:
     """Signatures of this rank's parameter storage, optimizer state and CPU RNG."""
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.decision.signature import signature, signature_many
+    from scout_core.testing import signature, signature_many
 
     params = [
         p.ds_tensor if getattr(p, "ds_tensor", None) is not None else p.detach()
@@ -168,6 +175,7 @@ def scenario(
     )
     session = scout_deepspeed.session_of(engine)
     assert session is not None and session.adapter is not None
+    rounds = round_log(session)
     opt = inner_optimizer(engine)
     inj = faults_from(faults).attach(engine.module, opt)
     param_spec = next((f for f in faults if f["kind"] == "param"), None)
@@ -178,12 +186,12 @@ def scenario(
         _train_step(engine, step, rank)
     out = {
         "verdicts": [r.to_dict() for r in session.verdicts],
-        "rounds": len(session.rounds),
+        "rounds": len(rounds),
         "fired": inj.fired() + [["param", param_spec["target"], s] for s in pc.fired]
         if param_spec
         else inj.fired(),
         "rank": rank,
-        "steps": session.adapter.step(),
+        "steps": session.step,
     }
     session.close()
     return out
@@ -221,7 +229,7 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
     from deepspeed.pipe import PipelineModule
     from scout_deepspeed.adapter import inner_optimizer
 
-    from scout_core.testing.models import Block
+    from scout_core.testing import Block
 
     deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule needs deepspeed.comm
     rank = dist.get_rank()
@@ -242,6 +250,7 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
     session = scout_deepspeed.session_of(engine)
     assert session is not None and session.adapter is not None
     adapter = session.adapter
+    rounds = round_log(session)
     opt = inner_optimizer(engine)
     inj = faults_from(faults).attach(engine.module, opt)
     data_rank = engine.grid.get_data_parallel_id()
@@ -255,7 +264,7 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
         engine.train_batch(data_iter=micro_batches(step))
     out = {
         "verdicts": [r.to_dict() for r in session.verdicts],
-        "rounds": len(session.rounds),
+        "rounds": len(rounds),
         "fired": inj.fired(),
         "rank": rank,
         "stage": engine.grid.get_stage_id(),
@@ -284,13 +293,14 @@ def clean_and_bitwise(stage: int, steps: int) -> dict[str, Any]:
         session = scout_deepspeed.session_of(engine)
         assert session is not None
         out[f"{label}_attached"] = session.adapter is not None
+        rounds = round_log(session)
         torch.manual_seed(1)
         losses = [_train_step(engine, step, rank) for step in range(steps)]
         out[label] = _state(engine)
         out[f"{label}_losses"] = [float(x).hex() for x in losses]
         if label == "on":
-            out["rounds"] = len(session.rounds)
-            out["surfaces"] = sorted({o.recipe.name for o in session.rounds})
+            out["rounds"] = len(rounds)
+            out["surfaces"] = sorted({o.recipe.name for o in rounds})
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
         session.close()
     return out
@@ -307,7 +317,7 @@ def _bad_sections(stage: int, json_path: str) -> dict[str, Any]:
 
     import scout_deepspeed
 
-    from scout_core.errors import ConfigError
+    from scout_core import ConfigError
 
     world = dist.get_world_size()
     out: dict[str, Any] = {}
@@ -375,7 +385,7 @@ def activation(stage: int, json_path: str) -> dict[str, Any]:
     from scout_deepspeed.adapter import inner_optimizer
 
     import scout_core as scout
-    from scout_core.testing.conformance import check_adapter, check_plugin
+    from scout_core.testing import check_adapter, check_plugin
 
     world = dist.get_world_size()
     out: dict[str, Any] = {}
@@ -408,7 +418,7 @@ def activation(stage: int, json_path: str) -> dict[str, Any]:
     out["groups"] = sorted(adapter.training_groups())
     with adapter.materialize(adapter.repeated_layers()[1]) as full:
         out["materialized"] = {k: list(v.shape) for k, v in sorted(full.items())}
-        from scout_core.decision.signature import signature_many
+        from scout_core.testing import signature_many
 
         out["materialized_sig"] = f"{signature_many(full[k] for k in sorted(full)):016x}"
     # Reference: DeepSpeed's own gather (test only; it talks on the training group).

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scout_core.testing.harness import run_ranks
+from scout_core.testing import run_ranks
 
 pytestmark = pytest.mark.distributed
 

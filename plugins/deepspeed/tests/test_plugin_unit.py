@@ -7,17 +7,15 @@ from typing import Any
 
 import pytest
 
-from scout_core.errors import ConfigError, UnsupportedSetupError
-from scout_core.topology.mesh import Axis
+from scout_core import Axis, ConfigError, UnsupportedSetupError
 
 
 def test_registered_under_entry_point_group() -> None:
-    from scout_core.integration.registry import discover
-
-    found = {p.name: p.plugin for p in discover(refresh=True)}
     import scout_deepspeed
 
-    assert found["deepspeed"] is scout_deepspeed.plugin
+    from scout_core.testing import installed_plugins
+
+    assert installed_plugins()["deepspeed"] is scout_deepspeed.plugin
 
 
 def test_declines_foreign_objects() -> None:
@@ -37,12 +35,14 @@ def test_enable_refuses_objects_that_are_not_engines() -> None:
 
 
 def test_supported_versions() -> None:
-    from scout_deepspeed.versions import check_version, parse_version
+    from scout_deepspeed import SUPPORTED_DEEPSPEED, check_version, plugin
 
-    assert parse_version("0.19.8+cafe") == (0, 19)
+    assert plugin.supported == SUPPORTED_DEEPSPEED == ">=0.19,<0.20"
     assert check_version("0.19.8") == "0.19.8"
+    assert check_version("0.19.8+cafe") == "0.19.8+cafe"
+    assert check_version() == plugin.check_version()  # the installed release is supported
     for bad in ("0.18.9", "0.20.0", "1.0.0"):
-        with pytest.raises(UnsupportedSetupError, match=rf"DeepSpeed {bad} is installed"):
+        with pytest.raises(UnsupportedSetupError, match=rf"deepspeed {bad} is installed"):
             check_version(bad)
 
 
@@ -129,7 +129,7 @@ def test_pipeline_layers_are_the_numbered_same_class_children() -> None:
     from scout_deepspeed.adapter import pipeline_layers
     from torch import nn
 
-    from scout_core.testing.models import Block
+    from scout_core.testing import Block
 
     stage = nn.Module()
     stage.add_module("3", Block(4))

@@ -8,7 +8,7 @@ Not built yet: the plugin recognises TorchTitan trainers so that
 
 from __future__ import annotations
 
-from scout_core.integration.pending import PendingPlugin
+from scout_core.plugin_api import PendingPlugin
 
 __all__ = ["plugin"]
 

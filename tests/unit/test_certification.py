@@ -1,19 +1,23 @@
-"""The tag ledger and its JSON sidecar, without a process group."""
+"""The certification ledger of framework checkpoint tags and its JSON sidecar (no process group).
+
+Moved from the DeepSpeed plugin with the ledger itself (it never depended on
+DeepSpeed); entries no longer carry DeepSpeed's ``global_steps``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from scout_deepspeed.certification import (
+
+from scout_core import CheckpointError
+from scout_core.checkpoint.certification import (
     SIDECAR,
     Ledger,
     TagEntry,
     read_sidecar,
     write_sidecar,
 )
-
-from scout_core.errors import CheckpointError
 
 
 def _tag(entry: TagEntry | None) -> str:
@@ -23,9 +27,9 @@ def _tag(entry: TagEntry | None) -> str:
 
 def _ledger(tmp_path: Path) -> Ledger:
     led = Ledger()
-    led.add(tmp_path, "a", step=3, global_steps=4, role="verified", reason="r")
-    led.add(tmp_path, "b", step=7, global_steps=8, role="candidate", reason="r")
-    led.add(tmp_path, "c", step=8, global_steps=9, role="suspect", reason="r")
+    led.add(tmp_path, "a", step=3, role="verified", reason="r")
+    led.add(tmp_path, "b", step=7, role="candidate", reason="r")
+    led.add(tmp_path, "c", step=8, role="suspect", reason="r")
     return led
 
 
@@ -34,8 +38,8 @@ def test_newest_by_role_and_resave_replaces(tmp_path: Path) -> None:
     assert _tag(led.newest(("verified",))) == "a"
     assert _tag(led.newest(("latest", "candidate", "verified"))) == "b"
     assert led.newest(("latest",)) is None
-    assert led.newest(("verified",), save_dir=tmp_path / "other") is None
-    led.add(tmp_path, "b", step=2, global_steps=3, role="latest", reason="again")
+    assert led.newest(("verified",), directory=tmp_path / "other") is None
+    led.add(tmp_path, "b", step=2, role="latest", reason="again")
     assert [(e.tag, e.step, e.role) for e in led.in_dir(tmp_path)] == [
         ("b", 2, "latest"),
         ("a", 3, "verified"),
@@ -50,10 +54,10 @@ def test_sidecar_round_trip_and_merge(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))  # the temp file was renamed into place
     found = read_sidecar(tmp_path)
     assert found is not None
-    assert [(e.tag, e.step, e.global_steps, e.role) for e in found] == [
-        ("a", 3, 4, "verified"),
-        ("b", 7, 8, "candidate"),
-        ("c", 8, 9, "suspect"),
+    assert [(e.tag, e.step, e.role) for e in found] == [
+        ("a", 3, "verified"),
+        ("b", 7, "candidate"),
+        ("c", 8, "suspect"),
     ]
     fresh = Ledger()
     fresh.merge(tmp_path, found)
@@ -73,4 +77,28 @@ def test_a_bad_sidecar_is_refused(tmp_path: Path, text: str) -> None:
 
 def test_unknown_role_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="unknown certification role"):
-        Ledger().add(tmp_path, "a", step=1, global_steps=2, role="trusted", reason="r")
+        Ledger().add(tmp_path, "a", step=1, role="trusted", reason="r")
+
+
+def test_a_sidecar_the_deepspeed_plugin_wrote_is_still_read(tmp_path: Path) -> None:
+    legacy = {
+        "schema": "scout.deepspeed.certification/1",
+        "run_id": "x",
+        "K": 4,
+        "tags": [
+            {
+                "tag": "t3",
+                "step": 3,
+                "global_steps": 4,
+                "role": "verified",
+                "reason": "r",
+                "seq": 1,
+                "time": 0.0,
+            }
+        ],
+    }
+    import json
+
+    (tmp_path / SIDECAR).write_text(json.dumps(legacy), encoding="utf-8")
+    found = read_sidecar(tmp_path)
+    assert found is not None and [(e.tag, e.step, e.role) for e in found] == [("t3", 3, "verified")]

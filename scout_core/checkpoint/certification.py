@@ -1,13 +1,13 @@
-"""Which DeepSpeed checkpoint tags the gate vouches for: the ledger and its JSON sidecar.
+"""Which framework checkpoint tags the gate vouches for: the ledger and its JSON sidecar.
 
-The core's gate (:mod:`scout_core.decision.gate`) certifies *generations named by step*.
-Under DeepSpeed the checkpoints are the tags the user writes with
-``engine.save_checkpoint(save_dir, tag)`` at steps of their choosing, so this
+The gate (:mod:`scout_core.decision.gate`) certifies *generations named by step*. A
+framework's own checkpoints are tags the user (or the framework's loop) writes at
+steps of their choosing (``global_step12``, ``iter_0000012``, ``step-12``), so this
 module keeps one :class:`TagEntry` per saved tag and moves its ``role`` as the
 gate's cycles complete (:class:`Ledger`), and mirrors the entries of each
-directory into ``<save_dir>/scout-certification.json`` (:func:`write_sidecar`,
+directory into ``<directory>/scout-certification.json`` (:func:`write_sidecar`,
 atomic: temp file, fsync, rename, fsync the directory), so that a fresh process
-knows which tag to resume from.
+knows which tag to resume from. Nothing here depends on a framework.
 
 [Roles]
 * ``latest``: saved after a clean boundary, its cycle still open;
@@ -27,8 +27,10 @@ that contains it: never earlier than Algorithm 3 would promote the in-memory
 generation captured at the same cycle's close.
 
 The ledger is pure data, identical on every rank (every rank applies the same
-job-wide gate decisions); only the rank DeepSpeed itself writes ``latest`` with
-writes the sidecar.
+job-wide gate decisions); only the rank that writes the framework's own "latest"
+marker writes the sidecar (``CheckpointIO.writes_metadata``). Sidecars written by
+the DeepSpeed plugin before the gate moved into the core
+(``scout.deepspeed.certification/1``) are still read.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ __all__ = [
 ]
 
 SIDECAR = "scout-certification.json"
-"""File name of the certification sidecar inside a DeepSpeed ``save_dir``."""
-SIDECAR_SCHEMA = "scout.deepspeed.certification/1"
+"""File name of the certification sidecar inside a checkpoint directory."""
+SIDECAR_SCHEMA = "scout.certification/1"
+_LEGACY_SCHEMAS = frozenset({SIDECAR_SCHEMA, "scout.deepspeed.certification/1"})
 
 ROLES = ("latest", "candidate", "verified", "uncertified", "suspect")
 SELECTABLE_AS_LATEST = frozenset({"latest", "candidate", "verified", "uncertified"})
@@ -64,14 +67,12 @@ SELECTABLE_AS_LATEST = frozenset({"latest", "candidate", "verified", "uncertifie
 
 @dataclass(frozen=True, slots=True)
 class TagEntry:
-    """One saved DeepSpeed tag and what the gate says about it."""
+    """One saved framework tag and what the gate says about it."""
 
-    save_dir: str
+    directory: str
     tag: str
     step: int
     """SCOUT's iteration whose update the tag holds (``-1``: saved before any step)."""
-    global_steps: int
-    """``engine.global_steps`` when it was saved (DeepSpeed's own counter)."""
     role: str
     reason: str
     seq: int
@@ -84,55 +85,54 @@ class TagEntry:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["save_dir"]  # the sidecar lives in it; a moved directory stays valid
+        del out["directory"]  # the sidecar lives in it; a moved directory stays valid
         return out
 
 
-def _key(save_dir: str | Path, tag: str) -> tuple[str, str]:
-    return (str(Path(save_dir).resolve()), str(tag))
+def _key(directory: str | Path, tag: str) -> tuple[str, str]:
+    return (str(Path(directory).resolve()), str(tag))
 
 
 class Ledger:
-    """Every tag this job knows of, by ``(resolved save_dir, tag)``."""
+    """Every tag this job knows of, by ``(resolved directory, tag)``."""
 
     def __init__(self) -> None:
         self.entries: dict[tuple[str, str], TagEntry] = {}
         self._seq = 0
 
-    def get(self, save_dir: str | Path, tag: str) -> TagEntry | None:
-        return self.entries.get(_key(save_dir, tag))
+    def get(self, directory: str | Path, tag: str) -> TagEntry | None:
+        return self.entries.get(_key(directory, tag))
 
     def add(
         self,
-        save_dir: str | Path,
+        directory: str | Path,
         tag: str,
         *,
         step: int,
-        global_steps: int,
         role: str,
         reason: str,
     ) -> TagEntry:
         """Record a saved tag (a re-saved tag name replaces its old entry)."""
         self._seq += 1
-        key = _key(save_dir, tag)
-        entry = TagEntry(key[0], key[1], step, global_steps, role, reason, self._seq, time.time())
+        key = _key(directory, tag)
+        entry = TagEntry(key[0], key[1], step, role, reason, self._seq, time.time())
         self.entries[key] = entry
         return entry
 
-    def merge(self, save_dir: str | Path, found: Iterable[TagEntry]) -> None:
-        """Adopt a sidecar's entries for ``save_dir`` that the ledger does not hold yet."""
+    def merge(self, directory: str | Path, found: Iterable[TagEntry]) -> None:
+        """Adopt a sidecar's entries for ``directory`` that the ledger does not hold yet."""
         for entry in found:
-            key = _key(save_dir, entry.tag)
+            key = _key(directory, entry.tag)
             if key not in self.entries:
                 self._seq = max(self._seq, entry.seq)
-                self.entries[key] = replace(entry, save_dir=key[0])
+                self.entries[key] = replace(entry, directory=key[0])
 
     def set_role(self, entries: Iterable[TagEntry], role: str, reason: str) -> list[TagEntry]:
         """Move ``entries`` to ``role``; returns the updated entries."""
         out = []
         for entry in entries:
             new = replace(entry, role=role, reason=reason)
-            self.entries[_key(entry.save_dir, entry.tag)] = new
+            self.entries[_key(entry.directory, entry.tag)] = new
             out.append(new)
         return out
 
@@ -140,24 +140,24 @@ class Ledger:
         return sorted((e for e in self.entries.values() if e.role in roles), key=_order)
 
     def newest(
-        self, roles: Iterable[str], *, save_dir: str | Path | None = None
+        self, roles: Iterable[str], *, directory: str | Path | None = None
     ) -> TagEntry | None:
         """The newest entry (by step, then save order) with one of ``roles``."""
         wanted = set(roles)
-        where = None if save_dir is None else str(Path(save_dir).resolve())
+        where = None if directory is None else str(Path(directory).resolve())
         found = [
             e
             for e in self.entries.values()
-            if e.role in wanted and (where is None or e.save_dir == where)
+            if e.role in wanted and (where is None or e.directory == where)
         ]
         return max(found, key=_order, default=None)
 
     def dirs(self, entries: Iterable[TagEntry]) -> set[str]:
-        return {e.save_dir for e in entries}
+        return {e.directory for e in entries}
 
-    def in_dir(self, save_dir: str | Path) -> list[TagEntry]:
-        where = str(Path(save_dir).resolve())
-        return sorted((e for e in self.entries.values() if e.save_dir == where), key=_order)
+    def in_dir(self, directory: str | Path) -> list[TagEntry]:
+        where = str(Path(directory).resolve())
+        return sorted((e for e in self.entries.values() if e.directory == where), key=_order)
 
 
 def _order(e: TagEntry) -> tuple[int, int]:
@@ -165,10 +165,10 @@ def _order(e: TagEntry) -> tuple[int, int]:
 
 
 def write_sidecar(
-    save_dir: str | Path, entries: Iterable[TagEntry], *, run_id: str, catalog_size: int
+    directory: str | Path, entries: Iterable[TagEntry], *, run_id: str, catalog_size: int
 ) -> Path:
-    """Write ``<save_dir>/scout-certification.json`` atomically; returns its path."""
-    path = Path(save_dir) / SIDECAR
+    """Write ``<directory>/scout-certification.json`` atomically; returns its path."""
+    path = Path(directory) / SIDECAR
     data = {
         "schema": SIDECAR_SCHEMA,
         "run_id": run_id,
@@ -179,28 +179,27 @@ def write_sidecar(
     return path
 
 
-def read_sidecar(save_dir: str | Path) -> list[TagEntry] | None:
-    """The entries of ``save_dir``'s sidecar; None when there is none.
+def read_sidecar(directory: str | Path) -> list[TagEntry] | None:
+    """The entries of ``directory``'s sidecar; None when there is none.
 
     A corrupt, truncated or foreign sidecar raises :class:`CheckpointError`: it is
     never silently ignored, because it decides which tag a resume trusts.
     """
-    path = Path(save_dir) / SIDECAR
+    path = Path(directory) / SIDECAR
     if not path.exists():
         return None
     data = read_json(path, "certification sidecar")
-    if not isinstance(data, dict) or data.get("schema") != SIDECAR_SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in _LEGACY_SCHEMAS:
         raise CheckpointError(f"{path} is not a {SIDECAR_SCHEMA} sidecar")
-    where = str(Path(save_dir).resolve())
+    where = str(Path(directory).resolve())
     out: list[TagEntry] = []
     try:
         for raw in data["tags"]:
             out.append(
                 TagEntry(
-                    save_dir=where,
+                    directory=where,
                     tag=str(raw["tag"]),
                     step=int(raw["step"]),
-                    global_steps=int(raw["global_steps"]),
                     role=str(raw["role"]),
                     reason=str(raw["reason"]),
                     seq=int(raw["seq"]),

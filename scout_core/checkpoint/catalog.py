@@ -1,0 +1,120 @@
+"""What a replay boundary means for the checkpoint gate: catalog slots and one outcome.
+
+Both gates (the in-memory :class:`~scout_core.checkpoint.attach.GateHandle` and
+:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` for a framework's own
+checkpoints) read the same thing off each :class:`~scout_core.replay.boundary.Boundary`:
+
+1. the recipes due at this step that are in the gate's catalog, each mapped to its
+   catalog slot by ``(kind, path)`` (the optimizer recipe's own ``index`` is a slice
+   number, not a catalog entry);
+2. one outcome per due recipe from this rank's rounds (:func:`round_outcome`), and
+   the worst of them: not ready → inconclusive; an attributed *exact* surface → SDC;
+   an inconclusive exact surface → inconclusive; otherwise clean (timing-only
+   attribution is a straggler, which is clean for the gate). A due recipe without a
+   round on this rank is *missing*.
+
+[The gate's catalog]
+It is the replay schedule's catalog minus the recipes this job can never run: the
+optimizer recipe needs replicated optimizer state, so under pure FSDP or ZeRO it is
+left out (otherwise no cycle could ever close). ``Config.catalog_size`` overrides
+``K``; the catalog is then folded onto ``K`` slots (index modulo ``K``), so ``K = 1``
+means any accepted check closes a cycle, the explicit "one check covers all state"
+configuration. A ``K`` larger than the catalog is refused: no cycle could close.
+The gate's job-wide combine needs every rank to check the same slots at the same
+steps, so :func:`agreed_catalog` also checks that every rank's catalog has the same
+shape (a pipeline whose stages hold different layer counts does not).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from scout_core.config import Config
+from scout_core.decision.agreement import same_value
+from scout_core.decision.gate import Outcome, worst
+from scout_core.errors import ConfigError
+from scout_core.replay.boundary import Boundary
+from scout_core.replay.driver import ReplayDriver
+from scout_core.replay.runner import RoundOutcome
+from scout_core.replay.schedule import OPTIMIZER, Recipe
+from scout_core.vocabulary import Mode, Status
+
+__all__ = ["GateCatalog", "agreed_catalog", "round_outcome"]
+
+log = logging.getLogger("scout")
+
+
+def round_outcome(round_: RoundOutcome) -> Outcome:
+    """The gate outcome of one recipe round on this rank (see the module doc)."""
+    if not round_.ready:
+        return Outcome.INCONCLUSIVE
+    exact = [r for r in round_.results.values() if r.mode is Mode.EXACT]
+    if any(r.status is Status.ATTRIBUTED for r in exact):
+        return Outcome.SDC
+    if any(r.status is Status.INCONCLUSIVE for r in exact):
+        return Outcome.INCONCLUSIVE
+    return Outcome.CLEAN
+
+
+def _key(recipe: Recipe) -> tuple[str, str | None]:
+    return (recipe.kind, recipe.path)
+
+
+@dataclass(frozen=True)
+class GateCatalog:
+    """The recipes a gate certifies with, folded onto ``size`` slots."""
+
+    recipes: tuple[Recipe, ...]
+    size: int
+
+    @functools.cached_property
+    def slots(self) -> dict[tuple[str, str | None], int]:
+        """Catalog slot of each recipe, by ``(kind, path)``."""
+        return {_key(r): i % self.size for i, r in enumerate(self.recipes)}
+
+    def evaluate(self, boundary: Boundary) -> tuple[Outcome, list[int]] | None:
+        """This rank's outcome and the catalog slots checked at ``boundary``; None when
+        no catalog recipe was due (the gate has nothing to decide)."""
+        if not boundary.due:
+            return None
+        slots = self.slots
+        due = [r for r in boundary.due if _key(r) in slots]
+        if not due:
+            return None
+        outcomes = [
+            worst(round_outcome(o) for o in boundary.rounds if _key(o.recipe) == _key(r))
+            for r in due  # no round → MISSING
+        ]
+        return worst(outcomes), [slots[_key(r)] for r in due]
+
+
+def agreed_catalog(
+    driver: ReplayDriver, config: Config, group: dist.ProcessGroup
+) -> GateCatalog | None:
+    """The gate catalog of this job (see the module doc), or None when there is nothing
+    to certify with or the ranks' catalogs differ in shape. Collective over ``group``
+    (the whole job). Raises :class:`ConfigError` for a ``K`` no cycle could reach."""
+    recipes = driver.schedule.catalog
+    if not driver.opt.supported:
+        recipes = tuple(r for r in recipes if r.kind != OPTIMIZER)
+    size = config.catalog_size if config.catalog_size is not None else len(recipes)
+    if recipes and size > len(recipes):
+        raise ConfigError(
+            f"catalog_size K={size} exceeds the {len(recipes)} checks this job's replay can "
+            "run; no recipe cycle could ever close"
+        )
+    shape = (size, [r.kind for r in recipes], sorted(driver.schedule.intervals.items()))
+    if not same_value(shape, group):
+        log.warning(
+            "scout: the ranks' recipe catalogs differ in shape (this rank: %s); the "
+            "checkpoint gate is off (replay still runs)",
+            shape,
+        )
+        return None
+    if not recipes:
+        return None
+    return GateCatalog(recipes, size)

@@ -1,0 +1,75 @@
+"""``CheckpointIO``: how one framework writes and reads its own checkpoints, by tag.
+
+DeepSpeed (``engine.save_checkpoint(dir, tag)``), Megatron (``save_checkpoint(iteration,
+...)``) and TorchTitan (``CheckpointManager.save(curr_step)``) each own their checkpoint
+files. To certify those checkpoints with replay evidence the core needs only five
+framework facts about one checkpoint directory, and this protocol names them; the
+core's :class:`~scout_core.checkpoint.framework_gate.FrameworkGate` does everything else
+(roles, the sidecar ledger, records, refusal after SDC, recovery) once, for every
+framework. The core's own DCP store implements it too
+(:class:`~scout_core.checkpoint.dcp_store.DcpCheckpointIO`), and one conformance
+body (:func:`scout_core.testing.check_checkpoint_io`) runs against every
+implementation.
+
+Every method that reads or writes is collective over the job, like the framework's
+own save and load: every rank calls it at the same point with the same tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+__all__ = ["CheckpointIO", "Recovered"]
+
+
+@runtime_checkable
+class CheckpointIO(Protocol):
+    """One framework's checkpoints in one directory."""
+
+    @property
+    def directory(self) -> str:
+        """Where its tags live; SCOUT's certification sidecar goes there too."""
+        ...
+
+    def tag_for(self, step: int) -> str:
+        """The tag the framework gives the checkpoint taken at SCOUT step ``step`` (the
+        0-based iteration whose optimizer update just completed); distinct per step."""
+        ...
+
+    def save(self, tag: str) -> bool:
+        """Write the framework checkpoint ``tag``; True if it was written. A failed save
+        leaves every earlier tag loadable. Collective."""
+        ...
+
+    def load(self, tag: str | None) -> Any:
+        """Restore training state from ``tag`` (None: the framework's own default, such
+        as its "latest"); returns what the framework's load returns. Raises
+        :class:`~scout_core.errors.CheckpointError` when the tag does not exist.
+        Collective."""
+        ...
+
+    def restored_step(self) -> int:
+        """After :meth:`load`: the SCOUT step the restored state belongs to (the
+        framework's own step counter, as a 0-based iteration; -1 before any step)."""
+        ...
+
+    def list_tags(self) -> Sequence[str]:
+        """The complete checkpoints present, oldest first."""
+        ...
+
+    def writes_metadata(self) -> bool:
+        """Whether this rank writes SCOUT's sidecar: the rank that writes the
+        framework's own "latest" marker."""
+        ...
+
+
+class Recovered(NamedTuple):
+    """What :meth:`FrameworkGate.recover` (and ``load``) restored."""
+
+    tag: str
+    step: int
+    """SCOUT step of the restored checkpoint."""
+    role: str
+    """What the retrieval selected: ``verified`` or ``latest``."""
+    reason: str

@@ -1,0 +1,51 @@
+"""The one writer of checkpoint-gate evidence: ``scout.checkpoint/1`` records.
+
+Every decision of either gate (the in-memory coordinator, the framework gate) and
+every restore is one record, written once for the job by its lowest rank, with the
+fields ``docs/evidence.md`` documents: ``action`` (capture, candidate, promote,
+retrieve), ``selected``, ``checkpoint_step`` and a ``detail`` mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from scout_core.decision.gate import Selection
+from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
+from scout_core.vocabulary import Failure, Scope
+
+__all__ = ["write_gate_record"]
+
+
+def write_gate_record(
+    writer: EvidenceWriter | None,
+    *,
+    run_id: str,
+    ranks: Sequence[int],
+    action: str,
+    step: int,
+    checkpoint_step: int | None,
+    selected: Selection | None = None,
+    failure: Failure | None = None,
+    detail: Mapping[str, Any] | None = None,
+) -> None:
+    """Write one gate decision as a ``scout.checkpoint/1`` record, once for the job (by
+    its lowest rank); nothing when there is no writer."""
+    if writer is None:
+        return
+    writer.write_group(
+        Record(
+            schema=CHECKPOINT_SCHEMA,
+            run_id=run_id,
+            step=step,
+            surface="gate",
+            failure=failure,
+            group=tuple(ranks),
+            scope=Scope.JOB,
+            action=action,
+            selected=None if selected is None else selected.value,
+            checkpoint_step=checkpoint_step,
+            detail=dict(detail or {}),
+        )
+    )

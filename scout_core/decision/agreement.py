@@ -1,0 +1,98 @@
+"""What ranks agree on, in one place: min/max of a step, all-ok, any-flag, same value.
+
+SCOUT's parts often need one small fact from every rank before they act, so that
+no rank acts alone: "does every rank hold generation 12?" (the min and the max of
+the step each holds), "did every rank's shard write succeed?" (all-ok), "did any
+rank find a problem?" (any-flag), "did every rank pick the same tag?" (same value).
+Each answer is one int64 ``MAX`` all-reduce on a diagnostic group (a minimum rides
+negated), and every rank gets the same answer, so every rank takes the same branch.
+
+[Only SCOUT's own groups]
+Every helper refuses ``WORLD`` and any group SCOUT did not create
+(:func:`scout_core.topology.groups.is_diagnostic`): a diagnostic collective on the
+training communicator could interleave with training's own collectives, and a
+wedged training group would wedge diagnosis with it. Groups come from
+:func:`~scout_core.topology.groups.diagnostic_group` or SCOUT's peer groups.
+
+Specialised wire formats (the checkpoint gate's flag words,
+:mod:`scout_core.decision.gate_wire`) are built on :func:`reduce_max`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from scout_core.topology.groups import is_diagnostic
+
+__all__ = [
+    "all_ok",
+    "any_flag",
+    "check_group",
+    "digest",
+    "min_max",
+    "reduce_max",
+    "same_value",
+]
+
+
+def check_group(group: object) -> dist.ProcessGroup:
+    """``group`` if SCOUT created it; :class:`ValueError` for ``WORLD``, None or a foreign group."""
+    if group is None or group == dist.group.WORLD:
+        raise ValueError("SCOUT agrees on a diagnostic group, never WORLD")
+    if not is_diagnostic(group):
+        raise ValueError(
+            "SCOUT agrees only on groups it created (diagnostic_group or its peer groups), "
+            "never on a training group"
+        )
+    assert isinstance(group, dist.ProcessGroup)
+    return group
+
+
+def reduce_max(words: Sequence[int], group: dist.ProcessGroup) -> list[int]:
+    """Element-wise maximum of ``words`` over every rank of ``group`` (int64)."""
+    pg = check_group(group)
+    tensor = torch.tensor(list(words), dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=pg)
+    return [int(w) for w in tensor.tolist()]
+
+
+def min_max(value: int, group: dist.ProcessGroup) -> tuple[int, int]:
+    """The smallest and the largest ``value`` any rank of ``group`` passed."""
+    hi, neg_lo = reduce_max([value, -value], group)
+    return -neg_lo, hi
+
+
+def all_ok(ok: bool, groups: dist.ProcessGroup | Sequence[dist.ProcessGroup]) -> bool:
+    """Whether every rank passed ``ok=True``.
+
+    With several groups the answer is folded through each in turn, so it covers
+    every rank reachable through them (under HSDP each shard group holds one member
+    of every replica group): every rank of every group must call it.
+    """
+    chain = [groups] if isinstance(groups, dist.ProcessGroup) else list(groups)
+    flag = 0 if ok else 1
+    for g in chain:
+        (flag,) = reduce_max([flag], g)
+    return flag == 0
+
+
+def any_flag(flag: bool, group: dist.ProcessGroup) -> bool:
+    """Whether any rank of ``group`` passed ``flag=True``."""
+    (found,) = reduce_max([1 if flag else 0], group)
+    return found == 1
+
+
+def digest(value: object) -> int:
+    """A stable 62-bit digest of ``repr(value)`` (non-negative: it fits the MAX words)."""
+    raw = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 2
+
+
+def same_value(value: object, group: dist.ProcessGroup) -> bool:
+    """Whether every rank of ``group`` passed an equal ``value`` (compared by :func:`digest`)."""
+    lo, hi = min_max(digest(value), group)
+    return lo == hi

@@ -1,0 +1,187 @@
+"""The framework plugin base class: the lifecycle every plugin shares, written once.
+
+In the manner of OpenTelemetry's ``BaseInstrumentor``, :class:`FrameworkPlugin`
+owns everything about switching SCOUT on that does not depend on the framework:
+
+* ``handles(obj)``: the object's class comes from the framework's package (by the
+  module names of ``type(obj).__mro__``; a list of model chunks by its first item),
+  so the framework is never imported to decide;
+* ``check_version()``: the installed framework is in the plugin's ``supported`` range;
+* ``resolve_config(obj, config)``: an explicit :class:`Config` wins; else the
+  framework's own SCOUT section (``config_section``), then ``SCOUT_*`` environment
+  overrides; else the file ``SCOUT_CONFIG`` names (then the overrides); else the
+  defaults, ``enabled`` taken from ``SCOUT_ENABLED`` (off unless ``enabled_by_default``);
+* ``enable(obj, ...)``: collective over the job. Version check → idempotence
+  (enabling twice returns the live session) → config → a disabled session when the
+  config says so → ``build_adapter`` → the core composes the session
+  (:func:`scout_core.session.compose`: replay, the observer, and the checkpoint gate:
+  the in-memory one, or the :class:`~scout_core.checkpoint.framework_gate.FrameworkGate`
+  plus ``wire_checkpoints`` when ``gates_checkpoints``) → registered for
+  ``session_of`` until the session closes.
+
+A plugin writes only framework facts: the class attributes below, ``build_adapter``
+(where the model chunks, optimizers, groups, mesh coordinates and RNG streams are),
+optionally ``config_section`` and ``key``, and, when it gates the framework's own
+checkpoints, ``wire_checkpoints``. ``docs/plugins.md`` walks through one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from scout_core.checkpoint.framework_gate import FrameworkGate
+from scout_core.config import Config
+from scout_core.errors import ConfigError
+from scout_core.integration.adapter import FrameworkAdapter
+from scout_core.integration.pending import object_from
+from scout_core.integration.versions import check_version
+from scout_core.records.evidence import Record
+from scout_core.session import Session, compose
+
+__all__ = ["FrameworkPlugin"]
+
+log = logging.getLogger("scout.plugins")
+
+
+class FrameworkPlugin(ABC):
+    """Base of every framework plugin (see the module doc); one instance per plugin."""
+
+    name: ClassVar[str]
+    """Entry-point name, e.g. ``"megatron"``."""
+    distribution: ClassVar[str]
+    """The plugin's distribution, e.g. ``"scout-megatron"``."""
+    framework: ClassVar[str]
+    """The framework distribution whose version is checked, e.g. ``"megatron-core"``."""
+    supported: ClassVar[str]
+    """The framework versions this plugin supports, e.g. ``">=0.16,<0.17"``."""
+    prefixes: ClassVar[tuple[str, ...]]
+    """Module prefixes of the objects it handles, e.g. ``("megatron.",)``."""
+    section_name: ClassVar[str]
+    """How config errors name the framework's SCOUT section."""
+    gates_checkpoints: ClassVar[bool] = False
+    """True when the plugin routes the framework's own checkpoint saves and loads through
+    the core's :class:`FrameworkGate` (the core then keeps no in-memory gate copies)."""
+    enabled_by_default: ClassVar[bool] = False
+    """Whether SCOUT is on when nothing configures it (the explicit plain-PyTorch
+    ``scout.enable(model, optimizer)`` call is itself the request)."""
+
+    def __init__(self) -> None:
+        self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+        self._by_id: dict[int, Session] = {}  # for keys that cannot be weakly referenced
+
+    # -- what a plugin writes ------------------------------------------------------------
+
+    @abstractmethod
+    def build_adapter(
+        self, obj: Any, config: Config, *args: Any, **kwargs: Any
+    ) -> FrameworkAdapter:
+        """The adapter for ``obj`` (framework facts); raise ``UnsupportedSetupError`` with a
+        clear message for objects or setups the plugin cannot watch. Collective."""
+
+    def config_section(self, obj: Any) -> Mapping[str, Any] | None:
+        """The SCOUT section of the framework's own config for ``obj``, if any."""
+        return None
+
+    def key(self, obj: Any) -> object:
+        """What sessions are keyed by (enabling the same key twice returns the live one)."""
+        return obj
+
+    def wire_checkpoints(self, obj: Any, gate: FrameworkGate) -> Callable[[], None]:
+        """Route the framework's checkpoint saves through ``gate.save(io, tag)`` and loads
+        through ``gate.load(io, tag)``; return the undo. Only with ``gates_checkpoints``."""
+        raise NotImplementedError(
+            f"the {self.name} plugin sets gates_checkpoints but does not wire_checkpoints"
+        )
+
+    # -- what the base owns --------------------------------------------------------------
+
+    def handles(self, obj: object) -> bool:
+        """Whether ``obj`` (or a list of chunks' first item) comes from the framework."""
+        return object_from(obj, self.prefixes)
+
+    def check_version(self, version: str | None = None) -> str:
+        """The installed (or given) framework version, if supported; else
+        :class:`~scout_core.errors.UnsupportedSetupError` naming both."""
+        return check_version(
+            self.framework, self.supported, plugin=self.distribution, version=version
+        )
+
+    def session_of(self, obj: Any) -> Session | None:
+        """The session enabled on ``obj`` (also a disabled one) while it is open, or None."""
+        key = self.key(obj)
+        try:
+            found = self._sessions.get(key)
+        except TypeError:
+            found = self._by_id.get(id(key))
+        return None if found is None or found.closed else found
+
+    def _register(self, obj: Any, session: Session) -> None:
+        key = self.key(obj)
+        try:
+            self._sessions[key] = session
+        except TypeError:  # a list of model chunks: neither hashable nor weakly referable
+            self._by_id[id(key)] = session
+
+        def forget() -> None:
+            try:
+                self._sessions.pop(key, None)
+            except TypeError:
+                self._by_id.pop(id(key), None)
+
+        session.add_closer(forget)
+
+    def resolve_config(self, obj: Any, config: Config | None) -> Config:
+        """The config for ``obj`` (see the module doc for the order). A bad section raises
+        :class:`ConfigError` naming the key."""
+        if config is not None:
+            return config
+        section = self.config_section(obj)
+        if section is not None:
+            if not isinstance(section, Mapping):
+                raise ConfigError(
+                    f"{self.section_name}: expected an object of SCOUT config keys, "
+                    f"got {type(section).__name__}"
+                )
+            return Config.from_env(Config.from_mapping(section, source=self.section_name))
+        path = os.environ.get("SCOUT_CONFIG")
+        if path:
+            return Config.from_file(Path(path))
+        return Config.from_env(Config(enabled=self.enabled_by_default))
+
+    def enable(
+        self,
+        obj: Any,
+        *args: Any,
+        config: Config | None = None,
+        callback: Callable[[Record], None] | None = None,
+        **kwargs: Any,
+    ) -> Session:
+        """Attach SCOUT to ``obj`` and return its session. Collective over the job."""
+        self.check_version()
+        live = self.session_of(obj)
+        if live is not None and live.enabled:
+            return live
+        cfg = self.resolve_config(obj, config)
+        if not cfg.enabled:
+            if live is not None:
+                return live
+            log.info("scout: not attached to %s (SCOUT is disabled)", type(obj).__name__)
+            session = Session(cfg, callback=callback)
+            self._register(obj, session)
+            return session
+        adapter = self.build_adapter(obj, cfg, *args, **kwargs)
+        session = compose(adapter, cfg, callback=callback, gates_checkpoints=self.gates_checkpoints)
+        try:
+            if self.gates_checkpoints and isinstance(session.checkpoints, FrameworkGate):
+                session.add_closer(self.wire_checkpoints(obj, session.checkpoints))
+        except BaseException:
+            session.close()
+            raise
+        self._register(obj, session)
+        return session
