@@ -31,10 +31,10 @@ import torch.distributed as dist
 
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, replicate_to_peer
-from scout_core.checkpoint.records import write_gate_record
+from scout_core.checkpoint.records import GateRecorder
 from scout_core.checkpoint.recovery import Restored, recover
 from scout_core.decision.agreement import check_group
-from scout_core.decision.gate import Action, Decision, Gate, Outcome, Retrieval, Selection
+from scout_core.decision.gate import Action, Decision, Gate, Outcome, Retrieval
 from scout_core.decision.gate_wire import combine, combine_outcome
 from scout_core.integration.adapter import RngStream
 from scout_core.records.evidence import EvidenceWriter
@@ -85,6 +85,8 @@ class CheckpointCoordinator:
         self.ranks = tuple(ranks)
         self.run_id = run_id
         self.writer = writer
+        self.record = GateRecorder(writer, run_id=run_id, ranks=self.ranks)
+        """Writes one ``scout.checkpoint/1`` record (once for the job, by its lowest rank)."""
         self.sweep = sweep
         self.peer_replication = peer_replication and len(self.ranks) > 1
         self.replicas: dict[int, PeerReplica] = {}
@@ -93,31 +95,6 @@ class CheckpointCoordinator:
             None
             if checkpoint_dir is None
             else DurableStore(checkpoint_dir, group=group, ranks=list(self.ranks), run_id=run_id)
-        )
-
-    # -- evidence ------------------------------------------------------------------------
-
-    def record(
-        self,
-        action: str,
-        step: int,
-        checkpoint_step: int | None,
-        *,
-        selected: Selection | None = None,
-        failure: Failure | None = None,
-        detail: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Write one ``scout.checkpoint/1`` record (once for the job, by its lowest rank)."""
-        write_gate_record(
-            self.writer,
-            run_id=self.run_id,
-            ranks=self.ranks,
-            action=action,
-            step=step,
-            checkpoint_step=checkpoint_step,
-            selected=selected,
-            failure=failure,
-            detail=detail,
         )
 
     # -- the boundary --------------------------------------------------------------------

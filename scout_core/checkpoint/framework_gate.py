@@ -57,7 +57,7 @@ from scout_core.checkpoint.certification import (
     write_sidecar,
 )
 from scout_core.checkpoint.io import CheckpointIO, Recovered
-from scout_core.checkpoint.records import write_gate_record
+from scout_core.checkpoint.records import GateRecorder
 from scout_core.decision.agreement import same_value
 from scout_core.decision.gate import (
     Action,
@@ -98,6 +98,7 @@ class FrameworkGate:
         self.writer = writer
         self.ranks = tuple(range(dist.get_world_size()))
         self.run_id = driver.config.resolved_run_id()
+        self._record = GateRecorder(writer, run_id=self.run_id, ranks=self.ranks)
         self.gate = Gate(catalog.size)
         self.ledger = Ledger()
         self.pending: Decision | None = None
@@ -191,29 +192,7 @@ class FrameworkGate:
         if changed:
             self._write_sidecars(ledger.dirs(changed))
 
-    # -- records and sidecars ------------------------------------------------------------
-
-    def _record(
-        self,
-        action: str,
-        step: int,
-        checkpoint_step: int | None,
-        *,
-        selected: Selection | None = None,
-        failure: Failure | None = None,
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        write_gate_record(
-            self.writer,
-            run_id=self.run_id,
-            ranks=self.ranks,
-            action=action,
-            step=max(step, 0),
-            checkpoint_step=checkpoint_step,
-            selected=selected,
-            failure=failure,
-            detail=detail,
-        )
+    # -- sidecars ------------------------------------------------------------
 
     def _use(self, io: CheckpointIO) -> bool:
         """Adopt ``io``'s directory sidecar into the ledger once; whether one exists."""

@@ -15,7 +15,7 @@ from scout_core.decision.gate import Selection
 from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
 from scout_core.vocabulary import Failure, Scope
 
-__all__ = ["write_gate_record"]
+__all__ = ["GateRecorder", "write_gate_record"]
 
 
 def write_gate_record(
@@ -49,3 +49,35 @@ def write_gate_record(
             detail=dict(detail or {}),
         )
     )
+
+
+class GateRecorder:
+    """:func:`write_gate_record` bound to one gate's writer, run and job ranks."""
+
+    def __init__(self, writer: EvidenceWriter | None, *, run_id: str, ranks: Sequence[int]) -> None:
+        self.writer = writer
+        self.run_id = run_id
+        self.ranks = tuple(ranks)
+
+    def __call__(
+        self,
+        action: str,
+        step: int,
+        checkpoint_step: int | None,
+        *,
+        selected: Selection | None = None,
+        failure: Failure | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write one ``scout.checkpoint/1`` record (once for the job, by its lowest rank)."""
+        write_gate_record(
+            self.writer,
+            run_id=self.run_id,
+            ranks=self.ranks,
+            action=action,
+            step=max(step, 0),
+            checkpoint_step=checkpoint_step,
+            selected=selected,
+            failure=failure,
+            detail=detail,
+        )

@@ -84,6 +84,29 @@ class VerdictMaker:
         self._bcast_base: dict[tuple[str, tuple[int, ...]], deque[float]] = {}
         self._bcast_streak: dict[tuple[int, ...], int] = {}
 
+    def _slow_record(
+        self,
+        outcome: RoundOutcome,
+        result: C3Result,
+        *,
+        failure: Failure,
+        outliers: Sequence[int],
+        scope: Scope,
+        detail: Mapping[str, Any],
+    ) -> Record:
+        """A timing surface's attribution: a straggler, or a slow group's broadcast."""
+        return self._record(
+            outcome,
+            result,
+            surface=result.surface,
+            mode=Mode.STATISTICAL,
+            status=Status.ATTRIBUTED,
+            failure=failure,
+            outliers=outliers,
+            scope=scope,
+            detail=detail,
+        )
+
     def _record(
         self,
         outcome: RoundOutcome,
@@ -255,18 +278,9 @@ class VerdictMaker:
         confirmed = self._confirm("t_M", result, slow)
         if not confirmed or (attribution_scope(len(result.ranks)) is not Scope.RANK):
             return []
+        detail = {"median_s": median, "rounds": self.rounds}
         return [
-            self._record(
-                outcome,
-                result,
-                surface=result.surface,
-                mode=Mode.STATISTICAL,
-                status=Status.ATTRIBUTED,
-                failure=Failure.STRAGGLER,
-                outliers=confirmed,
-                scope=Scope.RANK,
-                detail={"median_s": median, "rounds": self.rounds},
-            )
+            self._slow_record(outcome, result, Failure.STRAGGLER, confirmed, Scope.RANK, detail)
         ]
 
     def _comm(self, outcome: RoundOutcome) -> list[Record]:
@@ -345,23 +359,21 @@ class VerdictMaker:
             return []
         diagnosis = diagnose([SlowGroup(self.peer_kind, group)], self.hosts)
         assert diagnosis is not None
+        detail = {
+            "diagnosis": diagnosis.kind.value,
+            "explanation": diagnosis.explanation,
+            "source": outcome.source,
+            "t_bcast_s": value,
+            "baseline_median_s": median,
+            "rounds": streak,
+        }
         return [
-            self._record(
+            self._slow_record(
                 outcome,
                 result,
-                surface=result.surface,
-                mode=Mode.STATISTICAL,
-                status=Status.ATTRIBUTED,
                 failure=Failure.COMM_STRAGGLER,
                 outliers=group,
                 scope=Scope.GROUP,
-                detail={
-                    "diagnosis": diagnosis.kind.value,
-                    "explanation": diagnosis.explanation,
-                    "source": outcome.source,
-                    "t_bcast_s": value,
-                    "baseline_median_s": median,
-                    "rounds": streak,
-                },
+                detail=detail,
             )
         ]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scout_core.testing import TinyLM, batch, signature_many, train_step
+from scout_core.testing import TinyLM, signature_many, train_step
 
 
 def _report() -> str:

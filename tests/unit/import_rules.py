@@ -93,9 +93,9 @@ def import_graph(package_dir: Path) -> dict[str, set[str]]:
                     f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
                 ]
             for target in targets:
-                if (target == top or target.startswith(f"{top}.")) and target in files:
-                    if target != name:
-                        graph[name].add(target)
+                inside = target == top or target.startswith(f"{top}.")
+                if inside and target in files and target != name:
+                    graph[name].add(target)
     return graph
 
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 import scout_core.plugin_api as api
-import scout_core.testing as testing
-from scout_core import Config, ConfigError, UnsupportedSetupError
+from scout_core import Config, ConfigError, UnsupportedSetupError, testing
 from scout_core.integration.versions import VersionRange, check_version, parse_version
 
 PLUGIN_API = {
@@ -103,9 +102,9 @@ def test_version_ranges() -> None:
     assert not rng.contains("0.18.9") and not rng.contains("0.20.0")
     assert VersionRange.parse("==1.2").contains("1.2.0")
     assert not VersionRange.parse("!=1.2, >1.0").contains("1.2")
-    with pytest.raises(ValueError, match="clause '~=1.2'"):
+    with pytest.raises(ValueError, match=r"clause '~=1\.2'"):
         VersionRange.parse(">=1.0,~=1.2")
-    with pytest.raises(UnsupportedSetupError, match="supports torch <2.0; torch 2.13.0 is"):
+    with pytest.raises(UnsupportedSetupError, match=r"supports torch <2\.0; torch 2\.13\.0 is"):
         check_version("torch", "<2.0", plugin="p", version="2.13.0")
     with pytest.raises(UnsupportedSetupError, match="not installed"):
         check_version("no-such-distribution-xyz", ">=1", plugin="p")
@@ -194,7 +193,7 @@ def test_enable_checks_the_version_first() -> None:
     class Old(_FakePlugin):
         supported: ClassVar[str] = "<1.0"
 
-    with pytest.raises(UnsupportedSetupError, match="scout-fake supports torch <1.0"):
+    with pytest.raises(UnsupportedSetupError, match=r"scout-fake supports torch <1\.0"):
         Old().enable(torch.nn.Linear(2, 2))
 
 

@@ -143,3 +143,48 @@ def gated_checkpoints(ckpt_dir: str) -> dict[str, Any]:
     session.close()
     out["patched_after_close"] = "save_checkpoint" in engine.__dict__
     return out
+
+
+def io_conformance(ckpt_dir: str) -> dict[str, Any]:
+    """The core's shared CheckpointIO conformance body against DeepSpeedCheckpointIO (ZeRO-2)."""
+    from contextlib import contextmanager
+
+    import scout_deepspeed
+    from scout_deepspeed import DeepSpeedCheckpointIO
+
+    from scout_core.testing import TinyLM, check_checkpoint_io
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    cfg = ds_config(2, None, world=dist.get_world_size())  # SCOUT off: the IO alone
+    engine, *_ = scout_deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=cfg
+    )
+    io = DeepSpeedCheckpointIO(engine, ckpt_dir)
+    steps = [0]
+
+    def advance() -> None:
+        _train_step(engine, steps[0], dist.get_rank())
+        steps[0] += 1
+
+    @contextmanager
+    def failing_saves() -> Any:
+        """Every rank's checkpoint writes raise (a full disk): DeepSpeed writes nothing."""
+        writer = engine.checkpoint_engine
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise OSError("disk full (injected)")
+
+        writer.save = broken
+        try:
+            yield
+        finally:
+            del writer.save
+
+    def state() -> list[torch.Tensor]:
+        masters = list(getattr(engine.optimizer, "single_partition_of_fp32_groups", []))
+        return [p.detach() for p in engine.module.parameters()] + masters
+
+    advance()
+    check_checkpoint_io(io, state=state, advance=advance, break_save=failing_saves)
+    return {"tags": list(io.list_tags()), "writes": io.writes_metadata()}

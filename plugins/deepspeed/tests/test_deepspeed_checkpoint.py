@@ -1,6 +1,8 @@
 """Checkpoint gating through ``engine.save_checkpoint`` / ``load_checkpoint`` (real DeepSpeed).
 
-One ZeRO-2 job on 4 ranks (Gloo, CPU); the timeline is in ``ds_ckpt_scenarios``.
+One ZeRO-2 job on 4 ranks (Gloo, CPU); the timeline is in ``ds_ckpt_scenarios``. The
+gating itself is the core's ``FrameworkGate``; the plugin supplies the
+``DeepSpeedCheckpointIO``, which also passes the core's shared conformance body.
 Restores are compared with the signatures of every module parameter, fp32 master
 partition and Adam slot taken right after the matching save, as JSON strings.
 """
@@ -74,3 +76,13 @@ def test_saves_are_certified_refused_after_sdc_and_restored_bitwise(tmp_path: Pa
     assert len(refused) == 1 and refused[0]["failure"] == "sdc"
     sidecar = json.loads((ckpt / "scout-certification.json").read_text(encoding="utf-8"))
     assert sidecar["schema"] == "scout.deepspeed.certification/1" and sidecar["K"] == 4
+
+
+@pytest.mark.timeout(180)
+def test_checkpoint_io_conformance(tmp_path: Path) -> None:
+    """The core's shared CheckpointIO conformance body passes on DeepSpeed's IO."""
+    from ds_ckpt_scenarios import io_conformance
+
+    results = run_ranks(io_conformance, 2, args=(str(tmp_path / "ck"),), timeout_s=150, env=ENV)
+    assert results[0]["tags"] == ["global_step4", "global_step8"]
+    assert [r["writes"] for r in results] == [True, False]  # rank 0 writes DeepSpeed's latest

@@ -1,0 +1,24 @@
+"""SCOUT's configuration: the schema, where values come from, and the per-field checks.
+
+* :mod:`.schema`: :class:`Config`, the one flat, frozen dataclass (a docstring under
+  every field), and :func:`fields_doc`, which ``docs/configuration.md`` is written from;
+* :mod:`.sources`: files, ``SCOUT_*`` environment variables, framework sections;
+* :mod:`.checks`: one type check and value rule per field.
+"""
+
+from __future__ import annotations
+
+from scout_core.config.checks import ON_HANG_ACTIONS, RECIPES, RESERVED_EXIT_CODES
+from scout_core.config.schema import Config, fields_doc
+from scout_core.config.sources import ENV_PREFIX, NON_CONFIG_ENV, NON_CONFIG_ENV_PREFIXES
+
+__all__ = [
+    "Config",
+    "RECIPES",
+    "ON_HANG_ACTIONS",
+    "RESERVED_EXIT_CODES",
+    "ENV_PREFIX",
+    "NON_CONFIG_ENV",
+    "NON_CONFIG_ENV_PREFIXES",
+    "fields_doc",
+]

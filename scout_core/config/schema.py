@@ -1,0 +1,270 @@
+"""SCOUT's configuration schema: one flat, validated, frozen dataclass.
+
+Every knob SCOUT has is a field of :class:`Config`, with a docstring under it. The
+same object is built from Python (``Config(report_dir=...)``), from a TOML or JSON
+file (:meth:`Config.from_file`), from a framework's own config section such as the
+``"scout"`` key of a DeepSpeed JSON (:meth:`Config.from_mapping`), and from
+``SCOUT_<FIELD>`` environment variables (:meth:`Config.from_env`), which override
+file values. Where values come from is :mod:`.sources`; every value goes through
+one per-field check (:mod:`.checks`), so a bad value fails the same way wherever it
+came from: a :class:`~scout_core.errors.ConfigError` that names the key (or the
+environment variable) and, for a fixed set, the valid values.
+
+The config is flat on purpose: a flat namespace maps one-to-one onto environment
+variables, command-line flags and a framework's config section, with no nesting
+rules to learn. ``docs/configuration.md`` is generated from the field docstrings
+(:func:`fields_doc`) and a test keeps it in step with this file.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import itertools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scout_core.config.checks import RECIPES, check, field_names
+from scout_core.config.sources import env_overrides, read_file, values_from_mapping
+
+__all__ = ["Config", "fields_doc"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Config:
+    """Everything SCOUT can be told. Build with keywords; change with ``dataclasses.replace``."""
+
+    enabled: bool = True
+    """Master switch. A disabled config attaches nothing: no hooks, no observer, no records."""
+
+    run_id: str | None = None
+    """Run identity written into every evidence record. ``None`` uses the environment
+    variable ``TORCHELASTIC_RUN_ID`` (torchrun sets it identically on every rank), else
+    ``"scout"``. It must be the same on every rank; see ``resolved_run_id()``."""
+
+    report_dir: str = "scout-report"
+    """Directory for evidence records; each rank appends to ``rank-<global rank>.jsonl``."""
+
+    layers: str | None = None
+    """Dotted module path (from the model root) of the ``ModuleList`` of repeated layers,
+    e.g. ``"model.layers"``. ``None`` auto-detects the largest ``ModuleList`` of
+    same-class blocks."""
+
+    embedding: str | None = None
+    """Dotted module path of the token embedding. ``None`` auto-detects it."""
+
+    lm_head: str | None = None
+    """Dotted module path of the LM head (output projection). ``None`` auto-detects it."""
+
+    replay_interval: int = 20
+    """Replay one hidden layer every this many optimizer steps, rotating through the
+    layers (>= 1)."""
+
+    embedding_interval: int = 20
+    """Replay the embedding every this many optimizer steps (>= 1). Switch the recipe
+    off through ``recipes``, not with 0."""
+
+    lm_head_interval: int = 20
+    """Replay the LM head every this many optimizer steps (>= 1). Switch the recipe off
+    through ``recipes``, not with 0."""
+
+    optimizer_interval: int = 20
+    """Replay the optimizer update on one slice every this many optimizer steps (>= 1).
+    Switch the recipe off through ``recipes``, not with 0."""
+
+    recipes: tuple[str, ...] = RECIPES
+    """Replay recipes to run, any of ``hidden``, ``embedding``, ``lm_head``,
+    ``optimizer`` (no repeats). An empty list turns numerical replay off and leaves
+    the hang observer."""
+
+    variants: tuple[float, ...] = (0.1, 1.0, 10.0)
+    """Input scale variants each replay runs, to widen value coverage (non-empty,
+    finite, > 0, no repeats)."""
+
+    optimizer_slice: int = 65536
+    """Elements in one optimizer-replay slice; the slice rotates over the parameters
+    (>= 1)."""
+
+    kappa: float = 5.0
+    """Sensitivity of statistical C3: a peer is an outlier when its timing is more than
+    ``kappa`` robust scales from the median (> 0)."""
+
+    straggler_rounds: int = 2
+    """Consecutive timing rounds in which the same rank must be the outlier before a
+    straggler verdict (>= 1)."""
+
+    straggler_min_excess_s: float = 0.05
+    """Minimum absolute excess over the peers' median, in seconds, for a timing outlier
+    to count towards a straggler (>= 0)."""
+
+    straggler_min_ratio: float = 1.5
+    """Minimum ratio of the outlier's time to the peers' median for a timing outlier to
+    count towards a straggler (>= 1)."""
+
+    deterministic: bool = True
+    """Run replay under deterministic algorithms (scoped to the replay), so equal inputs
+    give bitwise-equal outputs on healthy peers."""
+
+    replay_threads: int | None = None
+    """Intra-op CPU threads during replay (>= 1). ``None``: the peers agree on the
+    minimum of their current thread counts, since BLAS may change path with the
+    thread count."""
+
+    observer: bool = True
+    """Start the out-of-band hang observer (one CPU process per rank)."""
+
+    hang_timeout_s: float = 60.0
+    """Seconds of silent progress before the observer starts a hang diagnosis (> 0)."""
+
+    stage_timeout_s: float | None = None
+    """Seconds a rank may stay inside one stage (dataloader, checkpoint I/O) before it
+    counts as stalled (> 0). ``None`` uses ``hang_timeout_s``."""
+
+    observer_addr: str | None = None
+    """Host of the observers' own c10d store. ``None`` derives it under torchrun."""
+
+    observer_port: int | None = None
+    """Port of the observers' own c10d store (1..65535). ``None`` derives it under
+    torchrun."""
+
+    observer_join_timeout_s: float = 30.0
+    """Seconds the observers wait for each other to join their group (> 0)."""
+
+    on_hang: str = "report"
+    """What to do after a hang verdict: ``report`` (write evidence only),
+    ``dump_stacks`` (also dump every thread's stack) or ``terminate`` (also end the
+    process with ``hang_exit_code`` so the launcher restarts the job)."""
+
+    hang_exit_code: int = 86
+    """Exit code used by ``on_hang = "terminate"`` (1..255; not 16 or 17, which
+    Megatron-Core uses, nor 93, which nvidia-resiliency-ext uses)."""
+
+    gate: bool = True
+    """Run the checkpoint gate at replay boundaries: keep latest / candidate / verified
+    in-memory checkpoints, certify them by clean replay cycles, and let
+    ``session.recover`` restore the one recovery can trust."""
+
+    checkpoint_dir: str | None = None
+    """Directory for durable gate checkpoints (torch.distributed.checkpoint). ``None``
+    keeps gate checkpoints in memory only."""
+
+    catalog_size: int | None = None
+    """K, the number of recipe checks in one catalog cycle (>= 1). ``None`` derives it
+    from the recipe catalog (rotated layers plus embedding, LM head, optimizer)."""
+
+    peer_replication: bool = False
+    """Also replicate each in-memory gate checkpoint to a peer, so a lost machine's
+    state can be recovered."""
+
+    def __post_init__(self) -> None:
+        # Frozen: normalised values (list -> tuple, int -> float) go in through
+        # object.__setattr__, which is how a frozen dataclass sets its own fields.
+        for f in dataclasses.fields(self):
+            value = check(type(self), f.name, getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
+
+    # -- resolved views ---------------------------------------------------------------
+
+    def resolved_run_id(self, environ: Mapping[str, str] | None = None) -> str:
+        """The run id records carry: ``run_id``, else ``TORCHELASTIC_RUN_ID``, else ``"scout"``."""
+        if self.run_id is not None:
+            return self.run_id
+        env = os.environ if environ is None else environ
+        return env.get("TORCHELASTIC_RUN_ID") or "scout"
+
+    def resolved_stage_timeout_s(self) -> float:
+        """``stage_timeout_s`` when set, else ``hang_timeout_s``."""
+        return self.hang_timeout_s if self.stage_timeout_s is None else self.stage_timeout_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field (tuples become lists); ``from_mapping`` reads it back."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    # -- constructors -----------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(
+        cls,
+        mapping: Mapping[str, Any],
+        *,
+        source: str = "config mapping",
+        base: Config | None = None,
+    ) -> Config:
+        """Build a config from a mapping of field names to values (a file's table, a
+        framework's ``"scout"`` section), on top of ``base`` (default: the defaults).
+
+        Unknown keys and wrong types raise :class:`ConfigError` naming ``source`` and
+        the key. Values must have the field's type: a list stands for a tuple and an
+        int for a float, but strings are not parsed (that is what env overrides do).
+        """
+        values = values_from_mapping(cls, mapping, source=source)
+        start = cls() if base is None else base
+        return dataclasses.replace(start, **values)
+
+    @classmethod
+    def from_file(
+        cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+    ) -> Config:
+        """Read a ``.toml`` or ``.json`` file, then apply ``SCOUT_*`` env overrides.
+
+        The file holds the config keys either at the top level or inside one
+        ``[scout]`` table (TOML) / ``"scout"`` object (JSON). The ``scout`` table is
+        used when the file has a top-level ``scout`` key, and then any other top-level
+        keys are left alone, so the section can live inside a larger file.
+        """
+        mapping = read_file(Path(path))
+        base = cls.from_mapping(mapping, source=str(path))
+        return cls.from_env(base, environ=os.environ if environ is None else environ)
+
+    @classmethod
+    def from_env(
+        cls, base: Config | None = None, environ: Mapping[str, str] | None = None
+    ) -> Config:
+        """Apply ``SCOUT_<FIELD>`` overrides from ``environ`` to ``base``.
+
+        With no ``base``, ``SCOUT_CONFIG=<path>`` names a file to start from (its
+        values, then these overrides); without it the defaults are the start.
+        Values are parsed from text: bools ``1/0/true/false/yes/no/on/off``, ints,
+        floats, comma-separated lists, and ``none`` or an empty value for ``None``
+        (an empty value is an empty list for a list field). An unknown ``SCOUT_*``
+        variable is an error, so a misspelt override cannot be silently ignored.
+        """
+        env = os.environ if environ is None else environ
+        if base is None:
+            file = env.get("SCOUT_CONFIG")
+            base = cls.from_mapping(read_file(Path(file)), source=file) if file else cls()
+        overrides = env_overrides(cls, env)
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+
+@functools.cache
+def fields_doc() -> dict[str, str]:
+    """Field name -> the docstring written under it in :class:`Config` (whitespace folded).
+
+    Read from the source with :mod:`ast`, because a string under an assignment is not
+    kept at runtime. ``docs/configuration.md`` is written from this.
+    """
+    tree = ast.parse(inspect.getsource(Config))
+    cls = tree.body[0]
+    assert isinstance(cls, ast.ClassDef)
+    docs: dict[str, str] = {}
+    body = cls.body
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return {name: docs.get(name, "") for name in field_names(Config)}
