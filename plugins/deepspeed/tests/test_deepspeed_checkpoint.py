@@ -75,7 +75,7 @@ def test_saves_are_certified_refused_after_sdc_and_restored_bitwise(tmp_path: Pa
     refused = [r for r in _records(Path(results[0]["report"])) if r["detail"].get("refused")]
     assert len(refused) == 1 and refused[0]["failure"] == "sdc"
     sidecar = json.loads((ckpt / "scout-certification.json").read_text(encoding="utf-8"))
-    assert sidecar["schema"] == "scout.deepspeed.certification/1" and sidecar["K"] == 4
+    assert sidecar["schema"] == "scout.certification/1" and sidecar["K"] == 4
 
 
 @pytest.mark.timeout(180)
