@@ -280,7 +280,14 @@ class VerdictMaker:
             return []
         detail = {"median_s": median, "rounds": self.rounds}
         return [
-            self._slow_record(outcome, result, Failure.STRAGGLER, confirmed, Scope.RANK, detail)
+            self._slow_record(
+                outcome,
+                result,
+                failure=Failure.STRAGGLER,
+                outliers=confirmed,
+                scope=Scope.RANK,
+                detail=detail,
+            )
         ]
 
     def _comm(self, outcome: RoundOutcome) -> list[Record]:
