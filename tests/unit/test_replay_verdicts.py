@@ -90,3 +90,27 @@ def test_any_due_matches_due() -> None:
     )
     for step in range(400):
         assert sched.any_due(step) == bool(sched.due(step)), step
+
+
+def test_compute_straggler_needs_consecutive_rounds_and_names_the_rank() -> None:
+    """A ``t_M`` outlier (C3 attributed it) becomes a straggler after ``rounds`` rounds."""
+    maker = _maker()
+
+    def judged(step: int) -> list[tuple[str, tuple[int, ...]]]:
+        recipe = Recipe(HIDDEN, f"layers.{step % 4}", step % 4)
+        t_m = C3Result(
+            surface=f"{recipe.name}/t_M",
+            mode=Mode.STATISTICAL,
+            status=Status.ATTRIBUTED,
+            bitmap=(False, False, True, False),
+            evidence=(0.01, 0.011, 0.3, 0.012),
+            ranks=GROUP,
+        )
+        outcome = RoundOutcome(recipe, step, GROUP, True, {t_m.surface: t_m}, source=0)
+        return [
+            (str(r.failure.value if r.failure else None), tuple(r.outliers))
+            for r in maker.judge(outcome)
+        ]
+
+    assert judged(0) == []  # one round is not enough
+    assert judged(1) == [("straggler", (2,))]
