@@ -81,6 +81,43 @@ def two_optimizers(steps: int, corrupt: bool) -> dict[str, Any]:
     return out
 
 
+def two_optimizers_on_off(steps: int) -> dict[str, str]:
+    """The same two-optimizer job trained with SCOUT off, then on: parameter signatures."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    import scout_core as scout
+
+    rank = dist.get_rank()
+    out: dict[str, str] = {}
+    for label in ("off", "on"):
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(TinyLM())
+        opts = _two_optimizers(ddp.module)
+        session = None
+        if label == "on":
+            cfg = scout.Config(
+                report_dir=_report(),
+                run_id="bitwise",
+                replay_interval=1,
+                embedding_interval=1,
+                lm_head_interval=1,
+                optimizer_interval=1,
+                observer=False,
+            )
+            session = scout.enable(ddp, opts, config=cfg)
+        torch.manual_seed(1)
+        for step in range(steps):
+            train_step(ddp, _Chained(opts), step, rank)  # type: ignore[arg-type]  # duck-typed
+        tensors = [p.detach() for p in ddp.parameters()]
+        for o in opts:
+            for st in o.state.values():
+                tensors += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        out[label] = f"{signature_many(tensors):016x}"
+        if session is not None:
+            session.close()
+    return out
+
+
 def agreement_refuses_foreign_groups() -> dict[str, Any]:
     """The agreement helpers refuse WORLD and a group SCOUT did not create."""
     from scout_core.decision.agreement import all_ok, any_flag, min_max, same_value

@@ -44,6 +44,14 @@ def test_two_optimizers_one_boundary_per_iteration_and_slices_across_both() -> N
     assert min(v[0] for v in verdicts) >= 3
 
 
+@pytest.mark.timeout(200)
+def test_two_optimizers_training_is_bitwise_identical_with_scout_on() -> None:
+    from platform_scenarios import two_optimizers_on_off
+
+    for out in run_ranks(two_optimizers_on_off, 3, args=(6,), timeout_s=150, env=ENV):
+        assert out["on"] == out["off"]
+
+
 @pytest.mark.timeout(120)
 def test_agreement_refuses_world_and_training_groups() -> None:
     from platform_scenarios import agreement_refuses_foreign_groups
