@@ -3,6 +3,7 @@
 ``scout demo``           a small multi-rank CPU job with injected faults, and its verdicts
 ``scout c3-round``       one C3 round across local ranks, one of them disagreeing
 ``scout report DIR``     print the evidence records of a report directory for a person
+``scout catalog``        build (``discover``) or inspect (``show``) an MoE shape catalog
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--all", action="store_true", help="also list agreeing rounds and gate captures")
     p.set_defaults(func=_report)
+    from scout_core.cli.catalog import add_parser as add_catalog
+
+    add_catalog(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:  # the demo parses its own options, "--help" included
         return _demo(argparse.Namespace(rest=argv[1:]))

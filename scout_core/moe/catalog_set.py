@@ -125,6 +125,7 @@ class CatalogSet:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(self.to_json(), f, separators=(",", ":"))
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a catalog is meant to be shared
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
