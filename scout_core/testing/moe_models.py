@@ -28,13 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from scout_core.testing.models import VOCAB, batch
+
+if TYPE_CHECKING:
+    from scout_core.moe.routing import ExpertLayerSpec
 
 __all__ = [
     "Expert",
@@ -255,6 +258,29 @@ class TinyMoE(nn.Module):
         for i, block in enumerate(self.layers):
             assert isinstance(block, MoEBlock)
             yield f"layers.{i}.moe", block.moe
+
+    def layer_specs(self, tokens_per_rank: int) -> list[ExpertLayerSpec]:
+        """The MoE layers as the shape catalog sees them (one GEMM per expert).
+
+        A token picks an expert at most once, so a local expert receives at most
+        ``tokens_per_rank`` rows from each EP peer: the admitted row counts are
+        ``0 .. tokens_per_rank * ep_size``.
+        """
+        from scout_core.moe.routing import ExpertLayerSpec
+
+        return [
+            ExpertLayerSpec(
+                name=name,
+                num_experts=layer.num_experts,
+                ep_size=layer.ep_size,
+                d_model=self.embed.embedding_dim,
+                d_ff=spec.ffn,
+                max_tokens_per_expert=tokens_per_rank * layer.ep_size,
+                min_tokens_per_expert=0,
+                experts_per_kernel=1,
+            )
+            for (name, layer), spec in zip(self.moe_layers(), self.specs, strict=True)
+        ]
 
     def expert_parameters(self) -> Iterator[nn.Parameter]:
         for _, layer in self.moe_layers():

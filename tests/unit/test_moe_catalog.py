@@ -203,3 +203,24 @@ def test_per_expert_token_vectors_share_representatives_across_permutations() ->
     bad = ExpertLayerSpec(name="bad", num_experts=2, d_model=4, d_ff=4, token_vectors=((1, 2, 3),))
     with pytest.raises(ValueError, match="has 3 entries, experts_per_kernel is 2"):
         expert_classes([bad])
+
+
+def test_the_moe_test_model_maps_onto_catalog_classes() -> None:
+    from scout_core.testing.models import batch
+    from scout_core.testing.moe_models import MoESpec, TinyMoE
+
+    model = TinyMoE((MoESpec(4, 32), MoESpec(2, 16), MoESpec(8, 24), MoESpec(4, 32)))
+    tokens = batch(0, 0)[:, :-1]
+    model(tokens)
+    classes = expert_classes(model.layer_specs(tokens_per_rank=tokens.numel()))
+    assert [c.name for c in classes] == [
+        "16x32/e1", "32x16/e1", "16x16/e1", "16x24/e1", "24x16/e1"
+    ]  # fmt: skip
+    assert class_for(classes, "layers.3.moe.up") is class_for(classes, "layers.0.moe.up")
+    catalogs = CatalogSet([discover(c, TileModel(num_sms=8)) for c in classes])
+    for name, layer in model.moe_layers():
+        for proj in ("up", "down"):
+            cls = class_for(classes, f"{name}.{proj}")
+            admitted = set(cls.admitted)
+            assert all((rows,) in admitted for rows in layer.last_tokens_per_expert)
+            assert catalogs[cls.name].size < len(cls.admitted)
