@@ -9,12 +9,15 @@ kernel is profiled. Nothing here runs without CUDA; the tests are marked ``gpu``
   sequence of (kernel name, block) per launch plus each launch's wave regime; it
   must be the same in every repeat, or the profile is uncertain. Path counts come
   from the tile model (:func:`~scout_core.moe.tiles.path_counts`) with the tile
-  size parsed from the kernel name (:func:`parse_tile`), and are trusted only when
-  that tile reproduces the launched grid: cuBLAS is column-major, so the tile may
-  lie along either output dimension, and exactly one orientation (times a split-K
-  factor equal to ``grid.z``) must match. A persistent kernel (grid smaller than
-  the tile count) or an unparsable name leaves the counts unknown: the shape is
-  kept as its own representative.
+  size (and, for nvjet kernels, the thread-block cluster) parsed from the kernel
+  name (:func:`parse_tile`, :func:`parse_cluster`), and are trusted only when that
+  tile reproduces the launched grid: the tile count along each dimension, rounded
+  up to whole clusters, times a split-K factor equal to ``grid.z``. cuBLAS is
+  column-major, so ``x @ w`` runs as ``w^T x^T`` and the kernel's M is our ``n``;
+  that frame is tried first, the other only if it alone reproduces the grid.
+  CTAs that pad a cluster are counted as their own path, ``pad``. A persistent
+  kernel (grid smaller than the tile count) or an unparsable name leaves the counts
+  unknown: the shape is kept as its own representative.
 * :class:`TritonProfiler` launches an autotuned Triton kernel through a callable
   you give, reads the configuration the autotuner chose (``best_config``) and, as a
   check, the launched grid from the trace; counts come from the tile model with the
@@ -30,6 +33,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +42,29 @@ from scout_core.moe.coverage import Profile
 from scout_core.moe.shapes import ExpertShape
 from scout_core.moe.tiles import TileConfig, path_counts
 
-__all__ = ["CublasProfiler", "KernelLaunch", "TritonProfiler", "parse_tile", "trace_kernels"]
+__all__ = [
+    "CublasProfiler",
+    "KernelLaunch",
+    "TritonProfiler",
+    "parse_cluster",
+    "parse_tile",
+    "trace_kernels",
+]
 
 _TILE_PATTERNS = (
     re.compile(r"tilesize(\d+)x(\d+)x(\d+)"),  # cuBLAS xmma / sm90 kernels
     re.compile(r"_(\d+)x(\d+)_ldg\d+.*?stages_(\d+)x\d+"),  # ampere_*gemm_128x128_ldg8_..._64x3
     re.compile(r"_(\d+)x(\d+)_(\d+)x\d+_"),  # cutlass 256x128_32x3_, nvjet 128x64_64x8_
 )
+
+
+_CLUSTER_PATTERN = re.compile(r"_\d+x\d+_\d+x\d+_(\d+)x(\d+)_")  # nvjet: tile_kxstages_cluster
+
+
+def parse_cluster(kernel_name: str) -> tuple[int, int]:
+    """Thread-block cluster shape named in a kernel's name (nvjet), else ``(1, 1)``."""
+    match = _CLUSTER_PATTERN.search(kernel_name)
+    return (int(match.group(1)), int(match.group(2))) if match else (1, 1)
 
 
 def parse_tile(kernel_name: str) -> tuple[int, int, int] | None:
@@ -82,9 +102,12 @@ def trace_kernels(fn: Callable[[], None]) -> list[KernelLaunch]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        # torch warns once that a profiler cycle keeps only its own events: wanted here.
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
     fd, path = tempfile.mkstemp(suffix=".json", prefix="scout-trace-")
     os.close(fd)
     try:
@@ -111,27 +134,34 @@ def _num_sms() -> int:
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
 
 
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
 def _resolve(launch: KernelLaunch, rows: int, k: int, n: int) -> tuple[dict[str, int], str] | str:
-    """Path counts of one GEMM launch, and its orientation; or why they are unknown."""
+    """Path counts of one GEMM launch and the frame they are in; or why they are unknown."""
     tile = parse_tile(launch.name)
     if tile is None:
         return f"no tile size in kernel name {launch.name!r}"
     if launch.grid is None or launch.ctas is None:
         return f"no grid recorded for {launch.name!r}"
     tm, tn, tk = tile
+    cx, cy = parse_cluster(launch.name)
     split = launch.grid[2]
-    found: dict[str, dict[str, int]] = {}
-    for orient, (a, b) in (("direct", (rows, n)), ("swapped", (n, rows))):
-        tiles = math.ceil(a / tm) * math.ceil(b / tn)
-        if tiles * split == launch.ctas:
-            cfg = TileConfig(block_m=tm, block_n=tn, block_k=tk, split_k=split)
-            found[orient] = path_counts(ExpertShape(rows=(a,), k=k, n=b), cfg)
-    if not found:
-        return f"tile {tm}x{tn} does not reproduce grid {launch.grid} of {launch.name!r}"
-    if len(found) == 2 and sorted(found["direct"].values()) != sorted(found["swapped"].values()):
-        return f"tile {tm}x{tn} fits grid {launch.grid} in both orientations"
-    orient = "direct" if "direct" in found else "swapped"
-    return found[orient], orient
+    cfg = TileConfig(block_m=tm, block_n=tn, block_k=tk, split_k=split)
+    # torch's row-major x @ w reaches cuBLAS as the column-major w^T x^T, so cuBLAS's M
+    # is our n: that frame is tried first, the rows-first one only if it alone fits.
+    for frame, (a, b) in (("cublas", (n, rows)), ("rows", (rows, n))):
+        ta, tb = math.ceil(a / tm), math.ceil(b / tn)
+        padded = _round_up(ta, cx) * _round_up(tb, cy)  # grids are whole clusters
+        if padded * split == launch.ctas:
+            counts = path_counts(ExpertShape(rows=(a,), k=k, n=b), cfg)
+            counts["pad"] = (padded - ta * tb) * split  # CTAs of a cluster with no tile
+            return counts, frame
+    return (
+        f"tile {tm}x{tn} (cluster {cx}x{cy}) does not reproduce grid {launch.grid} "
+        f"of {launch.name!r}"
+    )
 
 
 class CublasProfiler:
@@ -212,7 +242,8 @@ def _from_launches(
             role = "gemm" if launch in gemms else "aux"
             resolved = _resolve(launch, r, shape.k, shape.n) if role == "gemm" else None
             orient = resolved[1] if isinstance(resolved, tuple) else "?"
-            parts.append(f"K{kid}:{role}:b{launch.block}:w{waves}:{orient}")
+            split = "?" if launch.grid is None else launch.grid[2]
+            parts.append(f"K{kid}:{role}:b{launch.block}:s{split}:w{waves}:{orient}")
             if isinstance(resolved, str):
                 problem = problem or resolved
             elif resolved is not None:

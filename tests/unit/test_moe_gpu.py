@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from scout_core.moe.gpu import KernelLaunch, _from_launches, _resolve, parse_tile
+from scout_core.moe.gpu import KernelLaunch, _from_launches, _resolve, parse_cluster, parse_tile
 from scout_core.moe.shapes import ExpertShape
 from scout_core.moe.tiles import TileConfig, path_counts
 
@@ -46,30 +46,42 @@ def test_parse_tile(name: str, tile: tuple[int, int, int] | None) -> None:
 GEMM = "cutlass_80_tensorop_bf16_s16816gemm_bf16_64x128_32x3_tn_align8"
 
 
-def test_resolve_picks_the_orientation_that_reproduces_the_grid() -> None:
+def test_resolve_finds_the_frame_that_reproduces_the_grid() -> None:
     cfg = TileConfig(block_m=64, block_n=128, block_k=32)
-    # 300 rows x 128 cols under a 64x128 tile: 5 CTAs along the rows (direct), or 2 x 3 = 6
-    # with the tile's M along the columns (swapped, cuBLAS's column-major view).
-    direct = _resolve(KernelLaunch(GEMM, (5, 1, 1), (128, 1, 1)), 300, 256, 128)
-    assert direct == (path_counts(ExpertShape(rows=(300,), k=256, n=128), cfg), "direct")
-    swapped = _resolve(KernelLaunch(GEMM, (2, 3, 1), (128, 1, 1)), 300, 256, 128)
-    assert swapped == (path_counts(ExpertShape(rows=(128,), k=256, n=300), cfg), "swapped")
-    split = _resolve(KernelLaunch(GEMM, (5, 1, 2), (128, 1, 1)), 300, 256, 128)  # split-K 2
-    assert isinstance(split, tuple) and sum(split[0].values()) == 10
-    # 100 rows x 384 cols: 2 x 3 = 6 direct and 6 x 1 = 6 swapped, with different paths.
-    ambiguous = _resolve(KernelLaunch(GEMM, (6, 1, 1), (128, 1, 1)), 100, 256, 384)
-    assert isinstance(ambiguous, str) and "both orientations" in ambiguous
+    # 300 rows x 128 cols under a 64x128 tile: cuBLAS's column-major frame (its M is our n)
+    # takes 2 x 3 = 6 CTAs; a rows-first frame would take 5.
+    cublas = _resolve(KernelLaunch(GEMM, (2, 3, 1), (128, 1, 1)), 300, 256, 128)
+    want = path_counts(ExpertShape(rows=(128,), k=256, n=300), cfg)
+    assert cublas == ({**want, "pad": 0}, "cublas")
+    rows = _resolve(KernelLaunch(GEMM, (5, 1, 1), (128, 1, 1)), 300, 256, 128)
+    want = path_counts(ExpertShape(rows=(300,), k=256, n=128), cfg)
+    assert rows == ({**want, "pad": 0}, "rows")
+    split = _resolve(KernelLaunch(GEMM, (2, 3, 2), (128, 1, 1)), 300, 256, 128)  # split-K 2
+    assert isinstance(split, tuple) and sum(split[0].values()) == 12
+    # 100 rows x 384 cols: 6 CTAs in either frame; cuBLAS's own frame wins.
+    both = _resolve(KernelLaunch(GEMM, (6, 1, 1), (128, 1, 1)), 100, 256, 384)
+    assert isinstance(both, tuple) and both[1] == "cublas"
     wrong = _resolve(KernelLaunch(GEMM, (7, 1, 1), (128, 1, 1)), 300, 256, 128)
     assert isinstance(wrong, str) and "does not reproduce grid" in wrong
     assert "no tile size" in str(_resolve(KernelLaunch("gemv_kernel", (1, 1, 1), None), 1, 8, 8))
 
 
+def test_cluster_padding_is_its_own_path() -> None:
+    # Seen on an H200 (cuBLAS 13): 17 rows x 128 cols ran this kernel on grid (8, 1, 1):
+    # 2 tiles of 64 along n x 3 tiles of 8 along the rows, the rows rounded up to the
+    # cluster's 4: 8 CTAs, 2 of them padding.
+    name = "nvjet_sm90_tst_64x8_64x16_2x4_h_bz_NNT"
+    assert parse_cluster(name) == (2, 4) and parse_cluster(GEMM) == (1, 1)
+    counts, frame = _resolve(KernelLaunch(name, (8, 1, 1), (384, 1, 1)), 17, 128, 128)
+    assert frame == "cublas" and counts["pad"] == 2 and sum(counts.values()) == 8
+
+
 def test_profiles_from_launches_need_stable_repeats_and_one_gemm_per_expert() -> None:
     shape = ExpertShape(rows=(300, 300), k=256, n=128)
-    launch = KernelLaunch(GEMM, (5, 1, 1), (128, 1, 1))
+    launch = KernelLaunch(GEMM, (2, 3, 1), (128, 1, 1))
     stable = _from_launches([[[launch], [launch]]] * 3, shape, [300, 300], num_sms=132)
-    assert stable.certain and sum(stable.counts or ()) == 10
-    assert stable.fingerprint is not None and ":w1:direct" in stable.fingerprint
+    assert stable.certain and sum(stable.counts or ()) == 12
+    assert stable.fingerprint is not None and ":s1:w1:cublas" in stable.fingerprint
     other = KernelLaunch(GEMM.replace("64x128", "128x128"), (3, 1, 1), (256, 1, 1))
     flaky = _from_launches([[[launch], [launch]], [[other], [launch]]], shape, [300, 300], 132)
     assert flaky.fingerprint is None and "changed across 2 repeats" in flaky.note
@@ -103,7 +115,7 @@ def test_cublas_profiler_reads_a_stable_consistent_profile() -> None:
         assert again == p  # the same profile every time
         if p.counts is not None:  # counts are only given when the tile reproduced the grid
             gemm_ctas = sum(x.ctas or 0 for x in launches if parse_tile(x.name))
-            assert sum(p.counts) == gemm_ctas
+            assert sum(p.counts) == gemm_ctas  # every launched CTA is a counted unit
     print("cuBLAS launches:", *seen, sep="\n  ")
     cls = ExpertClass.uniform(name="cublas", k=128, n=128, tokens=range(1, 65))
     catalog = discover(cls, profiler)  # the cover is re-verified when the catalog is built
