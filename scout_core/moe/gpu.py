@@ -28,6 +28,7 @@ Both describe themselves for the catalog's environment binding.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -268,7 +269,11 @@ class TritonProfiler:
     ``launch(shape)`` runs the production kernel once for ``shape`` (building its
     inputs). ``kernel`` is the ``@triton.autotune`` object (its ``best_config`` is
     read after each launch); ``block_keys`` name its M, N and K block meta-parameters
-    and ``split_key`` its split-K one, if any.
+    and ``split_key`` its split-K one, if any. With ``per_expert=True`` the kernel is
+    a plain GEMM launched once per expert: the profiler calls ``launch`` with each
+    expert's one-row-count shape and reads the configuration after each (experts
+    with different row counts may be tuned differently); otherwise ``launch`` runs
+    one grouped launch for all experts.
     """
 
     name = "triton-autotune"
@@ -280,6 +285,7 @@ class TritonProfiler:
         *,
         block_keys: tuple[str, str, str] = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"),
         split_key: str | None = None,
+        per_expert: bool = False,
         repeats: int = 3,
         check_grid: bool = True,
     ) -> None:
@@ -287,6 +293,7 @@ class TritonProfiler:
         self.launch = launch
         self.block_keys = block_keys
         self.split_key = split_key
+        self.per_expert = per_expert
         self.repeats = repeats
         self.check_grid = check_grid
 
@@ -300,52 +307,74 @@ class TritonProfiler:
             "kernel": self._kernel_name(),
             "block_keys": list(self.block_keys),
             "split_key": self.split_key,
+            "per_expert": self.per_expert,
             "repeats": self.repeats,
         }
 
-    def _config(self) -> tuple[dict[str, Any], int, int] | None:
+    def _config(self) -> TileConfig | str:
         best = getattr(self.kernel, "best_config", None)
         if best is None:
-            return None
-        return dict(best.kwargs), int(best.num_warps), int(best.num_stages)
-
-    def profile(self, shape: ExpertShape) -> Profile:
-        import torch
-
-        self.launch(shape)  # warm-up: autotuning benchmarks happen here, not in the trace
-        torch.cuda.synchronize()
-        configs = []
-        launches: list[KernelLaunch] = []
-        for _ in range(self.repeats):
-            launches = trace_kernels(lambda: self.launch(shape))
-            configs.append(self._config())
-        first = configs[0]
-        if first is None:
-            return Profile(None, note=f"{self._kernel_name()} has no best_config after launch")
-        if any(c != first for c in configs[1:]):
-            return Profile(None, note="autotuned configuration changed across repeats")
-        kwargs, warps, stages = first
+            return f"{self._kernel_name()} has no best_config after launch"
+        kwargs = dict(best.kwargs)
         try:
             bm, bn, bk = (int(kwargs[key]) for key in self.block_keys)
             split = int(kwargs[self.split_key]) if self.split_key else 1
         except KeyError as exc:
-            return Profile(None, note=f"best_config lacks block parameter {exc}")
-        cfg = TileConfig(
-            block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages
+            return f"best_config lacks block parameter {exc}"
+        return TileConfig(
+            block_m=bm,
+            block_n=bn,
+            block_k=bk,
+            split_k=split,
+            num_warps=int(best.num_warps),
+            num_stages=int(best.num_stages),
         )
-        counts = path_counts(shape, cfg)
-        units = sum(counts.values())
-        meta = ",".join(f"{k}={kwargs[k]}" for k in sorted(kwargs))
-        fingerprint = (
-            f"triton:{self._kernel_name()}|{meta}|w{warps}|p{stages}|e{len(shape.rows)}"
-            f"|k{shape.k}|n{shape.n}|waves{math.ceil(units / _num_sms())}"
-        )
-        if self.check_grid:
+
+    def _launches(self, shape: ExpertShape) -> list[ExpertShape]:
+        if not self.per_expert:
+            return [shape]
+        return [ExpertShape(rows=(r,), k=shape.k, n=shape.n) for r in shape.rows if r]
+
+    def profile(self, shape: ExpertShape) -> Profile:
+        import torch
+
+        units = self._launches(shape)
+        for unit in units:
+            self.launch(unit)  # warm-up: autotuning benchmarks happen here, not in the trace
+        torch.cuda.synchronize()
+        runs: list[list[tuple[TileConfig | str, list[KernelLaunch]]]] = []
+        for _ in range(self.repeats):
+            run = []
+            for unit in units:
+                launches = trace_kernels(functools.partial(self.launch, unit))
+                run.append((self._config(), launches))
+            runs.append(run)
+        configs = [[c for c, _ in run] for run in runs]
+        if any(c != configs[0] for c in configs[1:]):
+            return Profile(None, note="autotuned configuration changed across repeats")
+        counts: dict[str, int] = {}
+        parts = [
+            f"triton:{self._kernel_name()}",
+            f"e{len(shape.rows)}",
+            f"k{shape.k}",
+            f"n{shape.n}",
+        ]
+        for unit, (cfg, launches) in zip(units, runs[0], strict=True):
+            if isinstance(cfg, str):
+                return Profile(None, note=cfg)
+            mine = path_counts(unit, cfg)
+            work = sum(mine.values())
+            parts.append(f"{cfg.key()}:waves{math.ceil(work / _num_sms())}")
             ours = [x for x in launches if self._kernel_name() in x.name]
             ctas = sum(x.ctas or 0 for x in ours)
-            if not ours or any(x.ctas is None for x in ours) or ctas != units:
+            if self.check_grid and (not ours or any(x.ctas is None for x in ours) or ctas != work):
                 return Profile(
-                    fingerprint,
-                    note=f"launched grid ({ctas} programs) does not match {units} tile units",
+                    "|".join(parts),
+                    note=f"launched grid ({ctas} programs) does not match {work} tile units "
+                    f"of {cfg.key()}",
                 )
-        return Profile(fingerprint, tuple(counts), tuple(counts.values()))
+            for path, c in mine.items():
+                key = f"{cfg.key()}:{path}"
+                counts[key] = counts.get(key, 0) + c
+        paths = tuple(sorted(counts))
+        return Profile("|".join(parts), paths, tuple(counts[p] for p in paths))

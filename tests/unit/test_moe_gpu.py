@@ -8,7 +8,6 @@ launched; they skip without CUDA (and the Triton one without Triton).
 from __future__ import annotations
 
 import importlib.util
-import math
 import subprocess
 import sys
 
@@ -137,6 +136,7 @@ def test_triton_profiler_reads_the_autotuned_config() -> None:
         _triton_gemm.scout_test_gemm,
         _triton_gemm.launch,
         block_keys=("block_m", "block_n", "block_k"),
+        per_expert=True,  # the test kernel is a plain GEMM, launched once per expert
     )
     for rows in [(1,), (16,), (100,), (37, 5)]:
         shape = ExpertShape(rows=rows, k=96, n=160)
@@ -145,14 +145,17 @@ def test_triton_profiler_reads_the_autotuned_config() -> None:
         assert max(float(e) for e in errors) < 0.5  # the kernel computes the GEMM
         p = profiler.profile(shape)
         assert p.certain, p.note
-        best = _triton_gemm.scout_test_gemm.best_config
-        cfg = TileConfig(block_m=best.kwargs["block_m"], block_n=best.kwargs["block_n"],
-                         block_k=best.kwargs["block_k"], num_warps=best.num_warps,
-                         num_stages=best.num_stages)  # fmt: skip
-        assert dict(zip(p.paths, p.counts or (), strict=True)) == path_counts(shape, cfg)
-        assert f"block_m={cfg.block_m}" in (p.fingerprint or "")
-        units = sum(math.ceil(r / cfg.block_m) * math.ceil(160 / cfg.block_n) for r in rows if r)
-        assert sum(p.counts or ()) == units
+        want: dict[str, int] = {}
+        for r in rows:  # each expert's launch, under the config the autotuner picked for it
+            _triton_gemm.launch(ExpertShape(rows=(r,), k=96, n=160))
+            best = _triton_gemm.scout_test_gemm.best_config
+            cfg = TileConfig(block_m=best.kwargs["block_m"], block_n=best.kwargs["block_n"],
+                             block_k=best.kwargs["block_k"], num_warps=best.num_warps,
+                             num_stages=best.num_stages)  # fmt: skip
+            assert f"{cfg.key()}:waves" in (p.fingerprint or "")
+            for path, c in path_counts(ExpertShape(rows=(r,), k=96, n=160), cfg).items():
+                want[f"{cfg.key()}:{path}"] = want.get(f"{cfg.key()}:{path}", 0) + c
+        assert dict(zip(p.paths, p.counts or (), strict=True)) == want
     cls = ExpertClass.uniform(name="triton", k=96, n=160, tokens=range(1, 129))
     catalog = discover(cls, profiler)
     print("Triton catalog 96x160 rows 1..128:", catalog.summary())
