@@ -274,7 +274,8 @@ def add_parser(sub: Any) -> None:
         "--model",
         metavar="FILE",
         help="JSON list of MoE layers (name, num_experts, ep_size, d_model, d_ff, "
-        "max_tokens_per_expert, ...): one class per distinct expert GEMM",
+        "max_tokens_per_expert, ...): one class per distinct expert GEMM "
+        "(--tokens and --projection are not used)",
     )
     w.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     t = d.add_argument_group("profiler")
