@@ -78,21 +78,24 @@ class MoEParallel:
     world_size: int
 
 
-def moe_parallel(ep_size: int) -> MoEParallel:
-    """Build the EP, expert-DP and dense groups (collective: every rank calls it)."""
+def moe_parallel(ep_size: int, *, backend: str | None = None) -> MoEParallel:
+    """Build the EP, expert-DP and dense groups (collective: every rank calls it).
+
+    ``backend`` defaults to the default process group's (Gloo on CPU, NCCL on CUDA).
+    """
     world, rank = dist.get_world_size(), dist.get_rank()
     if ep_size < 1 or world % ep_size:
         raise ValueError(f"ep_size {ep_size} must divide the world size {world}")
     ep_group = expert_dp_group = None
     for start in range(0, world, ep_size):  # every rank creates every group, in order
-        g = dist.new_group(list(range(start, start + ep_size)), backend="gloo")
+        g = dist.new_group(list(range(start, start + ep_size)), backend=backend)
         if start <= rank < start + ep_size:
             ep_group = g
     for pos in range(ep_size):
-        g = dist.new_group(list(range(pos, world, ep_size)), backend="gloo")
+        g = dist.new_group(list(range(pos, world, ep_size)), backend=backend)
         if rank % ep_size == pos:
             expert_dp_group = g
-    dense = dist.new_group(list(range(world)), backend="gloo")
+    dense = dist.new_group(list(range(world)), backend=backend)
     return MoEParallel(ep_size, rank % ep_size, ep_group, expert_dp_group, dense, world)
 
 
