@@ -42,7 +42,10 @@ def _c3_round(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from scout_core import __version__
+
     parser = argparse.ArgumentParser(prog="scout", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"scout-core {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="run the multi-rank fault-localization demo on CPU")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the demo")
