@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
         report = load_report(args.path, strict=False)
     except (EvidenceError, OSError) as exc:
         return _fail(str(exc))
+    if not report.records and report.problems:
+        skipped = "; ".join(str(p) for p in report.problems)
+        return _fail(f"{args.path}: no readable record ({skipped})")
     if not report.files:
-        if report.problems:
-            skipped = "; ".join(str(p) for p in report.problems)
-            return _fail(f"{args.path}: no readable rank file ({skipped})")
         return _fail(f"{args.path}: no rank files (rank-<global rank>.jsonl) here")
     if args.run_id is not None and args.run_id not in report.runs():
         return _fail(f"no run {args.run_id!r} in {args.path}; runs: {', '.join(report.runs())}")

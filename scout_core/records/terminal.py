@@ -57,9 +57,16 @@ def _table(rows: tuple[Row, ...], show_run: bool, piped: bool) -> Table:
     return table
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich's default exits with status 1, which ``scout report`` uses for "a failure
+        # was reported"; the caller ends quietly with its own code instead.
+        raise BrokenPipeError
+
+
 def print_timeline(timeline: Timeline, stream: IO[str] | None = None) -> None:
     """Print ``timeline`` for a person (to ``stream``, stdout by default)."""
-    console = Console(file=stream, highlight=False, markup=False, soft_wrap=False)
+    console = _Console(file=stream, highlight=False, markup=False, soft_wrap=False)
     if not console.is_terminal:
         console.width = _PIPED_WIDTH
     report = timeline.report
