@@ -22,9 +22,11 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
+from matplotlib.artist import Artist
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
@@ -126,18 +128,25 @@ def _heatmap(run: str | None, every: Sequence[Record], shown: Sequence[Record]) 
         origin="lower",
         extent=(s0 - 0.5, s0 + cols * sk - 0.5, r0 - 0.5, r0 + rows * rk - 0.5),
     )
-    if rows <= 32 and cols <= 40:  # small enough to name each cell
+    if rows <= 32:  # name the cells that are wide enough for their label
+        cell_px = SIZES["heatmap.png"][0] * 0.8 / cols
         for (i, j), text in labels.items():
-            ax.text(s0 + j * sk, r0 + i * rk, text, ha="center", va="center", fontsize=7)
+            if len(text) * 5 <= cell_px:
+                ax.text(s0 + j * sk, r0 + i * rk, text, ha="center", va="center", fontsize=7)
+    restores = [rec.step for rec in every if rec.action == "retrieve"]
+    for step in restores:  # the gate's retrieval, after the step that triggered it
+        ax.axvline(step + 0.5, color="#9467bd", linestyle="--", linewidth=1.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step" + (f" (each column {sk} steps)" if sk > 1 else ""))
     ax.set_ylabel("rank" + (f" (each row {rk} ranks)" if rk > 1 else ""))
     ax.set_title(f"Failures by rank and step, run {run or '-'}")
-    handles = [Patch(color=COLOURS[k], label=k.value) for k in Failure if k in kinds]
+    handles: list[Artist] = [Patch(color=COLOURS[k], label=k.value) for k in Failure if k in kinds]
+    if restores:
+        handles.append(Line2D([], [], color="#9467bd", linestyle="--", label="restore"))
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    else:
+    if not kinds:
         ax.text(0.5, 0.5, "no failures", ha="center", va="center", transform=ax.transAxes)
     return _png(fig)
 
@@ -160,10 +169,14 @@ def _gate(run: str | None, every: Sequence[Record], shown: Sequence[Record]) -> 
                 f" step {r.checkpoint_step}" if r.checkpoint_step is not None else ": none yet"
             )
             ax.axvline(r.step, color="#9467bd", linestyle="--", linewidth=1.5)
+            if r.checkpoint_step is not None:  # the generation training goes back to
+                ax.plot([r.step], [r.checkpoint_step], marker="*", color="#9467bd", ms=14)
             ax.annotate(
                 what,
                 (r.step, 1.0),
                 xycoords=("data", "axes fraction"),
+                xytext=(-2, -2),
+                textcoords="offset points",
                 fontsize=8,
                 rotation=90,
                 va="top",
