@@ -3,6 +3,7 @@
 ``scout demo``           a small multi-rank CPU job with injected faults, and its verdicts
 ``scout c3-round``       one C3 round across local ranks, one of them disagreeing
 ``scout report PATH``    what SCOUT decided in a run: a timeline, ``--json``, ``--html``, ``--png``
+``scout simulate LAYOUT`` grouping and C3 decisions on a large layout, no processes spawned
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ import sys
 from collections.abc import Sequence
 
 from scout_core.cli.report import add_arguments as add_report_arguments
+from scout_core.cli.simulate import add_arguments as add_simulate_arguments
 
 __all__ = ["main"]
 
 
 def _report(args: argparse.Namespace) -> int:
     from scout_core.cli.report import run
+
+    return run(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from scout_core.cli.simulate import run
 
     return run(args)
 
@@ -51,6 +59,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_report_arguments(p)
     p.set_defaults(func=_report)
+    p = sub.add_parser(
+        "simulate",
+        help="peer groups, C3 and diagnosis of a large layout, simulated in one process",
+        description='Layouts such as "TP8 PP16 DP128". Exit code: 0 every planted culprit '
+        "found, 1 one was not, 2 a layout does not parse.",
+    )
+    add_simulate_arguments(p)
+    p.set_defaults(func=_simulate)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:  # the demo parses its own options, "--help" included
         return _demo(argparse.Namespace(rest=argv[1:]))
