@@ -329,3 +329,13 @@ def test_piping_into_head_ends_quietly(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr == ""
         assert len(proc.stdout.splitlines()) == 2
+
+
+def test_the_documented_pictures_have_the_documented_sizes() -> None:
+    from scout_core.records.figures import SIZES
+
+    images = Path(__file__).resolve().parents[2] / "docs" / "images"
+    for name, size in SIZES.items():
+        data = (images / f"report-{name}").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == size
