@@ -339,3 +339,18 @@ def test_the_documented_pictures_have_the_documented_sizes() -> None:
         data = (images / f"report-{name}").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
         assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == size
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--steps", "8"], ["--sdc-step", "0"], ["--steps", "12", "--slow-step", "10"]],
+)
+def test_demo_refuses_faults_outside_the_run(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scout_core.cli.demo import main as demo_main
+
+    with pytest.raises(SystemExit) as info:
+        demo_main(argv)  # refused before any rank is spawned
+    assert info.value.code == 2
+    assert "the faults must fall inside the run" in capsys.readouterr().err
