@@ -115,9 +115,10 @@ def _heatmap(run: str | None, every: Sequence[Record], shown: Sequence[Record]) 
         pale = not rec.outliers
         priority = (int(pale), list(Failure).index(rec.failure))
         colour = to_rgba(COLOURS[rec.failure], 0.35 if pale else 1.0)
-        for step in range(rec.step, min(last, s1) + 1):
-            for rank in rec.group if pale else rec.outliers:
-                i, j = (rank - r0) // rk, (step - s0) // sk
+        rows_hit = {(rank - r0) // rk for rank in (rec.group if pale else rec.outliers)}
+        cols_hit = range((rec.step - s0) // sk, (min(last, s1) - s0) // sk + 1)
+        for i in rows_hit:  # per cell, not per rank and step: long incidents stay cheap
+            for j in cols_hit:
                 if priority < worst[i][j]:
                     worst[i][j], grid[i][j] = priority, colour
                     labels[i, j] = rec.failure.value
@@ -128,6 +129,17 @@ def _heatmap(run: str | None, every: Sequence[Record], shown: Sequence[Record]) 
         origin="lower",
         extent=(s0 - 0.5, s0 + cols * sk - 0.5, r0 - 0.5, r0 + rows * rk - 0.5),
     )
+    if rk > 1 or sk > 1:  # binned: ring each culprit so a single cell cannot be missed
+        for rec in shown:
+            if rec.failure is not None and rec.outliers and rec.schema != CHECKPOINT_SCHEMA:
+                ax.scatter(
+                    [rec.step] * len(rec.outliers),
+                    rec.outliers,
+                    s=90,
+                    facecolors="none",
+                    edgecolors=COLOURS[rec.failure],
+                    linewidths=1.5,
+                )
     if rows <= 32:  # name the cells that are wide enough for their label
         cell_px = SIZES["heatmap.png"][0] * 0.8 / cols
         for (i, j), text in labels.items():

@@ -63,7 +63,7 @@ def gate(step: int, t: float, action: str, ckpt: int | None, **overrides: Any) -
         time=T0 + t,
         step=step,
         surface="gate",
-        group=tuple(range(8)),
+        group=overrides.pop("group", tuple(range(8))),
         scope=Scope.JOB,
         action=action,
         checkpoint_step=ckpt,
@@ -354,3 +354,21 @@ def test_demo_refuses_faults_outside_the_run(
         demo_main(argv)  # refused before any rank is spawned
     assert info.value.code == 2
     assert "the faults must fall inside the run" in capsys.readouterr().err
+
+
+def test_pictures_of_a_large_long_job_keep_their_size(tmp_path: Path) -> None:
+    from scout_core.records.figures import SIZES, render_figures
+    from scout_core.records.reading import load_report
+    from scout_core.records.timeline import build_timeline
+
+    world = tuple(range(4096))
+    with EvidenceWriter(tmp_path, 0, run_id="run-a", fsync=False) as w:
+        for step in range(0, 3000, 100):
+            w.write(gate(step, float(step), "capture", step, group=world))
+        w.write(verdict(1200, 1200.5, group=tuple(range(7, 4096, 32)), outliers=(1031,)))
+    figures = render_figures(build_timeline(load_report(tmp_path)))
+    assert set(figures) == {"heatmap.png", "gate.png"}  # no straggler round: no third picture
+    for name, data in figures.items():
+        assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == SIZES[
+            name
+        ]
