@@ -145,6 +145,8 @@ def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> R
     elif path.is_file():
         match = RANK_FILE.match(path.name)
         directory, candidates = path.parent, [(int(match.group(1)) if match else None, path)]
+    elif path.exists():
+        raise EvidenceError(f"{path}: not a report directory or a regular file")
     else:
         raise EvidenceError(f"{path}: no such report directory or file")
     by_rank: dict[int, tuple[Record, ...]] = {}

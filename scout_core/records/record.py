@@ -18,6 +18,7 @@ twice (a retried write, a copy of the file) has one id.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -147,9 +148,13 @@ class Record:
         else:
             self._check_incident()
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """A stable id: blake2b-64 of the canonical JSON without ``time`` (module note)."""
+        """A stable id: blake2b-64 of the canonical JSON without ``time`` (module note).
+
+        Cached on first use (records are immutable; the cache lives outside the fields,
+        so equality, hashing and ``to_dict`` are unchanged).
+        """
         data = self.to_dict()
         del data["time"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -236,7 +236,7 @@ def test_paths_that_are_not_reports(tmp_path: Path) -> None:
         load_report(tmp_path / "absent", strict=False)
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    with pytest.raises(EvidenceError, match="no such report directory or file"):
+    with pytest.raises(EvidenceError, match="not a report directory or a regular file"):
         load_report(fifo, strict=False)
     empty = lenient(tmp_path)
     assert empty.files == () and empty.records == ()
