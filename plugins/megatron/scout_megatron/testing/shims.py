@@ -1,0 +1,157 @@
+"""CPU shims for real megatron-core 0.16 on a machine without CUDA (tests and examples only).
+
+megatron-core's model code runs on CPU (``TransformerConfig(use_cpu_initialization=True)``,
+the local layer spec, learned absolute positions), forward and backward, tensor
+parallel included, over Gloo. Three code paths assume CUDA; each shim below replaces
+exactly one of them with the CPU equivalent. None of them is needed, or wanted, in a
+GPU job: a GPU job uses Megatron's own objects unchanged.
+
+* :class:`CpuMemoryBuffer`. ``megatron.core.utils.GlobalMemoryBuffer.get_tensor``
+  allocates its scratch tensors with ``device=torch.cuda.current_device()``; the
+  attention score buffer (``DotProductAttention.forward``) and the sequence-parallel
+  gathers take them from ``parallel_state.get_global_memory_buffer()``. The subclass
+  allocates on CPU and keeps the base class's reuse-by-(name, dtype) behaviour.
+* :class:`CpuRNGStatesTracker`. ``tensor_parallel.random.CudaRNGStatesTracker``
+  keeps one CUDA generator state per stream (``model-parallel-rng``,
+  ``data-parallel-rng``, ``expert-parallel-rng``) and swaps them in and out of the
+  CUDA generator in ``add`` and ``fork``. The subclass keeps the same streams, seeded
+  the same way by ``model_parallel_cuda_manual_seed``, as states of the *CPU*
+  default generator, so dropout inside ``fork()`` draws from the right stream on
+  CPU. (``initialize_rng_tracker(inference_rng_tracker=True)`` would also avoid
+  CUDA, but its tracker drops every stream: ``get_states()`` is empty and ``fork`` is
+  a no-op, so it cannot exercise SCOUT's RNG capture.)
+* :class:`cuda_factories_on_cpu`. ``FP32Optimizer.__init__`` creates its loss scale
+  with ``torch.tensor(..., device='cuda')`` and ``get_grad_norm_fp32`` (called by
+  every ``ChainedOptimizer.step``) its scratch tensors with ``device='cuda'``. This
+  ``TorchFunctionMode`` rewrites an explicit CUDA ``device=`` of a torch call to CPU
+  while it is active; the helpers wrap only the optimizer's construction and its
+  ``step()`` in it.
+
+:func:`install_cpu_shims` installs the first two after
+``parallel_state.initialize_model_parallel`` and seeds the streams the way Megatron
+does. Megatron keeps both objects in private module globals
+(``parallel_state._GLOBAL_MEMORY_BUFFER``,
+``tensor_parallel.random._CUDA_RNG_STATE_TRACKER``): no public setter exists, so the
+shim assigns them; ``destroy_model_parallel`` and ``initialize_rng_tracker(force_reset=
+True)`` clear them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.tensor_parallel import random as mcore_random
+from megatron.core.utils import GlobalMemoryBuffer
+from torch.overrides import TorchFunctionMode
+
+__all__ = [
+    "CpuMemoryBuffer",
+    "CpuRNGStatesTracker",
+    "cuda_factories_on_cpu",
+    "install_cpu_shims",
+]
+
+_MODEL_PARALLEL_RNG = "model-parallel-rng"
+
+
+class CpuMemoryBuffer(GlobalMemoryBuffer):  # type: ignore[misc]  # megatron is untyped
+    """``GlobalMemoryBuffer`` whose scratch tensors live on CPU."""
+
+    def get_tensor(
+        self,
+        tensor_shape: Sequence[int],
+        dtype: torch.dtype,
+        name: str,
+        mem_alloc_context: Any = None,
+    ) -> torch.Tensor:
+        del mem_alloc_context  # a CUDA allocator context: nothing to do on CPU
+        required = functools.reduce(operator.mul, tensor_shape, 1)
+        buffer: torch.Tensor | None = self.buffer.get((name, dtype))
+        if buffer is None or buffer.numel() < required:
+            buffer = torch.empty(required, dtype=dtype, requires_grad=False)
+            self.buffer[(name, dtype)] = buffer
+        return buffer[0:required].view(*tensor_shape)
+
+
+class CpuRNGStatesTracker(mcore_random.CudaRNGStatesTracker):  # type: ignore[misc]
+    """Megatron's RNG tracker with its named streams held as CPU generator states."""
+
+    def add(self, name: str, seed: int) -> None:
+        """Track a new stream ``name`` seeded with ``seed`` (same checks as Megatron)."""
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")  # Megatron raises Exception too
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        outer = torch.get_rng_state()
+        torch.default_generator.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(outer)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = _MODEL_PARALLEL_RNG) -> Iterator[None]:
+        """Draw from stream ``name`` inside the block; the outer CPU state is restored after."""
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        outer = torch.get_rng_state()
+        outer_name = str(getattr(self, "_current_state_name", "default-rng"))
+        torch.set_rng_state(self.states_[name])
+        self._current_state_name = name
+        try:
+            yield
+        finally:
+            # A new tensor replaces the entry, as in Megatron: a state captured before
+            # the fork stays valid.
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+            self._current_state_name = outer_name
+
+
+def install_cpu_shims(seed: int) -> None:
+    """Install the CPU memory buffer and RNG tracker, then seed the streams like Megatron.
+
+    Call after ``parallel_state.initialize_model_parallel``. The streams get Megatron's
+    seeds (``model_parallel_cuda_manual_seed``: data-parallel ``seed``, model-parallel
+    ``seed + 2718 + tp_rank``, expert-parallel ``seed + 1024 + 100 * ep_rank + etp_rank``);
+    the CPU generator is seeded with ``seed`` too.
+    """
+    parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
+    mcore_random.initialize_rng_tracker(force_reset=True)
+    mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    torch.manual_seed(seed)
+    # torch.cuda.manual_seed inside is queued lazily by torch and never runs without CUDA.
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _on_cpu(device: Any) -> Any:
+    if device is None:
+        return None
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        return device
+    return torch.device("cpu") if kind == "cuda" else device
+
+
+class cuda_factories_on_cpu(TorchFunctionMode):  # noqa: N801 - used like a function
+    """While active, a torch call's ``device='cuda'`` (or ``cuda:N``) argument means CPU."""
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        return func(*args, **kwargs)
