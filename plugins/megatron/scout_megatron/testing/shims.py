@@ -20,6 +20,13 @@ GPU job: a GPU job uses Megatron's own objects unchanged.
   CPU. (``initialize_rng_tracker(inference_rng_tracker=True)`` would also avoid
   CUDA, but its tracker drops every stream: ``get_states()`` is empty and ``fork`` is
   a no-op, so it cannot exercise SCOUT's RNG capture.)
+* :func:`cpu_recompute_rng`. Activation recompute (``tensor_parallel.checkpoint``,
+  ``CheckpointWithoutOutput``) saves and restores "all" RNG states through
+  ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state``, which
+  read and write the CUDA generator. On CPU there is no CUDA generator: the CPU
+  state and the tracker's streams (which this shim's tracker keeps on the CPU
+  generator) are saved by the same code next to it. The shim replaces the two
+  functions, only while CUDA is unavailable, with an empty state and a no-op.
 * :class:`cuda_factories_on_cpu`. ``FP32Optimizer.__init__`` creates its loss scale
   with ``torch.tensor(..., device='cuda')`` and ``get_grad_norm_fp32`` (called by
   every ``ChainedOptimizer.step``) its scratch tensors with ``device='cuda'``. This
@@ -27,13 +34,14 @@ GPU job: a GPU job uses Megatron's own objects unchanged.
   while it is active; the helpers wrap only the optimizer's construction and its
   ``step()`` in it.
 
-:func:`install_cpu_shims` installs the first two after
+:func:`install_cpu_shims` installs the first three after
 ``parallel_state.initialize_model_parallel`` and seeds the streams the way Megatron
 does. Megatron keeps both objects in private module globals
 (``parallel_state._GLOBAL_MEMORY_BUFFER``,
 ``tensor_parallel.random._CUDA_RNG_STATE_TRACKER``): no public setter exists, so the
 shim assigns them; ``destroy_model_parallel`` and ``initialize_rng_tracker(force_reset=
-True)`` clear them again.
+True)`` clear them again. The recompute shim replaces two module functions (no public
+hook exists) and returns its undo.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -53,6 +61,7 @@ from torch.overrides import TorchFunctionMode
 __all__ = [
     "CpuMemoryBuffer",
     "CpuRNGStatesTracker",
+    "cpu_recompute_rng",
     "cuda_factories_on_cpu",
     "install_cpu_shims",
 ]
@@ -114,6 +123,31 @@ class CpuRNGStatesTracker(mcore_random.CudaRNGStatesTracker):  # type: ignore[mi
             self._current_state_name = outer_name
 
 
+def _no_device_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _no_device_set(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def cpu_recompute_rng() -> Callable[[], None]:
+    """Make recompute's CUDA-generator save/restore a no-op on a CPU-only host; the undo.
+
+    Does nothing (and undoes nothing) where CUDA is available.
+    """
+    if torch.cuda.is_available() or mcore_random._get_cuda_rng_state is _no_device_state:
+        return lambda: None
+    saved = (mcore_random._get_cuda_rng_state, mcore_random._set_cuda_rng_state)
+    mcore_random._get_cuda_rng_state = _no_device_state
+    mcore_random._set_cuda_rng_state = _no_device_set
+
+    def undo() -> None:
+        mcore_random._get_cuda_rng_state, mcore_random._set_cuda_rng_state = saved
+
+    return undo
+
+
 def install_cpu_shims(seed: int) -> None:
     """Install the CPU memory buffer and RNG tracker, then seed the streams like Megatron.
 
@@ -126,6 +160,7 @@ def install_cpu_shims(seed: int) -> None:
     mcore_random.initialize_rng_tracker(force_reset=True)
     mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    cpu_recompute_rng()
     torch.manual_seed(seed)
     # torch.cuda.manual_seed inside is queued lazily by torch and never runs without CUDA.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
