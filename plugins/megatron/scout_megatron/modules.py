@@ -4,7 +4,8 @@ A Megatron job hands over a *list* of model chunks (one per virtual pipeline sta
 each possibly wrapped: Megatron's ``DistributedDataParallel``, torch DDP,
 ``Float16Module``. All of them keep the wrapped module in ``.module``, which is what
 ``megatron.core.utils.get_attr_wrapped_model`` follows; :func:`unwrap_chunk` does the
-same without importing megatron-core.
+same without importing megatron-core. :func:`unwrap_wrappers` strips exactly the
+wrappers (``megatron.core.utils.unwrap_model`` plus torch DDP), for checkpoints.
 
 In an unwrapped ``GPTModel`` (and the other ``LanguageModule`` s):
 
@@ -28,7 +29,22 @@ from torch import nn
 
 from scout_core import UnsupportedSetupError
 
-__all__ = ["ChunkModules", "chunk_modules", "unwrap_chunk"]
+__all__ = ["ChunkModules", "chunk_modules", "unwrap_chunk", "unwrap_wrappers"]
+
+
+def unwrap_wrappers(chunk: nn.Module) -> nn.Module:
+    """The model under every wrapper Megatron-LM's ``unwrap_model`` strips (its DDP, FSDP,
+    ``Float16Module``) and torch DDP, as ``save_checkpoint`` unwraps before saving."""
+    from megatron.core.utils import unwrap_model
+
+    module = chunk
+    while True:
+        inner: nn.Module = unwrap_model(module)
+        if isinstance(inner, nn.parallel.DistributedDataParallel):
+            inner = inner.module
+        if inner is module:
+            return module
+        module = inner
 
 
 def unwrap_chunk(chunk: nn.Module, attr: str = "decoder") -> nn.Module:

@@ -1,7 +1,8 @@
 """Test and example support for running real megatron-core on CPU (never in a GPU job).
 
-* :mod:`scout_megatron.testing.shims`: the four CPU shims (memory buffer, RNG
-  tracker, recompute RNG, CUDA-device rewrite around the optimizer) and :func:`install_cpu_shims`;
+* :mod:`scout_megatron.testing.shims`: the CPU shims (memory buffer, RNG tracker,
+  recompute RNG, ``dist_checkpointing`` on CPU, the CUDA-device rewrite around the
+  optimizer) and :func:`install_cpu_shims`;
 * :mod:`scout_megatron.testing.gpt`: a tiny ``GPTModel`` trained with torch DDP over
   Megatron's data-parallel group and Megatron's ``ChainedOptimizer([FP32Optimizer])``.
 
@@ -26,6 +27,7 @@ from scout_megatron.testing.gpt import (
 from scout_megatron.testing.shims import (
     CpuMemoryBuffer,
     CpuRNGStatesTracker,
+    cpu_dist_checkpointing,
     cpu_recompute_rng,
     cuda_factories_on_cpu,
     install_cpu_shims,
@@ -45,6 +47,7 @@ __all__ = [
     "wrap_ddp",
     "CpuMemoryBuffer",
     "CpuRNGStatesTracker",
+    "cpu_dist_checkpointing",
     "cpu_recompute_rng",
     "cuda_factories_on_cpu",
     "install_cpu_shims",

@@ -27,6 +27,15 @@ GPU job: a GPU job uses Megatron's own objects unchanged.
   state and the tracker's streams (which this shim's tracker keeps on the CPU
   generator) are saved by the same code next to it. The shim replaces the two
   functions, only while CUDA is unavailable, with an empty state and a no-op.
+* :func:`cpu_dist_checkpointing`. ``dist_checkpointing``'s only sharded save strategy
+  (``torch_dist``) assumes CUDA while it stages and finalises a save: it calls
+  ``torch.cuda.synchronize()`` after staging, and creates its failure flags with
+  ``device=torch.cuda.current_device()`` (and ``device='cuda'``). Inside this context
+  manager, only on a host without CUDA, ``torch.cuda.current_device`` answers 0
+  without initialising CUDA, ``torch.cuda.synchronize`` does nothing and
+  :class:`cuda_factories_on_cpu` maps the resulting CUDA devices to CPU. Both torch
+  functions are put back on exit. :class:`CpuCheckpointIO` runs the real
+  :class:`~scout_megatron.checkpoint.MegatronCheckpointIO` inside it.
 * :class:`cuda_factories_on_cpu`. ``FP32Optimizer.__init__`` creates its loss scale
   with ``torch.tensor(..., device='cuda')`` and ``get_grad_norm_fp32`` (called by
   every ``ChainedOptimizer.step``) its scratch tensors with ``device='cuda'``. This
@@ -41,7 +50,7 @@ does. Megatron keeps both objects in private module globals
 ``tensor_parallel.random._CUDA_RNG_STATE_TRACKER``): no public setter exists, so the
 shim assigns them; ``destroy_model_parallel`` and ``initialize_rng_tracker(force_reset=
 True)`` clear them again. The recompute shim replaces two module functions (no public
-hook exists) and returns its undo.
+hook exists), only on a host without CUDA, and returns its undo.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from torch.overrides import TorchFunctionMode
 __all__ = [
     "CpuMemoryBuffer",
     "CpuRNGStatesTracker",
+    "cpu_dist_checkpointing",
     "cpu_recompute_rng",
     "cuda_factories_on_cpu",
     "install_cpu_shims",
@@ -148,6 +158,30 @@ def cpu_recompute_rng() -> Callable[[], None]:
     return undo
 
 
+@contextlib.contextmanager
+def cpu_dist_checkpointing() -> Iterator[None]:
+    """Let ``dist_checkpointing`` save on a CPU-only host (nothing changes where CUDA exists)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    saved = (torch.cuda.current_device, torch.cuda.synchronize)
+    torch.cuda.current_device = _device_zero
+    torch.cuda.synchronize = _no_sync
+    try:
+        with cuda_factories_on_cpu():
+            yield
+    finally:
+        torch.cuda.current_device, torch.cuda.synchronize = saved
+
+
+def _device_zero() -> int:
+    return 0
+
+
+def _no_sync(device: Any = None) -> None:
+    del device
+
+
 def install_cpu_shims(seed: int) -> None:
     """Install the CPU memory buffer and RNG tracker, then seed the streams like Megatron.
 
@@ -169,6 +203,8 @@ def install_cpu_shims(seed: int) -> None:
 def _on_cpu(device: Any) -> Any:
     if device is None:
         return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cpu")  # a bare index names an accelerator device
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError):
