@@ -79,7 +79,11 @@ class MegatronCheckpointIO:
     """The checkpoints of one Megatron job in one directory (see the module docstring).
 
     ``chunks`` are the model chunks (wrapped or not); ``optimizer`` is the Megatron
-    optimizer (``ChainedOptimizer`` ...) or None to save the model only.
+    optimizer (``ChainedOptimizer`` ...) or None to save the model only. ``metadata``
+    is Megatron-LM's sharded-state-dict metadata (e.g.
+    ``{"distrib_optim_sharding_type": "fully_reshardable"}``), passed to every
+    ``sharded_state_dict`` call of save and load alike; None takes megatron-core's
+    defaults.
     """
 
     def __init__(
@@ -87,10 +91,13 @@ class MegatronCheckpointIO:
         directory: str | os.PathLike[str],
         chunks: Sequence[nn.Module] | nn.Module,
         optimizer: Any = None,
+        *,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         self.directory = str(directory)
         self.chunks: list[nn.Module] = [chunks] if isinstance(chunks, nn.Module) else list(chunks)
         self.optimizer = optimizer
+        self.metadata = metadata
         self.last_loaded: dict[str, Any] | None = None
         """The state dict of the last load (common values included)."""
 
@@ -145,9 +152,11 @@ class MegatronCheckpointIO:
         }
         for index, chunk in enumerate(self.chunks):
             model: Any = _model(chunk)  # a MegatronModule: sharded_state_dict is a method
-            state[self._chunk_key(index)] = model.sharded_state_dict()
+            state[self._chunk_key(index)] = model.sharded_state_dict(metadata=self.metadata)
         if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=loading)
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                state, is_loading=loading, metadata=self.metadata
+            )
         return state
 
     # -- save / load ---------------------------------------------------------------

@@ -253,9 +253,9 @@ def digest(model: nn.Module, optimizer: Any = None) -> str:
     h = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
         h.update(name.encode())
-        h.update(p.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     if optimizer is not None:
         for name, t in _tensors(optimizer.state_dict()):
             h.update(name.encode())
-            h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
