@@ -12,9 +12,9 @@ module, so :func:`install_cpu_shims` can still run first.
 * ``--module scout_torchtitan.testing --config tiny_llama3``
   (:mod:`scout_torchtitan.testing.config_registry`): the shrunk llama3 debug model
   with a math attention (:mod:`scout_torchtitan.testing.attention`).
-* :func:`run_trainer`, :func:`titan_argv`, :func:`state_digest`
-  (:mod:`scout_torchtitan.testing.runner`): drive ``torchtitan.train``'s flow inside
-  a rank of :func:`scout_core.testing.run_ranks` and report what it trained.
+* :func:`run_trainer`, :func:`launch_main`, :func:`titan_argv`, :func:`state_digest`
+  (:mod:`scout_torchtitan.testing.runner`): drive ``torchtitan.train``'s flow (or its
+  real ``main``) inside a rank of :func:`scout_core.testing.run_ranks` and report.
 * ``python -m scout_torchtitan.testing.launch ...``: TorchTitan's entry point with
   the shims installed, for ``torchrun``.
 """
@@ -33,6 +33,7 @@ __all__ = [
     "run_trainer",
     "titan_argv",
     "state_digest",
+    "launch_main",
 ]
 
 _HOME = {
@@ -45,6 +46,7 @@ _HOME = {
     "run_trainer": "runner",
     "titan_argv": "runner",
     "state_digest": "runner",
+    "launch_main": "runner",
 }
 
 

@@ -41,7 +41,7 @@ from torchtitan.trainer import Trainer
 from scout_torchtitan.testing.assets import VOCAB_SIZE
 from scout_torchtitan.testing.attention import MathAttention
 
-__all__ = ["tiny_llama3", "tiny_llama3_spec", "TINY"]
+__all__ = ["tiny_llama3", "tiny_llama3_scout", "tiny_llama3_spec", "TINY"]
 
 TINY: dict[str, int] = {"dim": 64, "n_heads": 4, "n_layers": 4, "hidden": 128, "vocab": 320}
 """Sizes of the shrunk llama3 (heads and vocab divide by TP 2; vocab >= the tokenizer's)."""
@@ -138,3 +138,10 @@ def tiny_llama3() -> Trainer.Config:
         checkpoint=CheckpointManager.Config(interval=5, last_save_model_only=False),
         debug=DebugConfig(seed=1234, deterministic=True),
     )
+
+
+def tiny_llama3_scout() -> Any:
+    """:func:`tiny_llama3` under ``ScoutTrainer``: ``--scout.*`` flags, SCOUT off by default."""
+    from scout_torchtitan.trainer import with_scout
+
+    return with_scout(tiny_llama3())

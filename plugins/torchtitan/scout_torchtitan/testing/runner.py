@@ -21,7 +21,7 @@ import torch
 from scout_torchtitan.testing.assets import TitanAssets
 from scout_torchtitan.testing.shims import install_cpu_shims
 
-__all__ = ["run_trainer", "state_digest", "titan_argv"]
+__all__ = ["launch_main", "run_trainer", "state_digest", "titan_argv"]
 
 
 def titan_argv(
@@ -32,9 +32,10 @@ def titan_argv(
     dp_shard: int = 1,
     tp: int = 1,
     dump_folder: str | None = None,
+    config: str = "tiny_llama3",
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """``--module scout_torchtitan.testing --config tiny_llama3`` plus the usual flags.
+    """``--module scout_torchtitan.testing --config <config>`` plus the usual flags.
 
     Always ``partial_dtensor``: the default ``spmd_types`` backend does not train on
     Gloo with more than one rank (FRAMEWORKS.md 3.5).
@@ -43,7 +44,7 @@ def titan_argv(
         "--module",
         "scout_torchtitan.testing",
         "--config",
-        "tiny_llama3",
+        config,
         *assets.cli_args(),
         "--training.steps",
         str(steps),
@@ -130,3 +131,29 @@ def run_trainer(
         if dist.is_initialized():
             dist.destroy_process_group()
     return result
+
+
+def launch_main(argv: Sequence[str]) -> list[dict[str, Any]]:
+    """Run TorchTitan's real entry point (``torchtitan.train.main``) on ``argv`` in this rank.
+
+    What ``torchrun -m scout_torchtitan.testing.launch ARGV`` runs, inside a
+    :func:`scout_core.testing.run_ranks` rank. ``main`` returns nothing, so this
+    returns what SCOUT's checkpoint manager recorded in this process
+    (:func:`scout_torchtitan.manager.built`; empty when SCOUT was not switched on).
+    """
+    import sys
+
+    install_cpu_shims()
+    from scout_torchtitan.testing.launch import main
+
+    saved = sys.argv
+    sys.argv = ["scout_torchtitan.testing.launch", *argv]
+    try:
+        main()
+    finally:
+        sys.argv = saved
+    if "scout_torchtitan.manager" not in sys.modules:
+        return []
+    from scout_torchtitan.manager import built
+
+    return built()
