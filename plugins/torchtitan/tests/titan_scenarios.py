@@ -93,18 +93,25 @@ def rng_roundtrip(trainer: Any) -> dict[str, Any]:
 
 
 def checkpoint_save_then_train_on(trainer: Any) -> dict[str, Any]:
-    """Train to the configured steps, save through the IO, train two more steps."""
+    """Train half the configured steps, save through the IO, train on, save again.
+
+    Run with ``--checkpoint.load_only``: TorchTitan then saves nothing itself, so every
+    checkpoint on disk was written by the IO.
+    """
     from scout_torchtitan.checkpoint_io import TitanCheckpointIO
     from scout_torchtitan.testing import state_digest
 
     io = TitanCheckpointIO(trainer.checkpointer)
+    total = trainer.config.training.steps
+    trainer.config.training.steps = total // 2
     trainer.train()
     tag = io.tag_for(trainer.step - 1)
     saved = io.save(tag)
     at_save = state_digest(trainer)
     step_at_save = trainer.step
-    trainer.config.training.steps += 2
-    trainer.train()  # TorchTitan's train() starts by loading the latest: the one just saved
+    trainer.config.training.steps = total
+    trainer.train()  # TorchTitan's train() first reloads the newest checkpoint: ours
+    io.save(io.tag_for(trainer.step - 1))
     return {
         "tag": tag,
         "saved": saved,
