@@ -208,7 +208,7 @@ def tp_replay(trainer: Any) -> dict[str, Any]:
         model(tokens)
     handle.remove()
     args, kwargs = seen["in"]
-    out["input"] = [type(args[0]).__name__, [str(p) for p in args[0].placements]]
+    out["input"] = [type(args[0]).__name__, [repr(p) for p in args[0].placements]]
     with torch.no_grad(), CommDebugMode() as comm:
         normal = layer.outer(*args, **kwargs)
     out["normal_comms"] = comm.get_total_counts()
@@ -228,7 +228,7 @@ def tp_replay(trainer: Any) -> dict[str, Any]:
         out["materialize"] = f"{type(exc).__name__}: {exc}"
     adapter.close()
     out["placements"] = sorted(
-        {str(tuple(str(p) for p in t.placements)) for _, t in param_items(block)}
+        {str(tuple(repr(p) for p in t.placements)) for _, t in param_items(block)}
     )
     out["dtensor_buffers"] = sorted(
         n for n, b in block.named_buffers() if type(b).__name__ == "DTensor"
