@@ -5,17 +5,37 @@ TorchTitan 0.3 needs SCOUT's CPU shims before any of its trainer modules is impo
 this directory. The tokenizer and dataset TorchTitan trains on are generated once
 per session; every rank gets its own HuggingFace ``datasets`` cache under the
 session's temp dir, offline.
+
+[Import-time warnings]
+Importing TorchTitan's model code compiles helpers at module level
+(``torch.compile(create_block_mask)``), which imports Inductor, which trips torch's
+own deprecation warnings (``torch.jit.script_method``). ``filterwarnings = error``
+would turn those into collection errors of whichever test module imports TorchTitan
+first, so the TorchTitan modules the tests use are imported here once, with
+warnings ignored for that import only. Warnings raised while tests *run* stay errors.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from pathlib import Path
 
 import pytest
-
 from scout_torchtitan.testing import TitanAssets, install_cpu_shims, write_assets
 
 install_cpu_shims()
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for _name in (
+        "torchtitan.trainer",
+        "torchtitan.train",
+        "torchtitan.models.llama3.config_registry",
+        "torchtitan.experiments.torchft.llama3.config_registry",
+        "scout_torchtitan.testing.config_registry",
+    ):
+        importlib.import_module(_name)
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 import pytest
+from scout_torchtitan.testing import TitanAssets, titan_argv
 
 from scout_core.testing import run_ranks
-from scout_torchtitan.testing import TitanAssets, titan_argv
 
 pytestmark = pytest.mark.distributed
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from scout_torchtitan.testing import TitanAssets, titan_argv
 
 from scout_core.testing import RankFailedError, run_ranks
-from scout_torchtitan.testing import TitanAssets, titan_argv
 
 pytestmark = pytest.mark.distributed
 

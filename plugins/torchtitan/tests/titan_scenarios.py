@@ -127,9 +127,10 @@ def checkpoint_save_then_train_on(trainer: Any) -> dict[str, Any]:
 
 def checkpoint_load_fresh(trainer: Any) -> dict[str, Any]:
     """In fresh processes: list, load the saved tag, report; then the error paths."""
-    from scout_core import CheckpointError
     from scout_torchtitan.checkpoint_io import TitanCheckpointIO
     from scout_torchtitan.testing import state_digest
+
+    from scout_core import CheckpointError
 
     io = TitanCheckpointIO(trainer.checkpointer)
     tags = list(io.list_tags())
@@ -176,6 +177,38 @@ def _full(t: Any, pg: Any) -> Any:
     return local.clone()
 
 
+def _unchanged_machinery(trainer: Any, tl: Any, layer: Any, groups: Any) -> dict[str, Any]:
+    """1. The core's twin and ``materialize`` as they are today, on a TorchTitan block."""
+    from scout_torchtitan.replay import parallel_forwards
+
+    # Core internals under test (not in scout_core.__all__ yet).
+    from scout_core.integration.adapter import ModuleRef
+    from scout_core.integration.discovery import Discovered
+    from scout_core.integration.torch_adapter import TorchAdapter, hook_free_twin, param_items
+
+    out: dict[str, Any] = {}
+    block = layer.block
+    # The twin keeps TorchTitan's instance-level parallel forwards, and materialize
+    # refuses the (size-1) FSDP mesh dim every parameter carries.
+    out["twin_parallel_forwards"] = parallel_forwards(hook_free_twin(block))
+    found = Discovered(layers=(ModuleRef(layer.path, block),), embedding=None, lm_head=None)
+    adapter = TorchAdapter(trainer.model_parts[0], trainer.optimizers, found, mesh=tl.layout)
+    adapter.bind_groups(groups)
+    try:
+        with adapter.materialize(ModuleRef(layer.path, block)):
+            out["materialize"] = "ok"
+    except Exception as exc:  # the finding is the exception
+        out["materialize"] = f"{type(exc).__name__}: {exc}"
+    adapter.close()
+    out["placements"] = sorted(
+        {str(tuple(repr(p) for p in t.placements)) for _, t in param_items(block)}
+    )
+    out["dtensor_buffers"] = sorted(
+        n for n, b in block.named_buffers() if type(b).__name__ == "DTensor"
+    )
+    return out
+
+
 def tp_replay(trainer: Any) -> dict[str, Any]:
     """Can the core's hook-free replay run a TorchTitan block under TP (item 6)?
 
@@ -183,16 +216,15 @@ def tp_replay(trainer: Any) -> dict[str, Any]:
     FSDP/AC wrapper), then tries the core's machinery unchanged and with the
     TorchTitan-specific fixes the plugin needs (``detach_titan_parallelism``).
     """
-    # The core seam under test; phase 2 imports these from scout_core.plugin_api.
-    from torch.distributed.tensor.debug import CommDebugMode
-
-    from scout_core.integration.adapter import ModuleRef
-    from scout_core.integration.discovery import Discovered
-    from scout_core.integration.torch_adapter import TorchAdapter, hook_free_twin, param_items
-    from scout_core.topology.groups import create_peer_groups
     from scout_torchtitan.layout import titan_layout
     from scout_torchtitan.modules import find_titan_modules
     from scout_torchtitan.replay import detach_titan_parallelism, parallel_forwards
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    # Core internals under test (not in scout_core.__all__ yet); phase 2 takes
+    # hook_free_twin / param_items / PeerGroup from scout_core.plugin_api.
+    from scout_core.integration.torch_adapter import hook_free_twin, param_items
+    from scout_core.topology.groups import create_peer_groups
 
     out: dict[str, Any] = {}
     model = trainer.model_parts[0]
@@ -215,24 +247,7 @@ def tp_replay(trainer: Any) -> dict[str, Any]:
 
     groups = create_peer_groups(tl.layout, tl.rank, kinds=("replica", "t"))
     tpg = groups["t"].pg
-    # 1. Unchanged: the twin keeps TorchTitan's instance-level parallel forwards, and
-    #    materialize refuses the (size-1) FSDP mesh dim every parameter carries.
-    out["twin_parallel_forwards"] = parallel_forwards(hook_free_twin(block))
-    found = Discovered(layers=(ModuleRef(layer.path, block),), embedding=None, lm_head=None)
-    adapter = TorchAdapter(model, trainer.optimizers, found, mesh=tl.layout)
-    adapter.bind_groups(groups)
-    try:
-        with adapter.materialize(ModuleRef(layer.path, block)):
-            out["materialize"] = "ok"
-    except Exception as exc:  # the finding is the exception
-        out["materialize"] = f"{type(exc).__name__}: {exc}"
-    adapter.close()
-    out["placements"] = sorted(
-        {str(tuple(repr(p) for p in t.placements)) for _, t in param_items(block)}
-    )
-    out["dtensor_buffers"] = sorted(
-        n for n, b in block.named_buffers() if type(b).__name__ == "DTensor"
-    )
+    out.update(_unchanged_machinery(trainer, tl, layer, groups))
     # 2. With the plugin's fix on the twin and full tensors gathered on SCOUT's TP group
     #    (test-side stand-in for the core seam), the replay is local and matches.
     state = {n: _full(p, tpg) for n, p in param_items(block)}
