@@ -45,6 +45,12 @@ def titan_assets(tmp_path_factory: pytest.TempPathFactory) -> TitanAssets:
 
 
 @pytest.fixture
+def titan_dump(tmp_path: Path) -> str:
+    """TorchTitan's ``--dump_folder`` for one test (its default, ./outputs, is the cwd)."""
+    return str(tmp_path / "dump")
+
+
+@pytest.fixture
 def titan_env(tmp_path: Path) -> dict[str, str]:
     """Environment for TorchTitan ranks: one BLAS thread, a private offline HF cache."""
     return {

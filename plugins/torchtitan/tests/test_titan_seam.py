@@ -32,6 +32,7 @@ def test_override_through_torchtitan_main_sees_the_dp3_tp2_trainer(
 ) -> None:
     argv = titan_argv(
         titan_assets,
+        dump_folder=str(tmp_path / "dump"),
         steps=1,
         dp_replicate=3,
         tp=2,
@@ -65,9 +66,9 @@ def test_override_through_torchtitan_main_sees_the_dp3_tp2_trainer(
 
 @pytest.mark.timeout(150)
 def test_facts_of_a_live_dp3_tp2_trainer(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    argv = titan_argv(titan_assets, steps=1, dp_replicate=3, tp=2)
+    argv = titan_argv(titan_assets, steps=1, dp_replicate=3, tp=2, dump_folder=titan_dump)
     results = run_ranks(
         RUNNER,
         6,
@@ -95,9 +96,9 @@ def test_facts_of_a_live_dp3_tp2_trainer(
 
 @pytest.mark.timeout(120)
 def test_scout_trainer_flags_switch_the_same_manager_on(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    base = titan_argv(titan_assets, steps=1, config="tiny_llama3_scout")
+    base = titan_argv(titan_assets, steps=1, config="tiny_llama3_scout", dump_folder=titan_dump)
     on = [*base, "--scout.enabled", "--scout.replay_interval", "9", "--scout.recipes", "hidden"]
     (off_facts,) = run_ranks(
         RUNNER,
@@ -125,9 +126,9 @@ def test_scout_trainer_flags_switch_the_same_manager_on(
 
 @pytest.mark.timeout(150)
 def test_training_with_and_without_the_override_is_bitwise_equal(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    plain = titan_argv(titan_assets, steps=2, tp=2)
+    plain = titan_argv(titan_assets, steps=2, tp=2, dump_folder=titan_dump)
     with_scout = [*plain, *_override(replay_interval=3)]
     runs = [
         run_ranks(RUNNER, 2, args=(argv,), timeout_s=110, init_process_group=False, env=titan_env)
@@ -138,9 +139,9 @@ def test_training_with_and_without_the_override_is_bitwise_equal(
 
 @pytest.mark.timeout(120)
 def test_hook_the_container_for_steps_the_inner_optimizers_misfire(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    argv = titan_argv(titan_assets, steps=3)
+    argv = titan_argv(titan_assets, steps=3, dump_folder=titan_dump)
     (result,) = run_ranks(
         RUNNER,
         1,

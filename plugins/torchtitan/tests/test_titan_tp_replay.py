@@ -26,8 +26,10 @@ from scout_core.testing import run_ranks
 pytestmark = pytest.mark.distributed
 
 
-def _replay(assets: TitanAssets, env: dict[str, str], *extra: str) -> list[dict[str, Any]]:
-    argv = titan_argv(assets, steps=1, dp_replicate=3, tp=2, extra=extra)
+def _replay(
+    assets: TitanAssets, env: dict[str, str], dump: str, *extra: str
+) -> list[dict[str, Any]]:
+    argv = titan_argv(assets, steps=1, dp_replicate=3, tp=2, dump_folder=dump, extra=extra)
     results = run_ranks(
         "scout_torchtitan.testing.runner:run_trainer",
         6,
@@ -42,9 +44,9 @@ def _replay(assets: TitanAssets, env: dict[str, str], *extra: str) -> list[dict[
 
 @pytest.mark.timeout(150)
 def test_tp_replay_needs_the_plugin_fix_then_runs_locally(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    results = _replay(titan_assets, titan_env)
+    results = _replay(titan_assets, titan_env, titan_dump)
     for out in results:
         # Sequence parallel: the block's input is a sequence-sharded DTensor.
         assert out["input"] == ["DTensor", ["Shard(dim=1)"]]
@@ -67,9 +69,11 @@ def test_tp_replay_needs_the_plugin_fix_then_runs_locally(
 
 @pytest.mark.timeout(150)
 def test_tp_replay_without_sequence_parallel(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    results = _replay(titan_assets, titan_env, "--parallelism.no-enable_sequence_parallel")
+    results = _replay(
+        titan_assets, titan_env, titan_dump, "--parallelism.no-enable_sequence_parallel"
+    )
     for out in results:
         assert out["input"] == ["DTensor", ["Replicate()"]]
         assert out["replay_comms"] == 0 and out["max_abs_diff"] < 1e-5

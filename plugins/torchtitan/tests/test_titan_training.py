@@ -20,9 +20,14 @@ RUNNER = "scout_torchtitan.testing.runner:run_trainer"
 
 
 def _train(
-    assets: TitanAssets, env: dict[str, str], world: int, timeout: float = 100, **layout: Any
+    assets: TitanAssets,
+    env: dict[str, str],
+    dump: str,
+    world: int,
+    timeout: float = 100,
+    **layout: Any,
 ) -> list[dict[str, Any]]:
-    argv = titan_argv(assets, **layout)
+    argv = titan_argv(assets, dump_folder=dump, **layout)
     out: list[dict[str, Any]] = run_ranks(
         RUNNER, world, args=(argv,), timeout_s=timeout, init_process_group=False, env=env
     )
@@ -31,9 +36,9 @@ def _train(
 
 @pytest.mark.timeout(120)
 def test_single_rank_trains_through_torchtitan_main(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    argv = titan_argv(titan_assets, steps=2)
+    argv = titan_argv(titan_assets, steps=2, dump_folder=titan_dump)
     (built,) = run_ranks(
         "scout_torchtitan.testing.runner:launch_main",
         1,
@@ -47,19 +52,23 @@ def test_single_rank_trains_through_torchtitan_main(
 
 @pytest.mark.timeout(120)
 def test_ddp_replicas_stay_bitwise_equal(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    a, b = _train(titan_assets, titan_env, 2, steps=2, dp_replicate=2)
+    a, b = _train(titan_assets, titan_env, titan_dump, 2, steps=2, dp_replicate=2)
     assert a["step"] == b["step"] == 2
     assert a["digest"] == b["digest"]
 
 
 @pytest.mark.timeout(240)
 def test_dp3_tp2_training_is_bitwise_deterministic(
-    titan_assets: TitanAssets, titan_env: dict[str, str]
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
-    first = _train(titan_assets, titan_env, 6, timeout=110, steps=2, dp_replicate=3, tp=2)
-    second = _train(titan_assets, titan_env, 6, timeout=110, steps=2, dp_replicate=3, tp=2)
+    first = _train(
+        titan_assets, titan_env, titan_dump, 6, timeout=110, steps=2, dp_replicate=3, tp=2
+    )
+    second = _train(
+        titan_assets, titan_env, titan_dump, 6, timeout=110, steps=2, dp_replicate=3, tp=2
+    )
     assert [r["digest"] for r in first] == [r["digest"] for r in second]
     digests = [r["digest"]["model"] for r in first]
     # TP partners hold different shards; replicas (same tp coordinate) equal ones.
@@ -67,6 +76,8 @@ def test_dp3_tp2_training_is_bitwise_deterministic(
 
 
 @pytest.mark.timeout(120)
-def test_fsdp_does_not_train_on_gloo(titan_assets: TitanAssets, titan_env: dict[str, str]) -> None:
+def test_fsdp_does_not_train_on_gloo(
+    titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
+) -> None:
     with pytest.raises(RankFailedError, match="PREMUL_SUM"):
-        _train(titan_assets, titan_env, 2, steps=1, dp_shard=2)
+        _train(titan_assets, titan_env, titan_dump, 2, steps=1, dp_shard=2)

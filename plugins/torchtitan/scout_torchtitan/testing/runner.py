@@ -128,8 +128,11 @@ def run_trainer(
             result["inspect"] = _resolve(inspect)(trainer)
     finally:
         trainer.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if dist.is_initialized():
+        # TorchTitan's rendezvous store lives in rank 0's process: rank 0 must not
+        # exit while a slower rank still talks to it (e.g. creating process groups).
+        dist.barrier()
+        dist.destroy_process_group()
     return result
 
 
