@@ -11,7 +11,11 @@ can catch the whole family with one ``except``::
     ├── EvidenceError            a report directory or evidence record is malformed
     ├── ProtocolError            peers disagree about a collective SCOUT itself runs
     │                            (for example a different surface layout in one C3)
-    └── CheckpointError          a checkpoint or its manifest is missing, partial or corrupt
+    ├── CheckpointError          a checkpoint or its manifest is missing, partial or corrupt
+    └── CatalogError             an MoE shape catalog file is malformed or does not cover
+        │                        its shapes
+        └── CatalogDriftError    the catalog was discovered for another environment
+                                 (device, software stack, model config, profiler)
 
 Errors name what is wrong and, where there is a fixed set of valid values, list them.
 """
@@ -19,6 +23,8 @@ Errors name what is wrong and, where there is a fixed set of valid values, list 
 from __future__ import annotations
 
 __all__ = [
+    "CatalogDriftError",
+    "CatalogError",
     "CheckpointError",
     "ConfigError",
     "EvidenceError",
@@ -55,3 +61,15 @@ class ProtocolError(ScoutError):
 
 class CheckpointError(ScoutError):
     """A checkpoint generation is missing, partial, corrupt or inconsistent across ranks."""
+
+
+class CatalogError(ScoutError):
+    """An MoE shape catalog is malformed, or its cover does not cover its shapes."""
+
+
+class CatalogDriftError(CatalogError):
+    """A shape catalog was discovered for another environment; ``drift`` lists what changed."""
+
+    def __init__(self, message: str, drift: list[str]) -> None:
+        super().__init__(message)
+        self.drift = drift

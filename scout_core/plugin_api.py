@@ -10,8 +10,10 @@ may change without notice. ``docs/plugins.md`` explains how the pieces fit.
   registered plugin whose adapter is not built yet).
 * The adapter side: :class:`FrameworkAdapter`, :class:`AdapterBase`,
   :class:`ModuleRef`, :class:`Ownership`, :class:`RngStream`, the RNG helpers, layer
-  discovery, and the hook-free replay helpers of the plain-PyTorch adapter.
+  discovery, and the plain-PyTorch adapter (:class:`TorchAdapter`, for DTensor-based
+  frameworks to build on) with its hook-free replay helpers.
 * SCOUT's own groups and what ranks agree on: :class:`PeerGroup`,
+  :func:`create_peer_groups` (the groups replay makes for a layout),
   :func:`diagnostic_group`, :func:`diagnostic_groups`, :func:`all_ok`,
   :func:`any_flag`, :func:`min_max`, :func:`same_value`.
 * Fault injection seen from a plugin's own timed diagnostic collective:
@@ -38,11 +40,16 @@ from scout_core.integration.discovery import Discovered, find_embedding, find_lm
 from scout_core.integration.discovery import discover as discover_modules
 from scout_core.integration.pending import PendingPlugin
 from scout_core.integration.plugin_base import FrameworkPlugin
-from scout_core.integration.torch_adapter import hook_free_twin, param_items
+from scout_core.integration.torch_adapter import TorchAdapter, hook_free_twin, param_items
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.taps import injected_delay
 from scout_core.session import Session
-from scout_core.topology.groups import PeerGroup, diagnostic_group, diagnostic_groups
+from scout_core.topology.groups import (
+    PeerGroup,
+    create_peer_groups,
+    diagnostic_group,
+    diagnostic_groups,
+)
 
 __all__ = [
     # the plugin base
@@ -64,8 +71,10 @@ __all__ = [
     "find_lm_head",
     "hook_free_twin",
     "param_items",
+    "TorchAdapter",
     # SCOUT's groups and agreement
     "PeerGroup",
+    "create_peer_groups",
     "diagnostic_group",
     "diagnostic_groups",
     "all_ok",

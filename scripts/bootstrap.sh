@@ -14,5 +14,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
   .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0" \
     -e ".[dev]" -e plugins/deepspeed -e plugins/megatron -e plugins/torchtitan
+  # Megatron-Bridge's callback API is tested from its installed callbacks.py, which
+  # needs nothing else; Bridge's own dependencies (Transformer Engine ...) need CUDA.
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps "megatron-bridge==0.3.1"
   echo "$want" > "$stamp"
 fi

@@ -1,4 +1,4 @@
-"""The ``scout`` command line: ``demo``, ``c3-round``, ``report``."""
+"""The ``scout`` command line: ``demo``, ``c3-round``, ``report``, ``simulate``, ``catalog``."""
 
 from __future__ import annotations
 

@@ -27,7 +27,15 @@ from scout_core.testing.models import TinyLM, train_step
 __all__ = ["main", "run_demo_rank"]
 
 
-def run_demo_rank(report_dir: str, sdc_rank: int, slow_rank: int) -> dict[str, Any]:
+def run_demo_rank(
+    report_dir: str,
+    sdc_rank: int,
+    slow_rank: int,
+    *,
+    steps: int = 10,
+    sdc_step: int = 3,
+    slow_step: int = 6,
+) -> dict[str, Any]:
     """Rank body of the demo (module level so spawned ranks can import it)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -43,7 +51,7 @@ def run_demo_rank(report_dir: str, sdc_rank: int, slow_rank: int) -> dict[str, A
     ddp = DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     layers = len(model.layers)
-    sdc_step, slow_steps = 3, range(6, 9)
+    slow_steps = range(slow_step, slow_step + 3)
     faults = (
         Faults()
         .at(rank=sdc_rank, step=sdc_step)
@@ -69,7 +77,7 @@ def run_demo_rank(report_dir: str, sdc_rank: int, slow_rank: int) -> dict[str, A
             rounds += len(boundary.rounds)
 
         session.on_boundary(count)
-        for step in range(10):
+        for step in range(steps):
             train_step(ddp, opt, step, rank)
         verdicts = [r.to_dict() for r in session.verdicts]
     return {"verdicts": verdicts, "rounds": rounds}
@@ -91,19 +99,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scout demo", description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (>= 4)")
     parser.add_argument("--report-dir", default=None, help="where evidence records go")
+    parser.add_argument("--steps", type=int, default=10, help="training steps")
+    parser.add_argument("--sdc-step", type=int, default=3, help="step of the bit flip")
+    parser.add_argument(
+        "--slow-step", type=int, default=6, help="first of the three straggler steps"
+    )
     args = parser.parse_args(list(argv or []))
     if args.ranks < 4:
         parser.error("the demo needs at least 4 ranks")
+    last_fault = max(args.sdc_step, args.slow_step + 2)
+    if min(args.sdc_step, args.slow_step) < 1 or args.steps <= last_fault:
+        parser.error(f"the faults must fall inside the run: --steps must exceed {last_fault}")
     report = args.report_dir or os.path.join(os.getcwd(), "scout-demo-report")
     sdc_rank, slow_rank = 1, 2
     print(f"scout demo: {args.ranks} ranks, DDP on CPU (Gloo), tiny model, replay every step")
-    print(f"  injecting: 1-bit SDC in rank {sdc_rank}'s sampled layer output at step 3,")
-    print(f"             200 ms compute straggler on rank {slow_rank} at steps 6-8")
+    print(
+        f"  injecting: 1-bit SDC in rank {sdc_rank}'s sampled layer output at step {args.sdc_step},"
+    )
+    print(
+        f"             200 ms compute straggler on rank {slow_rank} at steps "
+        f"{args.slow_step}-{args.slow_step + 2}"
+    )
     start = time.monotonic()
     results = run_ranks(
         run_demo_rank,
         args.ranks,
         args=(report, sdc_rank, slow_rank),
+        kwargs={"steps": args.steps, "sdc_step": args.sdc_step, "slow_step": args.slow_step},
         timeout_s=300,
         env={"OMP_NUM_THREADS": "1"},
     )

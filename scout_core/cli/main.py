@@ -2,7 +2,9 @@
 
 ``scout demo``           a small multi-rank CPU job with injected faults, and its verdicts
 ``scout c3-round``       one C3 round across local ranks, one of them disagreeing
-``scout report DIR``     print the evidence records of a report directory for a person
+``scout catalog``        build (``discover``) or inspect (``show``) an MoE shape catalog
+``scout report PATH``    what SCOUT decided in a run: a timeline, ``--json``, ``--html``, ``--png``
+``scout simulate LAYOUT`` grouping and C3 decisions on a large layout, no processes spawned
 """
 
 from __future__ import annotations
@@ -11,21 +13,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from scout_core.cli.report import add_arguments as add_report_arguments
+from scout_core.cli.simulate import add_arguments as add_simulate_arguments
+
 __all__ = ["main"]
 
 
 def _report(args: argparse.Namespace) -> int:
-    from scout_core.errors import EvidenceError
-    from scout_core.records.evidence import load_report
-    from scout_core.records.render import render_records
+    from scout_core.cli.report import run
 
-    try:
-        report = load_report(args.dir)
-    except EvidenceError as exc:
-        print(f"scout report: {exc}", file=sys.stderr)
-        return 2
-    print(render_records(report.records, include_agree=args.all))
-    return 0
+    return run(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from scout_core.cli.simulate import run
+
+    return run(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -41,7 +44,10 @@ def _c3_round(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from scout_core import __version__
+
     parser = argparse.ArgumentParser(prog="scout", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"scout-core {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="run the multi-rank fault-localization demo on CPU")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the demo")
@@ -50,10 +56,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--odd-rank", type=int, default=2, help="the rank that disagrees (-1: none)")
     p.set_defaults(func=_c3_round)
-    p = sub.add_parser("report", help="render a report directory's evidence records")
-    p.add_argument("dir")
-    p.add_argument("--all", action="store_true", help="also list agreeing rounds and gate captures")
+    p = sub.add_parser(
+        "report",
+        help="what SCOUT decided: a timeline, --json, --html and --png pictures",
+        description="Exit code: 0 nothing reported, 1 a failure reported, 2 unreadable.",
+    )
+    add_report_arguments(p)
     p.set_defaults(func=_report)
+    from scout_core.cli.catalog import add_parser as add_catalog
+
+    add_catalog(sub)
+    p = sub.add_parser(
+        "simulate",
+        help="peer groups, C3 and diagnosis of a large layout, simulated in one process",
+        description='Layouts such as "TP8 PP16 DP128". Exit code: 0 every planted culprit '
+        "found, 1 one was not, 2 a layout does not parse.",
+    )
+    add_simulate_arguments(p)
+    p.set_defaults(func=_simulate)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:  # the demo parses its own options, "--help" included
         return _demo(argparse.Namespace(rest=argv[1:]))

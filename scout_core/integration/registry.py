@@ -106,10 +106,17 @@ def select_plugin(
 
 def describe_unsupported(obj: object) -> UnsupportedSetupError:
     """The error ``enable`` raises when nothing handles ``obj``."""
-    names = [p.name for p in discover()] or ["none installed"]
+    names = [p.name for p in discover()]
+    missing = [n for n in ("deepspeed", "megatron", "torchtitan") if n not in names]
+    hint = (
+        f" Other frameworks need their plugin: pip install 'scout-core[{missing[0]}]' "
+        f"(from a clone: pip install '.[{missing[0]}]' ./plugins/{missing[0]})."
+        if missing
+        else ""
+    )
     return UnsupportedSetupError(
         f"scout.enable: no plugin handles {type(obj).__module__}.{type(obj).__qualname__}. "
-        f"Plain PyTorch needs enable(model: torch.nn.Module, optimizer: torch.optim.Optimizer). "
-        f"Installed plugins: {', '.join(names)}. Install one with pip install 'scout[deepspeed]', "
-        f"'scout[megatron]' or 'scout[torchtitan]'."
+        f"Plain PyTorch needs enable(model: torch.nn.Module, optimizer: torch.optim.Optimizer); "
+        f"a framework object needs its plugin. Installed plugins: "
+        f"{', '.join(names) or 'none'}.{hint}"
     )

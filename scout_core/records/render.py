@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from scout_core.records.evidence import Record
 from scout_core.vocabulary import Status
 
-__all__ = ["culprit", "render_records"]
+__all__ = ["culprit", "notable", "render_records"]
 
 _HEADER = ("step", "failure", "culprit", "scope", "surface", "peers")
 
@@ -46,7 +46,8 @@ def _row(record: Record) -> tuple[str, ...]:
     return (str(record.step), what, who, scope, record.surface, peers)
 
 
-def _notable(record: Record) -> bool:
+def notable(record: Record) -> bool:
+    """Worth showing by default: a failure, an inconclusive round, a gate transition."""
     if record.action is not None:
         return record.action != "capture"
     return record.failure is not None or record.status is not Status.AGREE
@@ -59,7 +60,7 @@ def render_records(records: Iterable[Record], *, include_agree: bool = False) ->
     with ``include_agree``; failures, inconclusive rounds and the gate's candidate,
     promote and retrieve decisions always are.
     """
-    rows = [_row(r) for r in records if include_agree or _notable(r)]
+    rows = [_row(r) for r in records if include_agree or notable(r)]
     if not rows:
         return "no failures recorded"
     table = [_HEADER, *rows]

@@ -111,6 +111,8 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
     records = load_report(tmp_path).records
     assert "ckpt capture" not in render_records(records)  # routine: only with --all
     assert "ckpt capture" in render_records(records, include_agree=True)
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path)]) == 1  # an SDC was attributed
     (tmp_path / "rank-2.jsonl").write_text("{not json\n")
-    assert main(["report", str(tmp_path)]) == 2
+    assert main(["report", str(tmp_path)]) == 1  # the bad file is skipped and named
+    assert load_report(tmp_path, strict=False).problems[0].line == 1
+    assert main(["report", str(tmp_path / "rank-2.jsonl")]) == 2  # nothing readable

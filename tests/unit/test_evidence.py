@@ -14,6 +14,7 @@ import pytest
 from scout_core.errors import EvidenceError
 from scout_core.records.evidence import (
     CHECKPOINT_SCHEMA,
+    INCIDENT_SCHEMA,
     VERDICT_SCHEMA,
     EvidenceWriter,
     Record,
@@ -339,7 +340,10 @@ def test_evidence_doc_samples_parse_and_every_field_is_described() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "evidence.md").read_text("utf-8")
     samples = [line for line in text.splitlines() if line.startswith('{"action"')]
     records = [Record.from_json(line) for line in samples]
-    assert [r.schema for r in records] == [VERDICT_SCHEMA, CHECKPOINT_SCHEMA]
+    assert [r.schema for r in records] == [VERDICT_SCHEMA, CHECKPOINT_SCHEMA, INCIDENT_SCHEMA]
     assert [r.to_json() for r in records] == samples  # pasted verbatim from to_json
+    verdict_id = records[0].id
+    assert f"The verdict sample above has id `{verdict_id}`." in text
+    assert records[2].detail["corroborating"] == [verdict_id]
     for f in fields(Record):
         assert f"| `{f.name}` |" in text, f.name

@@ -25,3 +25,6 @@ def test_import_scout_core_loads_no_framework() -> None:
     assert "torch" in loaded  # sanity: the probe really imported the core
     leaked = sorted(loaded.intersection(FRAMEWORKS))
     assert leaked == [], f"import scout_core loaded framework modules: {leaked}"
+    # The report's drawing libraries load only when a report is drawn.
+    heavy = sorted(loaded.intersection(("rich", "matplotlib")))
+    assert heavy == [], f"import scout_core loaded {heavy}"

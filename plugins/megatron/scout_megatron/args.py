@@ -1,0 +1,128 @@
+"""SCOUT's settings as Megatron-LM command-line flags.
+
+Megatron-LM builds one ``argparse`` parser and lets a training script add to it:
+``pretrain(..., extra_args_provider=scout_megatron.add_args)`` (0.16 / 0.17) or
+``parse_args(extra_args_provider=...)``. :func:`add_args` adds, in a "SCOUT" group:
+
+* ``--scout-config PATH``: a TOML or JSON file of SCOUT keys (top level or a
+  ``[scout]`` table), as ``scout_core.Config.from_file`` reads it;
+* ``--scout-<key>`` for every field of :class:`scout_core.Config`, the key with ``_``
+  spelled ``-`` (``--scout-replay-interval 10``, ``--scout-recipes hidden,lm_head``,
+  ``--scout-stage-timeout-s none``). Values are written as in ``SCOUT_<KEY>``
+  environment variables (bools ``true``/``false``/``1``/``0``..., lists comma
+  separated, ``none`` for an unset optional); a bool flag alone means true
+  (``--scout-enabled``). The flags are derived from ``dataclasses.fields(Config)``,
+  so a new config field gets its flag with no change here.
+
+argparse keeps the values as text and leaves absent flags out of the namespace
+(Megatron-LM saves its ``args`` into checkpoints; nothing of SCOUT's is added unless
+asked for). :func:`section_from_args` turns them into a mapping of typed values,
+validated key by key through ``Config``'s own parsing, ready for
+``Config.from_mapping``; a bad value raises :class:`~scout_core.ConfigError` naming
+the flag and the key. An unknown ``--scout-*`` flag is refused by argparse itself
+(Megatron-LM's parser is built with ``allow_abbrev=False``).
+
+Precedence, lowest first: SCOUT's defaults, the ``--scout-config`` file, the
+``--scout-<key>`` flags, then ``SCOUT_<KEY>`` environment variables (the core's rule
+for a framework's SCOUT section, applied by :func:`config_from_args`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from scout_core import Config, ConfigError
+
+__all__ = ["FLAG_PREFIX", "add_args", "config_from_args", "flag_of", "section_from_args"]
+
+FLAG_PREFIX = "--scout-"
+_DEST_PREFIX = "scout_"
+_CONFIG_DEST = "scout_config"
+
+
+def flag_of(key: str) -> str:
+    """The command-line flag of a config key: ``replay_interval`` -> ``--scout-replay-interval``."""
+    return FLAG_PREFIX + key.replace("_", "-")
+
+
+def _is_bool(field: dataclasses.Field[Any]) -> bool:
+    return isinstance(field.default, bool)
+
+
+def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--scout-config`` and one ``--scout-<key>`` flag per config field; the parser.
+
+    The signature of Megatron-LM's ``extra_args_provider``.
+    """
+    group = parser.add_argument_group(
+        "SCOUT", "SCOUT failure localization (see docs/configuration.md for every key)"
+    )
+    group.add_argument(
+        f"{FLAG_PREFIX}config",
+        dest=_CONFIG_DEST,
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="TOML or JSON file of SCOUT keys; --scout-<key> flags override it",
+    )
+    for field in dataclasses.fields(Config):
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if _is_bool(field) else {}
+        group.add_argument(
+            flag_of(field.name),
+            dest=_DEST_PREFIX + field.name,
+            metavar="VALUE",
+            default=argparse.SUPPRESS,
+            help=f"SCOUT key {field.name!r} (text as in SCOUT_{field.name.upper()})",
+            **extra,
+        )
+    return parser
+
+
+def _typed(key: str, text: str) -> Any:
+    """``text`` parsed and checked as config key ``key`` (the core's env-var parsing)."""
+    variable = f"SCOUT_{key.upper()}"
+    try:
+        parsed = Config.from_env(Config(), environ={variable: text})
+    except ConfigError as exc:
+        message = str(exc).replace(f"environment variable {variable}={text!r}: ", "")
+        raise ConfigError(f"{flag_of(key)} {text!r}: {message}") from None
+    return getattr(parsed, key)
+
+
+def section_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The SCOUT section the flags give (file values, then flags), or None without any.
+
+    Raises :class:`~scout_core.ConfigError` naming the flag or the file key at fault.
+    """
+    given = vars(args)
+    flags = {
+        field.name: given[_DEST_PREFIX + field.name]
+        for field in dataclasses.fields(Config)
+        if _DEST_PREFIX + field.name in given
+    }
+    path = given.get(_CONFIG_DEST)
+    if path is None and not flags:
+        return None
+    section: dict[str, Any] = {}
+    if path is not None:
+        section.update(Config.from_file(path, environ={}).to_dict())
+    for key, text in flags.items():
+        section[key] = _typed(key, str(text))
+    return section
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """The :class:`~scout_core.Config` of a Megatron-LM run: flags, then ``SCOUT_*`` overrides.
+
+    Without any SCOUT flag this is ``Config.from_env`` (``SCOUT_CONFIG`` and the
+    ``SCOUT_*`` variables).
+    """
+    env = os.environ if environ is None else environ
+    section = section_from_args(args)
+    if section is None:
+        return Config.from_env(environ=env)
+    base = Config.from_mapping(section, source="Megatron-LM --scout-* flags")
+    return Config.from_env(base, environ=env)

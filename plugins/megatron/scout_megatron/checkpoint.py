@@ -1,0 +1,212 @@
+"""Megatron checkpoints through ``megatron.core.dist_checkpointing``, in the CheckpointIO shape.
+
+:class:`MegatronCheckpointIO` writes and reads the checkpoints of one Megatron job
+the way Megatron-LM's ``save_checkpoint`` / ``load_checkpoint`` lay them out, so the
+gate can certify and restore them and Megatron-LM can read them:
+
+* one directory per checkpoint, ``<directory>/iter_0000010``, named by Megatron's
+  *iteration*: the number of completed iterations. SCOUT counts 0-based steps, so
+  the checkpoint taken right after SCOUT step ``s`` is ``iter_{s + 1:07d}``
+  (:meth:`~MegatronCheckpointIO.tag_for`);
+* inside it a *distributed* checkpoint (``dist_checkpointing.save`` with its default
+  ``torch_dist`` strategy): the sharded state dict of every model chunk (``model``, or
+  ``model0``, ``model1`` ... with virtual pipeline stages) and of the Megatron
+  optimizer (``optimizer.sharded_state_dict(model_state)``), plus the common values
+  ``iteration`` and ``checkpoint_version``. TP shards are saved once per tensor and
+  DP replicas are deduplicated by the shards' ``replica_id``, so the checkpoint can be
+  reloaded under another parallel layout. ``metadata.json`` is written last: a
+  directory without it is incomplete (``check_is_distributed_checkpoint``);
+* ``latest_checkpointed_iteration.txt`` beside the directories, written by global
+  rank 0 after every rank finished (Megatron-LM's tracker file; rank 0 therefore
+  also writes SCOUT's sidecar, :meth:`~MegatronCheckpointIO.writes_metadata`).
+
+Loading builds the same sharded state dict (the optimizer's with ``is_loading=True``,
+so Megatron's ``init_state_fn`` creates the Adam slots to load into), lets
+``dist_checkpointing.load`` fill it, and hands the result to the chunks'
+``load_state_dict`` and the optimizer's ``load_state_dict``, as Megatron-LM does.
+
+Not saved here (Megatron-LM adds them to its state dict): the ``args`` namespace,
+the learning-rate scheduler (``opt_param_scheduler``), the RNG state (a pickled
+``ShardedObject``), ``num_floating_point_operations_so_far`` and the data iterator
+position. The on-disk formats are megatron-core's and
+torch DCP's (``common.pt`` through ``torch.save``, read back with torch's default
+``weights_only=True``; DCP's ``.metadata``); SCOUT writes nothing of its own in them.
+``dist_checkpointing.save`` validates shard coverage with an ``all_gather_object``
+on the default group, as it does for every Megatron-LM save.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from scout_core import CheckpointError
+from scout_megatron.modules import unwrap_wrappers
+
+__all__ = ["TRACKER_FILE", "MegatronCheckpointIO", "iteration_of", "tag_of"]
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+"""Megatron-LM's file naming the latest complete iteration."""
+
+CHECKPOINT_VERSION = 3.0
+"""The value Megatron-LM writes as ``checkpoint_version`` in 0.16."""
+
+_TAG = re.compile(r"^iter_(\d{7,})$")
+
+
+def tag_of(iteration: int) -> str:
+    """Megatron's directory name of the checkpoint after ``iteration`` iterations."""
+    if iteration < 0:
+        raise ValueError(f"iteration must be >= 0, got {iteration}")
+    return f"iter_{iteration:07d}"
+
+
+def iteration_of(tag: str) -> int:
+    """The iteration a tag names; :class:`~scout_core.CheckpointError` for another name."""
+    match = _TAG.match(tag)
+    if match is None:
+        raise CheckpointError(f"{tag!r} is not a Megatron checkpoint name (iter_NNNNNNN)")
+    return int(match.group(1))
+
+
+class MegatronCheckpointIO:
+    """The checkpoints of one Megatron job in one directory (see the module docstring).
+
+    ``chunks`` are the model chunks (wrapped or not); ``optimizer`` is the Megatron
+    optimizer (``ChainedOptimizer`` ...) or None to save the model only. ``metadata``
+    is Megatron-LM's sharded-state-dict metadata (e.g.
+    ``{"distrib_optim_sharding_type": "fully_reshardable"}``), passed to every
+    ``sharded_state_dict`` call of save and load alike; None takes megatron-core's
+    defaults.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        chunks: Sequence[nn.Module] | nn.Module,
+        optimizer: Any = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.directory = str(directory)
+        self.chunks: list[nn.Module] = [chunks] if isinstance(chunks, nn.Module) else list(chunks)
+        self.optimizer = optimizer
+        self.metadata = metadata
+        self.last_loaded: dict[str, Any] | None = None
+        """The state dict of the last load (common values included)."""
+
+    # -- names ---------------------------------------------------------------------
+
+    def tag_for(self, step: int) -> str:
+        """The checkpoint taken after SCOUT step ``step`` (0-based): ``iter_{step + 1}``."""
+        return tag_of(step + 1)
+
+    def path(self, tag: str) -> Path:
+        iteration_of(tag)
+        return Path(self.directory) / tag
+
+    def list_tags(self) -> list[str]:
+        """Complete checkpoints in the directory (``metadata.json`` present), oldest first."""
+        from megatron.core.dist_checkpointing import check_is_distributed_checkpoint
+
+        root = Path(self.directory)
+        if not root.is_dir():
+            return []
+        found = []
+        for entry in root.iterdir():
+            match = _TAG.match(entry.name)
+            if match and entry.is_dir() and check_is_distributed_checkpoint(str(entry)):
+                found.append((int(match.group(1)), entry.name))
+        return [name for _, name in sorted(found)]
+
+    def latest(self) -> str | None:
+        """The tag the tracker file names, or None when there is none."""
+        tracker = Path(self.directory) / TRACKER_FILE
+        try:
+            text = tracker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        if not text.isdigit():
+            raise CheckpointError(f"{tracker} holds {text!r}, not an iteration number")
+        return tag_of(int(text))
+
+    def writes_metadata(self) -> bool:
+        """Global rank 0 writes the tracker file, so it writes SCOUT's sidecar too."""
+        return dist.get_rank() == 0
+
+    # -- state dicts ---------------------------------------------------------------
+
+    def _chunk_key(self, index: int) -> str:
+        return "model" if len(self.chunks) == 1 else f"model{index}"
+
+    def _sharded_state_dict(self, iteration: int, *, loading: bool) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "iteration": iteration,
+            "checkpoint_version": CHECKPOINT_VERSION,
+        }
+        for index, chunk in enumerate(self.chunks):
+            model: Any = _model(chunk)  # a MegatronModule: sharded_state_dict is a method
+            state[self._chunk_key(index)] = model.sharded_state_dict(metadata=self.metadata)
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                state, is_loading=loading, metadata=self.metadata
+            )
+        return state
+
+    # -- save / load ---------------------------------------------------------------
+
+    def save(self, tag: str) -> bool:
+        """Collective: write checkpoint ``tag`` and then the tracker file; True when written."""
+        from megatron.core import dist_checkpointing
+
+        iteration = iteration_of(tag)
+        target = self.path(tag)
+        if dist.get_rank() == 0:
+            target.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state_dict(iteration, loading=False), str(target))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            tracker = Path(self.directory) / TRACKER_FILE
+            tmp = tracker.with_suffix(".tmp")
+            tmp.write_text(str(iteration), encoding="utf-8")
+            tmp.replace(tracker)
+        dist.barrier()
+        return True
+
+    def load(self, tag: str | None = None) -> int:
+        """Collective: restore the chunks and the optimizer from ``tag`` (None: the latest).
+
+        Returns the iteration loaded. Raises :class:`~scout_core.CheckpointError` when
+        the tag (or, for None, the tracker file) names no complete checkpoint.
+        """
+        from megatron.core import dist_checkpointing
+
+        if tag is None:
+            tag = self.latest()
+            if tag is None:
+                raise CheckpointError(f"no {TRACKER_FILE} in {self.directory}: nothing to load")
+        target = self.path(tag)
+        if not dist_checkpointing.check_is_distributed_checkpoint(str(target)):
+            raise CheckpointError(f"{target} is not a complete Megatron checkpoint")
+        iteration = iteration_of(tag)
+        loaded = dist_checkpointing.load(
+            self._sharded_state_dict(iteration, loading=True), str(target)
+        )
+        for index, chunk in enumerate(self.chunks):
+            _model(chunk).load_state_dict(loaded[self._chunk_key(index)])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(loaded["optimizer"])
+        self.last_loaded = loaded
+        return int(loaded["iteration"])
+
+
+def _model(chunk: nn.Module) -> nn.Module:
+    """The model under its wrappers, as Megatron-LM's ``save_checkpoint`` unwraps it."""
+    return unwrap_wrappers(chunk)

@@ -1,0 +1,211 @@
+"""Replaying a tensor-parallel Megatron layer without talking on Megatron's process groups.
+
+A ``TransformerLayer`` of a TP > 1 model communicates inside its own forward and
+backward: ``RowParallelLinear`` all-reduces its output, ``ColumnParallelLinear``
+all-reduces its input gradient, sequence parallelism gathers and reduce-scatters.
+SCOUT replays such a layer on every TP partner at once, and its traffic must never
+use Megatron's training communicator.
+
+[Where 0.16 layers find their group]
+Not in ``parallel_state`` at call time: each module received its groups when it was
+built and keeps them as attributes. ``ColumnParallelLinear`` / ``RowParallelLinear``
+/ ``VocabParallelEmbedding`` / ``MLP`` / ``LanguageModelEmbedding`` hold ``tp_group``;
+``TransformerLayer``, ``Attention``, ``DotProductAttention``, ``TransformerBlock`` and
+``GPTModel`` hold ``pg_collection`` (a ``ProcessGroupCollection`` dataclass whose
+fields ``tp``, ``cp``, ``tp_cp``, ``ep``, ``expt_tp`` ... are groups; one instance is
+shared by many modules) and some also ``tp_group`` / ``cp_group``. The tensor-parallel
+mappings (``copy_to_`` / ``reduce_from_`` / ``gather_from_tensor_model_parallel_region``,
+``linear_with_grad_accumulation_and_async_allreduce``) take the group as an argument
+from those attributes and store it on the autograd context, so the *backward* runs on
+the group the forward was given. ``parallel_state`` getters are read at call time
+only on paths a dense layer does not take (``group=None`` fallbacks, MoE partial CUDA
+graphs, a q/k-layernorm debug check); the multi-rank test checks the traffic of a
+real TP=2 layer.
+
+[What :meth:`Regrouper.repointed` does]
+For the duration of the block, every attribute (of every module under the given
+one) that holds a process group of more than one rank is replaced:
+
+* by SCOUT's substitute group with the *same global ranks in the same order*, when
+  the regrouper has one (a Gloo group SCOUT created, e.g. for every TP group of the
+  layout); every reference to that group, in ``tp_group`` and inside
+  ``pg_collection`` alike, gets the substitute;
+* otherwise by a :class:`Forbidden` stand-in that still answers ``rank()`` and
+  ``size()`` (local queries some forwards make) and nothing else, so a collective
+  the regrouper did not plan for fails the replay loudly instead of reaching a
+  training group: ``torch.distributed`` refuses the unknown group with a
+  ``ValueError`` naming ``Forbidden(ranks=[...])``, and any other use of it raises
+  :class:`ForbiddenGroupError`.
+
+A ``pg_collection`` is replaced by a re-pointed shallow copy (one per original, so
+modules that shared it still share the copy); the original object is never mutated.
+On exit every attribute is put back, also when the block raises. Autograd contexts
+created inside keep the substitute, so a backward run after the block still talks on
+SCOUT's group. Single-rank groups carry no traffic and are left alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from scout_core import ScoutError
+
+__all__ = ["Forbidden", "ForbiddenGroupError", "GroupSite", "Regrouper", "ordered_ranks"]
+
+
+class ForbiddenGroupError(ScoutError):
+    """A replayed call tried to use a training group that SCOUT has no substitute for."""
+
+
+def ordered_ranks(group: Any) -> tuple[int, ...]:
+    """Global ranks of ``group`` in group-rank order (the order collectives use)."""
+    return tuple(int(r) for r in dist.get_process_group_ranks(group))
+
+
+class Forbidden:
+    """Stands in for a training group during replay: local queries only."""
+
+    def __init__(self, ranks: tuple[int, ...], rank: int) -> None:
+        self._ranks = ranks
+        self._rank = rank
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self._ranks)
+
+    def __getattr__(self, name: str) -> Any:
+        raise ForbiddenGroupError(
+            f"a replayed call used {name!r} of Megatron's process group {list(self._ranks)}, "
+            "which SCOUT has no substitute for; replay never talks on a training group"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Forbidden(ranks={list(self._ranks)}): a Megatron training group that SCOUT "
+            "has no substitute for"
+        )
+
+
+@dataclass(frozen=True)
+class GroupSite:
+    """One reference to a multi-rank process group under a module."""
+
+    module: str
+    """Dotted path of the module holding it ('' for the root)."""
+    attr: str
+    """``tp_group``, or ``pg_collection.tp``, or ``pg_collection.hcp.0`` ..."""
+    ranks: tuple[int, ...]
+    substituted: bool
+    """True when SCOUT has a substitute with these ranks (else it is forbidden)."""
+
+
+def _field_names(value: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(value) if hasattr(value, f.name)]
+
+
+def _is_collection(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+class Regrouper:
+    """Re-points a module's process groups to SCOUT's substitutes (see the module docstring).
+
+    ``substitutes`` are SCOUT-owned groups; each replaces the training groups with
+    exactly its ordered global ranks.
+    """
+
+    def __init__(self, substitutes: Iterable[Any]) -> None:
+        self._subs: dict[tuple[int, ...], Any] = {}
+        for group in substitutes:
+            self._subs[ordered_ranks(group)] = group
+        self._rank = dist.get_rank()
+
+    @property
+    def substitutes(self) -> Mapping[tuple[int, ...], Any]:
+        """Ordered ranks -> SCOUT's group."""
+        return dict(self._subs)
+
+    def _swap(self, group: Any) -> Any:
+        ranks = ordered_ranks(group)
+        if len(ranks) <= 1:
+            return group
+        sub = self._subs.get(ranks)
+        return sub if sub is not None else Forbidden(ranks, self._rank)
+
+    def _remap(self, value: Any, memo: dict[int, tuple[Any, Any]]) -> Any:
+        # memo holds the original too, so its id cannot be reused while the block runs.
+        if id(value) in memo:
+            return memo[id(value)][1]
+        new = value
+        if isinstance(value, dist.ProcessGroup):
+            new = self._swap(value)
+        elif isinstance(value, (list, tuple)) and any(
+            isinstance(v, dist.ProcessGroup) for v in value
+        ):
+            new = type(value)(self._remap(v, memo) for v in value)
+        elif _is_collection(value):
+            changed = {}
+            for name in _field_names(value):
+                field = getattr(value, name)
+                if isinstance(field, (dist.ProcessGroup, list, tuple)):
+                    swapped = self._remap(field, memo)
+                    if swapped is not field:
+                        changed[name] = swapped
+            if changed:
+                new = copy.copy(value)
+                for name, swapped in changed.items():
+                    object.__setattr__(new, name, swapped)
+        memo[id(value)] = (value, new)
+        return new
+
+    def sites(self, module: nn.Module) -> list[GroupSite]:
+        """Every multi-rank group reference under ``module`` and whether it has a substitute."""
+        out: list[GroupSite] = []
+        for path, mod in module.named_modules():
+            for name, value in vars(mod).items():
+                for attr, group in _groups_in(name, value):
+                    ranks = ordered_ranks(group)
+                    if len(ranks) > 1:
+                        out.append(GroupSite(path, attr, ranks, ranks in self._subs))
+        return out
+
+    @contextmanager
+    def repointed(self, module: nn.Module) -> Iterator[None]:
+        """Inside: ``module`` and its submodules hold SCOUT's groups (or stand-ins)."""
+        memo: dict[int, tuple[Any, Any]] = {}
+        saved: list[tuple[nn.Module, str, Any]] = []
+        try:
+            for mod in module.modules():
+                for name, value in list(vars(mod).items()):
+                    new = self._remap(value, memo)
+                    if new is not value:
+                        saved.append((mod, name, value))
+                        mod.__dict__[name] = new
+            yield
+        finally:
+            for mod, name, value in reversed(saved):
+                mod.__dict__[name] = value
+
+
+def _groups_in(name: str, value: Any, nested: bool = True) -> Iterator[tuple[str, Any]]:
+    """Groups held by one attribute: directly, in a list, or one collection level down
+    (the same reach as :meth:`Regrouper._remap`)."""
+    if isinstance(value, dist.ProcessGroup):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            if isinstance(item, dist.ProcessGroup):
+                yield f"{name}.{i}", item
+    elif nested and _is_collection(value):
+        for field in _field_names(value):
+            yield from _groups_in(f"{name}.{field}", getattr(value, field), nested=False)

@@ -1,0 +1,340 @@
+"""The mesh layout of a Megatron job, derived from its parallel sizes and checked against Megatron.
+
+SCOUT compares a rank with the ranks that hold the same weights and run the same
+work. Megatron-core places ranks with two ``RankGenerator`` s over one order string
+(default ``"tp-cp-ep-dp-pp"``, first token fastest):
+
+* the *dense* generator ``tp, cp, dp, pp`` (its ``ep`` is 1; ``dp`` = world /
+  (tp x cp x pp)) places attention and dense MLP weights;
+* the *expert* generator ``etp, ep, edp, pp`` (its ``cp`` is 1; ``edp`` = world /
+  (etp x ep x pp)) places MoE expert weights.
+
+:func:`megatron_layout` turns the sizes into one :class:`~scout_core.MeshLayout` with
+``t`` = TP, ``c`` = CP, ``e`` = EP, ``d`` = DP / EP and ``p`` = PP, axes in Megatron's
+order (``tp``/``cp``/``ep``/``dp``/``pp`` become ``t``/``c``/``e``/``d``/``p``). Then
+
+* dense weights are identical over ``d x e x c`` (Megatron's ``dp_cp`` group: its
+  gradients are all-reduced there);
+* expert weights are identical over ``d x c`` with ``e`` fixed (Megatron's
+  ``expt_dp`` group, into which the expert generator folds CP);
+* SCOUT's replica peers vary ``d`` only, a subset of both, so peers always hold the
+  same dense *and* the same expert weights and see the same sequence shard.
+
+One layout can express both generators only when the expert tensor-parallel size
+equals TP and EP and CP are not both > 1 (the expert generator would put EP on the
+ranks the dense one uses for CP). Whatever the order, the layout is *verified*
+against Megatron's own ``RankGenerator`` (pure arithmetic, no process group): every
+TP, CP, DP, DP-CP, PP, EP and expert-DP group it implies must be one Megatron builds.
+A mismatch raises :class:`~scout_core.UnsupportedSetupError`.
+
+Virtual pipeline stages are model chunks on one rank, not a mesh axis: ``p`` is the
+pipeline rank; :attr:`ParallelSizes.vpp` records the chunk count. Partial
+distributed-optimizer instances (``num_distributed_optimizer_instances`` = k > 1)
+split each DP-CP group into k contiguous blocks; weights stay replicated over the
+whole group, so they do not change the layout. :func:`peer_sets` reports the blocks.
+
+The order is not recorded by ``parallel_state``: callers pass it (Megatron-LM's
+``--use-tp-pp-dp-mapping`` means ``"tp-cp-ep-pp-dp"``); :func:`check_live_groups`
+compares the layout with the groups ``initialize_model_parallel`` actually built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scout_core import MeshLayout, UnsupportedSetupError
+
+__all__ = [
+    "DEFAULT_ORDER",
+    "ParallelSizes",
+    "PeerSets",
+    "check_live_groups",
+    "group_ranks",
+    "megatron_layout",
+    "peer_sets",
+    "sizes_from_parallel_state",
+    "training_groups",
+    "verify_with_rank_generator",
+]
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""``initialize_model_parallel``'s default rank order (first token varies fastest)."""
+
+_TOKEN_AXIS: Mapping[str, str] = {"tp": "t", "cp": "c", "ep": "e", "dp": "d", "pp": "p"}
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """The arguments of ``initialize_model_parallel`` that place ranks, and the world size."""
+
+    world: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    """Expert tensor-parallel size; ``None`` means TP (Megatron's default)."""
+    vpp: int | None = None
+    """Virtual pipeline stages (model chunks) per rank; ``None`` without interleaving."""
+    dist_opt_instances: int = 1
+    """``num_distributed_optimizer_instances``."""
+    order: str = DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        for name in ("world", "tp", "pp", "cp", "ep", "dist_opt_instances"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UnsupportedSetupError(
+                    f"Megatron {name} size must be an int >= 1, got {value}"
+                )
+        tokens = self.order.lower().split("-")
+        unknown = sorted(set(tokens) - set(_TOKEN_AXIS))
+        if unknown or len(set(tokens)) != len(tokens):
+            raise UnsupportedSetupError(
+                f"Megatron order {self.order!r} must name each of {', '.join(_TOKEN_AXIS)} at "
+                "most once"
+            )
+        if self.world % (self.tp * self.pp * self.cp):
+            raise UnsupportedSetupError(
+                f"world size {self.world} is not divisible by tp x pp x cp = "
+                f"{self.tp * self.pp * self.cp}"
+            )
+        if self.world % (self.expert_tp * self.ep * self.pp):
+            raise UnsupportedSetupError(
+                f"world size {self.world} is not divisible by etp x ep x pp = "
+                f"{self.expert_tp * self.ep * self.pp}"
+            )
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel size (TP when not set)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def dp(self) -> int:
+        """Dense data-parallel size: world / (tp x cp x pp)."""
+        return self.world // (self.tp * self.cp * self.pp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size: world / (etp x ep x pp)."""
+        return self.world // (self.expert_tp * self.ep * self.pp)
+
+
+def megatron_layout(sizes: ParallelSizes, *, verify: bool = True) -> MeshLayout:
+    """The :class:`~scout_core.MeshLayout` of a Megatron job (see the module docstring).
+
+    Raises :class:`~scout_core.UnsupportedSetupError` when one layout cannot express
+    both of Megatron's rank generators, or (``verify``) when it disagrees with them.
+    """
+    if sizes.ep > 1 and sizes.expert_tp != sizes.tp:
+        raise UnsupportedSetupError(
+            f"expert tensor parallel {sizes.expert_tp} != tensor parallel {sizes.tp} with "
+            f"expert parallel {sizes.ep} is not supported (expert and dense layers would "
+            "need different tensor axes)"
+        )
+    if sizes.ep > 1 and sizes.cp > 1:
+        raise UnsupportedSetupError(
+            f"expert parallel {sizes.ep} together with context parallel {sizes.cp} is not "
+            "supported (Megatron's expert generator places EP on the ranks of CP)"
+        )
+    if not sizes.order.lower().endswith("pp") and sizes.pp > 1 and sizes.edp != sizes.dp:
+        raise UnsupportedSetupError(
+            f"order {sizes.order!r} (pipeline not last) needs equal dense and expert "
+            f"data-parallel sizes, got {sizes.dp} and {sizes.edp}; Megatron refuses it too"
+        )
+    if sizes.dp % sizes.ep:
+        raise UnsupportedSetupError(
+            f"data parallel {sizes.dp} is not divisible by expert parallel {sizes.ep}"
+        )
+    degree = {"t": sizes.tp, "c": sizes.cp, "e": sizes.ep, "d": sizes.dp // sizes.ep, "p": sizes.pp}
+    tokens = [_TOKEN_AXIS[t] for t in sizes.order.lower().split("-")]
+    missing = [a for a, size in degree.items() if a not in tokens and size > 1]
+    if missing:
+        raise UnsupportedSetupError(
+            f"Megatron order {sizes.order!r} leaves out a parallel size > 1 "
+            f"({', '.join(missing)}); Megatron refuses that order too"
+        )
+    layout = MeshLayout.from_order("-".join(tokens), **{a: degree[a] for a in tokens})
+    if verify:
+        verify_with_rank_generator(sizes, layout)
+    return layout
+
+
+def _generator_groups(sizes: ParallelSizes) -> dict[str, list[list[int]]]:
+    """Megatron's own group lists, from its ``RankGenerator`` (no process group needed)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    dense = RankGenerator(
+        tp=sizes.tp, ep=1, dp=sizes.dp, pp=sizes.pp, cp=sizes.cp, order=sizes.order
+    )
+    expert = RankGenerator(
+        tp=sizes.expert_tp, ep=sizes.ep, dp=sizes.edp, pp=sizes.pp, cp=1, order=sizes.order
+    )
+    return {
+        "tp": dense.get_ranks("tp"),
+        "cp": dense.get_ranks("cp"),
+        "dp": dense.get_ranks("dp"),
+        "dp-cp": dense.get_ranks("dp-cp"),
+        "pp": dense.get_ranks("pp"),
+        "ep": expert.get_ranks("ep"),
+        "expert-dp": expert.get_ranks("dp"),
+    }
+
+
+_GROUP_AXES: Mapping[str, tuple[str, ...]] = {
+    "tp": ("t",),
+    "cp": ("c",),
+    "dp": ("d", "e"),
+    "dp-cp": ("d", "e", "c"),
+    "pp": ("p",),
+    "ep": ("e",),
+    "expert-dp": ("d", "c"),
+}
+"""Which layout axes each of Megatron's groups varies."""
+
+
+def verify_with_rank_generator(sizes: ParallelSizes, layout: MeshLayout) -> None:
+    """Raise :class:`~scout_core.UnsupportedSetupError` unless ``layout`` reproduces Megatron's
+    dense and expert groups (TP, CP, DP, DP-CP, PP, EP, expert DP) for every rank."""
+    for name, groups in _generator_groups(sizes).items():
+        if name in ("ep", "expert-dp") and sizes.expert_tp != sizes.tp:
+            continue  # no expert parallelism (checked above): expert groups are unused
+        mine = sorted(layout.groups(_GROUP_AXES[name]))
+        theirs = sorted(tuple(sorted(g)) for g in groups)
+        if mine != theirs:
+            raise UnsupportedSetupError(
+                f"Megatron order {sizes.order!r} with {sizes}: Megatron's {name} groups "
+                f"{theirs[:4]}... differ from the layout's {mine[:4]}...; this layout is "
+                "not supported"
+            )
+
+
+def sizes_from_parallel_state(order: str = DEFAULT_ORDER) -> ParallelSizes:
+    """The :class:`ParallelSizes` of the live ``parallel_state`` (after initialisation)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    intra = ps.get_data_parallel_world_size(with_context_parallel=True, partial_data_parallel=True)
+    full = ps.get_data_parallel_world_size(with_context_parallel=True)
+    return ParallelSizes(
+        world=dist.get_world_size(),
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        cp=ps.get_context_parallel_world_size(),
+        ep=ps.get_expert_model_parallel_world_size(),
+        etp=ps.get_expert_tensor_parallel_world_size(),
+        vpp=int(vpp) if vpp else None,
+        dist_opt_instances=full // intra,
+        order=order,
+    )
+
+
+def group_ranks(group: Any) -> tuple[int, ...]:
+    """Global ranks of a process group, in group-rank order."""
+    import torch.distributed as dist
+
+    return tuple(int(r) for r in dist.get_process_group_ranks(group))
+
+
+def training_groups() -> dict[str, Any]:
+    """Megatron's training process groups of this rank by ``ProcessGroupCollection`` name.
+
+    For reference and for re-pointing only: SCOUT never sends diagnostic traffic on
+    them. Groups Megatron did not build are left out.
+    """
+    import dataclasses
+
+    import torch.distributed as dist
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    collection = ProcessGroupCollection.use_mpu_process_groups()
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(collection):
+        group = getattr(collection, f.name, None)
+        if isinstance(group, dist.ProcessGroup):
+            out[f.name] = group
+    return out
+
+
+@dataclass(frozen=True)
+class PeerSets:
+    """The rank sets of one rank that hold the same state, by Megatron's groups (sorted)."""
+
+    dense_replicas: tuple[int, ...]
+    """Identical dense weights: Megatron's DP-CP group."""
+    expert_replicas: tuple[int, ...]
+    """Identical expert weights: Megatron's expert-DP group."""
+    optimizer_instance: tuple[int, ...]
+    """This rank's partial distributed-optimizer instance inside DP-CP (all of DP-CP
+    with one instance): the ranks the distributed optimizer shards state over."""
+    optimizer_instances: tuple[int, ...]
+    """The ranks holding the same optimizer shard in the other instances (this rank
+    alone with one instance)."""
+
+
+def peer_sets(layout: MeshLayout, sizes: ParallelSizes, rank: int) -> PeerSets:
+    """The :class:`PeerSets` of ``rank`` implied by the layout (pure arithmetic)."""
+    dense = layout.group_along(rank, ("d", "e", "c"))
+    expert = layout.group_along(rank, ("d", "c"))
+    # Megatron splits each DP-CP group, listed in generator order (CP before DP
+    # under every order that keeps cp before dp), into k contiguous blocks.
+    ordered = sorted(dense, key=lambda r: _dp_cp_position(layout, sizes, r))
+    block = len(ordered) // sizes.dist_opt_instances
+    index = ordered.index(rank)
+    instance = tuple(sorted(ordered[(index // block) * block : (index // block + 1) * block]))
+    others = tuple(sorted(ordered[index % block :: block]))
+    return PeerSets(tuple(dense), tuple(expert), instance, others)
+
+
+def _dp_cp_position(layout: MeshLayout, sizes: ParallelSizes, rank: int) -> int:
+    """Position of ``rank`` in Megatron's DP-CP rank list (its tokens in order)."""
+    address = layout.address(rank)
+    dp_coord = address.e + sizes.ep * address.d
+    position, stride = 0, 1
+    for token in sizes.order.lower().split("-"):
+        if token == "cp":
+            position += address.c * stride
+            stride *= sizes.cp
+        elif token == "dp":
+            position += dp_coord * stride
+            stride *= sizes.dp
+    return position
+
+
+def check_live_groups(layout: MeshLayout, sizes: ParallelSizes, rank: int) -> str | None:
+    """None when the groups Megatron built for ``rank`` match the layout, else the mismatch."""
+    from megatron.core import parallel_state as ps
+
+    peers = peer_sets(layout, sizes, rank)
+    live = {
+        "tensor-parallel": (ps.get_tensor_model_parallel_group(), ("t",)),
+        "pipeline-parallel": (ps.get_pipeline_model_parallel_group(), ("p",)),
+        "context-parallel": (ps.get_context_parallel_group(), ("c",)),
+        "data-parallel": (ps.get_data_parallel_group(), ("d", "e")),
+        "data-parallel with context": (
+            ps.get_data_parallel_group(with_context_parallel=True),
+            ("d", "e", "c"),
+        ),
+    }
+    if sizes.expert_tp == sizes.tp:
+        live["expert-parallel"] = (ps.get_expert_model_parallel_group(), ("e",))
+        live["expert-data-parallel"] = (ps.get_expert_data_parallel_group(), ("d", "c"))
+    for name, (group, axes) in live.items():
+        theirs = tuple(sorted(group_ranks(group)))
+        mine = layout.group_along(rank, axes)
+        if theirs != mine:
+            return (
+                f"Megatron's {name} group of rank {rank} is {list(theirs)}, but the layout "
+                f"derived from {sizes} gives {list(mine)}"
+            )
+    partial = ps.get_data_parallel_group(with_context_parallel=True, partial_data_parallel=True)
+    if tuple(sorted(group_ranks(partial))) != peers.optimizer_instance:
+        return (
+            f"Megatron's partial data-parallel group of rank {rank} is "
+            f"{sorted(group_ranks(partial))}, the layout gives {list(peers.optimizer_instance)}"
+        )
+    return None

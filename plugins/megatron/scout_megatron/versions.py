@@ -1,0 +1,79 @@
+"""The megatron-core releases this plugin supports, and how the installed one is read.
+
+The plugin relies on megatron-core details that are not a stable API: the attributes
+layers keep their process groups in (``tp_group``, ``pg_collection``), the rank
+generators of ``parallel_state``, the RNG tracker's states, the optimizer wrappers'
+``.optimizer`` / ``.chained_optimizers``, ``dist_checkpointing``'s layout. They were
+checked against 0.16.1, so the supported range is every 0.16 release; activation
+refuses another with both versions named.
+
+The version comes from the ``megatron-core`` distribution's metadata. A Megatron-LM
+source checkout on ``PYTHONPATH`` has no distribution metadata; its version is then
+read from ``megatron/core/package_info.py`` (``MAJOR`` / ``MINOR`` / ``PATCH`` /
+``PRE_RELEASE``), parsed as text so nothing of megatron-core is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from scout_core import UnsupportedSetupError
+
+__all__ = ["SUPPORTED", "check_version", "installed_version", "version_from_package_info"]
+
+SUPPORTED = ">=0.16,<0.17"
+"""Supported megatron-core versions (PEP 440 specifier); 0.16.1 is the one tested."""
+
+
+def version_from_package_info(path: str | Path) -> str:
+    """The version a ``megatron/core/package_info.py`` declares, without running it."""
+    values: dict[str, object] = {}
+    for node in ast.parse(Path(path).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+                values[target.id] = node.value.value
+    try:
+        major, minor, patch = (int(str(values[k])) for k in ("MAJOR", "MINOR", "PATCH"))
+    except (KeyError, ValueError):
+        raise UnsupportedSetupError(f"cannot read the megatron-core version from {path}") from None
+    return f"{major}.{minor}.{patch}{values.get('PRE_RELEASE') or ''}"
+
+
+def installed_version() -> str:
+    """The installed megatron-core version (distribution metadata, else ``package_info.py``)."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("megatron")  # a namespace package: nothing runs
+    for root in list(spec.submodule_search_locations or []) if spec is not None else []:
+        info = Path(root) / "core" / "package_info.py"
+        if info.is_file():
+            return version_from_package_info(info)
+    raise UnsupportedSetupError(
+        f"megatron-core is not installed; scout-megatron needs megatron-core{SUPPORTED}"
+    )
+
+
+def check_version(version: str | None = None) -> str:
+    """Raise :class:`~scout_core.UnsupportedSetupError` unless ``version`` (default: the
+    installed one) is in :data:`SUPPORTED`; returns the version checked."""
+    found = installed_version() if version is None else version
+    try:
+        parsed = Version(found)
+    except InvalidVersion:
+        raise UnsupportedSetupError(f"cannot parse the megatron-core version {found!r}") from None
+    if not SpecifierSet(SUPPORTED).contains(parsed, prereleases=True):
+        raise UnsupportedSetupError(
+            f"scout-megatron supports megatron-core{SUPPORTED}; megatron-core {found} is "
+            f"installed. Install a supported release (pip install 'megatron-core{SUPPORTED}') "
+            "or a scout-megatron that declares this one."
+        )
+    return found

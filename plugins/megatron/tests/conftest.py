@@ -1,0 +1,26 @@
+"""Test set-up for scout-megatron.
+
+Importing megatron-core warns, once per process: it reports that Transformer Engine
+and Apex are missing (true on a CPU machine; it falls back to local implementations),
+and the torch modules it pulls in (``torch._inductor``, ``torch.utils.mkldnn``) emit
+deprecation warnings of their own. pytest turns warnings into errors, so a test that
+imports megatron-core in the pytest process asks for the ``megatron_core`` fixture,
+which imports the modules the tests use once, with warnings ignored; later imports
+find them cached. Warnings raised by SCOUT's code during a test are still errors.
+Multi-rank tests import megatron-core only in their rank processes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def megatron_core() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import megatron.core.dist_checkpointing
+        import megatron.core.models.gpt
+        import megatron.core.optimizer  # noqa: F401

@@ -1,0 +1,77 @@
+"""TorchTitan's optimizers as SCOUT sees them: one container, one optimizer per model part.
+
+``trainer.optimizers`` is an ``OptimizersContainer``: a real
+``torch.optim.Optimizer`` (its ``_post_init`` calls ``Optimizer.__init__`` over all
+parameters, so ``register_step_pre_hook`` / ``register_step_post_hook`` work on it)
+whose ``step()`` steps every inner optimizer in turn. TorchTitan builds one inner
+optimizer per model part and optimizer name (``ParamGroupConfig.optimizer_name``),
+so under pipeline parallelism with several stages per rank, or with two optimizer
+families, there are several; each is a plain ``torch.optim`` optimizer over one
+part's parameters.
+
+Where to hook, and why:
+
+* the **container**'s post-step hook fires once per training iteration, after every
+  inner optimizer stepped: that is SCOUT's step boundary;
+* the **inner** optimizers are what optimizer replay re-runs (their ``param_groups``
+  hold the parameters and hyper-parameters, their ``state`` the moments). Do not
+  count steps on them: ``init_optim_state`` (called by the container's
+  ``state_dict``/``load_state_dict``, i.e. by checkpoint saves and loads on a fresh
+  optimizer) runs a zero-lr ``step()`` on each inner optimizer, which fires their
+  hooks but not the container's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["PartOptimizer", "TitanOptimizers", "titan_optimizers"]
+
+
+@dataclass(frozen=True)
+class PartOptimizer:
+    """One inner optimizer and the model part whose parameters it updates."""
+
+    part: int
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass(frozen=True)
+class TitanOptimizers:
+    """The container to hook for step boundaries and the inner optimizers to replay."""
+
+    container: torch.optim.Optimizer
+    per_part: tuple[PartOptimizer, ...]
+
+
+def titan_optimizers(container: Any, model_parts: Sequence[nn.Module]) -> TitanOptimizers:
+    """Split ``trainer.optimizers`` into the hookable container and its inner optimizers.
+
+    Raises ``TypeError`` when the container is not a ``torch.optim.Optimizer`` (a
+    TorchTitan older than 0.3, or a custom container that skipped ``_post_init``),
+    and ``ValueError`` when an inner optimizer's parameters span several model parts.
+    """
+    if not isinstance(container, torch.optim.Optimizer):
+        raise TypeError(
+            f"trainer.optimizers is a {type(container).__name__}, not a torch.optim.Optimizer: "
+            "SCOUT cannot hook its step"
+        )
+    inner = list(getattr(container, "optimizers", ()))
+    if not inner:
+        raise TypeError(f"{type(container).__name__} has no inner optimizers ('optimizers')")
+    owner = {id(p): i for i, part in enumerate(model_parts) for p in part.parameters()}
+    out: list[PartOptimizer] = []
+    for opt in inner:
+        parts = {owner.get(id(p), -1) for group in opt.param_groups for p in group["params"]}
+        if len(parts) != 1 or -1 in parts:
+            raise ValueError(
+                f"inner optimizer {type(opt).__name__} updates parameters of model parts "
+                f"{sorted(parts)}; expected exactly one part"
+            )
+        out.append(PartOptimizer(parts.pop(), opt))
+    return TitanOptimizers(container, tuple(out))

@@ -1,0 +1,77 @@
+"""``ScoutTrainer``: TorchTitan's ``Trainer`` with a ``scout`` config section (``--scout.*``).
+
+The override (:mod:`scout_torchtitan.overrides`) switches SCOUT on for any job
+without touching its config function; its settings travel as one JSON object.
+This optional trainer gives SCOUT first-class flags instead, the way TorchTitan's
+own ``FaultTolerantTrainer`` adds ``fault_tolerance``::
+
+    torchrun ... -m torchtitan.train --module scout_torchtitan --config llama3_debugmodel \\
+        --scout.enabled --scout.replay_interval 20 --scout.report_dir runs/scout
+
+``ScoutTrainer.Config.scout`` *is* :class:`scout_core.Config` (tyro builds one flag
+per field and runs its validation, so a bad value fails at parse time naming the
+key, and an unknown ``--scout.<key>`` is an unrecognized argument). It defaults to
+disabled; with ``--scout.enabled`` the trainer swaps its checkpoint-manager config
+for SCOUT's (:func:`~scout_torchtitan.overrides.scout_checkpoint_config`) before
+``Trainer.__init__`` builds anything, so both switches end in the same manager.
+
+Config functions are served from :mod:`scout_torchtitan.config_registry`
+(``--module scout_torchtitan``); :func:`with_scout` turns any stock
+``Trainer.Config`` into a ``ScoutTrainer.Config``. Not for TorchFT jobs (they need
+``FaultTolerantTrainer``): use the override there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchtitan.config.override import derive
+from torchtitan.trainer import Trainer
+
+from scout_core import Config as ScoutConfig
+from scout_core import UnsupportedSetupError
+from scout_torchtitan.overrides import scout_checkpoint_config
+from scout_torchtitan.versions import check_version
+
+__all__ = ["ScoutTrainer", "with_scout"]
+
+
+def _disabled() -> ScoutConfig:
+    return ScoutConfig(enabled=False)
+
+
+class ScoutTrainer(Trainer):  # type: ignore[misc]  # untyped base
+    """TorchTitan's ``Trainer`` whose config has a ``scout`` section."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):  # type: ignore[misc]  # untyped base
+        scout: ScoutConfig = field(default_factory=_disabled)
+        """SCOUT's settings (``--scout.<key>``, the keys of ``scout_core.Config``);
+        SCOUT attaches only with ``--scout.enabled``."""
+
+    def __init__(self, config: Config) -> None:
+        if config.scout.enabled:
+            check_version()
+            config.checkpoint = scout_checkpoint_config(config.checkpoint, config.scout)
+        super().__init__(config)
+
+
+def with_scout(config: Any, **settings: Any) -> ScoutTrainer.Config:
+    """``config`` (a stock ``Trainer.Config``) as a ``ScoutTrainer.Config``.
+
+    ``settings`` are SCOUT keys (``enabled`` defaults to False), validated like the
+    override's. Subclassed trainer configs (TorchFT's ...) are refused: copying them
+    into a ``ScoutTrainer.Config`` would drop their own sections.
+    """
+    if type(config) is not Trainer.Config:
+        raise UnsupportedSetupError(
+            f"with_scout() takes TorchTitan's Trainer.Config, got {type(config).__qualname__}; "
+            "switch SCOUT on for that trainer with --override.imports "
+            "scout_torchtitan.overrides.scout instead"
+        )
+    scout = ScoutConfig.from_mapping(
+        {"enabled": False, **settings}, source="with_scout(...) SCOUT settings"
+    )
+    result: ScoutTrainer.Config = derive(config, ScoutTrainer.Config, scout=scout)
+    return result

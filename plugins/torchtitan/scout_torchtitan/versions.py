@@ -1,0 +1,106 @@
+"""The TorchTitan releases this plugin supports, and how older ones are told apart.
+
+scout-torchtitan is written against TorchTitan 0.3: components are ``Configurable``
+dataclasses, jobs are chosen with ``--module``/``--config`` from a
+``config_registry``, and SCOUT plugs in through ``torchtitan.config.override``
+(``--override.imports``). TorchTitan 0.2.x and older is a different design (TOML
+job files, ``JobConfig``, ``TrainSpec``, ``[experimental] custom_import``), with
+none of those seams, so it is refused with a message that says so instead of
+failing on a missing import.
+
+The installed version comes from the distribution metadata. A source checkout can
+report a placeholder version (TorchTitan logs "0.0.0 means __version__ is not
+defined correctly"), so a version that is not a real release falls back to the API
+itself: the 0.3 override module present means 0.3, the 0.2 ``train_spec`` /
+``job_config`` modules present mean 0.2 or older.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+
+from scout_core import UnsupportedSetupError
+
+__all__ = [
+    "SUPPORTED_TORCHTITAN",
+    "SUPPORTED_RANGE",
+    "check_version",
+    "detect_api",
+    "parse_version",
+]
+
+SUPPORTED_TORCHTITAN = ((0, 3), (0, 4))
+"""``[low, high)`` as (major, minor): every 0.3.x release; the one tested is 0.3.0."""
+
+SUPPORTED_RANGE = ">=0.3,<0.4"
+"""The same range as a requirement specifier (``pyproject.toml`` pins it too)."""
+
+_OLD_API = ("torchtitan.protocols.train_spec", "torchtitan.config.job_config")
+_NEW_API = "torchtitan.config.override"
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) of ``"0.3.0"``, ``"0.3.0.dev20260101+cpu"``...; None if unreadable."""
+    match = re.match(r"\s*(\d+)\.(\d+)", text)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing
+        return False
+
+
+def detect_api() -> str:
+    """``"0.3"`` (Configurable + override), ``"<=0.2"`` (TOML + custom_import) or ``"unknown"``."""
+    if _has(_NEW_API):
+        return "0.3"
+    if any(_has(m) for m in _OLD_API):
+        return "<=0.2"
+    return "unknown"
+
+
+def _installed() -> str:
+    try:
+        return importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        raise UnsupportedSetupError(
+            f"scout-torchtitan needs TorchTitan {SUPPORTED_RANGE}, which is not installed "
+            f"(pip install 'torchtitan{SUPPORTED_RANGE}')"
+        ) from None
+
+
+def check_version(version: str | None = None, *, api: str | None = None) -> str:
+    """Raise :class:`~scout_core.UnsupportedSetupError` unless TorchTitan is 0.3.x.
+
+    ``version`` defaults to the installed distribution's, ``api`` to
+    :func:`detect_api` (used only when the version is not a real release, e.g.
+    ``0.0.0`` from a source checkout). Returns the version string checked.
+    """
+    version = _installed() if version is None else version
+    got = parse_version(version)
+    low, high = SUPPORTED_TORCHTITAN
+    if got is not None and got != (0, 0):
+        if low <= got < high:
+            return version
+        old = got < low
+    else:
+        kind = detect_api() if api is None else api
+        if kind == "0.3":
+            return version
+        old = kind == "<=0.2"
+    detail = (
+        "it uses TOML job configs, TrainSpec and [experimental] custom_import, which "
+        "have no override seam for SCOUT"
+        if old
+        else "its config and override interfaces are not the ones this plugin was tested on"
+    )
+    raise UnsupportedSetupError(
+        f"scout-torchtitan supports TorchTitan {SUPPORTED_RANGE} (0.3.x: Configurable "
+        f"configs switched on with --override.imports); TorchTitan {version} is installed "
+        f"and {detail}. Install a supported release (pip install 'torchtitan{SUPPORTED_RANGE}') "
+        "or a scout-torchtitan that declares this one."
+    )

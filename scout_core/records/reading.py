@@ -1,0 +1,249 @@
+"""Reading a report back: a directory of rank files, or one file, strictly or leniently.
+
+:func:`load_report` reads every ``rank-<global rank>.jsonl`` of a report directory (or a
+single file) into a :class:`Report`. It has two modes, because evidence has two kinds of
+reader:
+
+* **strict** (the default) raises :class:`EvidenceError` at the first problem, naming
+  the file and line. Code that *acts* on evidence (a recovery policy, the tests) must not
+  act on half of it without knowing.
+* **lenient** (``strict=False``) is what ``scout report`` uses: a person wants to see what
+  happened even when a disk filled up mid-record or one node's files did not arrive.
+  Every bad line and bad file is skipped and described in :attr:`Report.problems`; every
+  good record is kept.
+
+What counts as a problem: a truncated last line (what a full disk or a killed writer
+leaves), a line that is not valid UTF-8 or not valid JSON, nesting too deep to parse, a
+record the schema refuses, a file that cannot be opened (a dangling symlink), something
+named like a rank file that is not a regular file (a directory, a FIFO, a device), and a
+name that is not a writer's: ``rank-01.jsonl`` is not rank 1's file (rank 1 writes
+``rank-1.jsonl``), so it is never read as rank 1; it is named as odd and skipped.
+
+[Never open what is not a regular file]
+Opening a FIFO for reading blocks until a writer appears, which would hang the report;
+opening a device can have side effects. So a file is ``stat``-ed first and opened only if
+it is a regular file, with ``O_NONBLOCK``, and checked again with ``fstat`` after opening
+in case it was swapped in between.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from scout_core.errors import EvidenceError
+from scout_core.records.record import CHECKPOINT_SCHEMA, INCIDENT_SCHEMA, VERDICT_SCHEMA, Record
+from scout_core.vocabulary import Failure, Status
+
+__all__ = ["RANK_FILE", "ReadProblem", "Report", "load_report"]
+
+RANK_FILE = re.compile(r"^rank-(0|[1-9][0-9]*)\.jsonl$")
+"""The name a writer gives rank ``r``'s file: ``rank-<r>.jsonl``, no leading zeros."""
+
+_NUMBERED = re.compile(r"^rank-([0-9]+)\.jsonl$")
+_Problem = Callable[[Path, "int | None", str], None]  # load_report's ``problem``
+_MAX_LINE = 64 << 20  # a record of a 100k-rank group's timings is well under 8 MiB
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+@dataclass(frozen=True)
+class ReadProblem:
+    """Something :func:`load_report` could not read, and skipped (lenient mode)."""
+
+    path: str
+    line: int | None
+    """1-based line number, or ``None`` when the whole file was skipped."""
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Report:
+    """All records of one report directory (or one file)."""
+
+    directory: Path
+    """The directory read, or the directory holding the file read."""
+    records: tuple[Record, ...]
+    """Every record, sorted by time, then by the rank whose file holds it."""
+    by_rank: Mapping[int, tuple[Record, ...]]
+    """Records per writing rank, in file order."""
+    files: tuple[Path, ...] = ()
+    """The files records were read from (wholly or in part)."""
+    problems: tuple[ReadProblem, ...] = ()
+    """What was skipped, in reading order (always empty from a strict read)."""
+
+    def verdicts(self, failure: Failure | str | None = None) -> tuple[Record, ...]:
+        """``scout.verdict/1`` records, only those reporting ``failure`` when given."""
+        wanted = None if failure is None else Failure(failure)
+        return tuple(
+            r
+            for r in self.records
+            if r.schema == VERDICT_SCHEMA and (wanted is None or r.failure is wanted)
+        )
+
+    def attributed(self) -> tuple[Record, ...]:
+        """Verdicts that name outlier ranks."""
+        return tuple(r for r in self.verdicts() if r.status is Status.ATTRIBUTED)
+
+    def checkpoints(self) -> tuple[Record, ...]:
+        """``scout.checkpoint/1`` records."""
+        return tuple(r for r in self.records if r.schema == CHECKPOINT_SCHEMA)
+
+    def incidents(self) -> tuple[Record, ...]:
+        """``scout.incident/1`` records: the job-level answers."""
+        return tuple(r for r in self.records if r.schema == INCIDENT_SCHEMA)
+
+    def runs(self) -> tuple[str, ...]:
+        """The run ids present, in order of each run's first record."""
+        return tuple(dict.fromkeys(r.run_id for r in self.records))
+
+    def ranks_without_file(self) -> tuple[int, ...]:
+        """Ranks that records name (in a group) but that have no readable file here.
+
+        A rank writes a file only once it records a decision, and a group's record is
+        written by its lowest rank only, so such a rank is not necessarily missing; but
+        when a rank's file *is* missing, this is where it shows.
+        """
+        named = {r for record in self.records for r in record.group}
+        return tuple(sorted(named - set(self.by_rank)))
+
+
+def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> Report:
+    """Read every ``rank-<r>.jsonl`` under ``report_dir``, or the one file it names.
+
+    Blank lines are skipped. ``strict`` (the default) raises :class:`EvidenceError` at
+    the first problem, naming file and line; otherwise problems are collected in
+    :attr:`Report.problems` and the rest is read (module doc). A directory without
+    rank files gives an empty report in both modes; a path that is neither a
+    directory nor a regular file is an error in both.
+    """
+    path = Path(report_dir)
+    problems: list[ReadProblem] = []
+
+    def problem(where: Path, line: int | None, message: str) -> None:
+        found = ReadProblem(str(where), line, message)
+        if strict:
+            raise EvidenceError(str(found))
+        problems.append(found)
+
+    if path.is_dir():
+        directory, candidates = path, _rank_files(path, problem)
+    elif path.is_file():
+        match = RANK_FILE.match(path.name)
+        directory, candidates = path.parent, [(int(match.group(1)) if match else None, path)]
+    elif path.exists():
+        raise EvidenceError(f"{path}: not a report directory or a regular file")
+    else:
+        raise EvidenceError(f"{path}: no such report directory or file")
+    by_rank: dict[int, tuple[Record, ...]] = {}
+    keyed: list[tuple[float, int, int, Record]] = []
+    files: list[Path] = []
+    for rank, file in candidates:
+        records = _read_file(file, problem)
+        if records is None:
+            continue
+        files.append(file)
+        if rank is not None:
+            by_rank[rank] = records
+        keyed.extend((r.time, -1 if rank is None else rank, i, r) for i, r in enumerate(records))
+    keyed.sort(key=lambda item: item[:3])
+    return Report(
+        directory=directory,
+        records=tuple(item[3] for item in keyed),
+        by_rank=dict(sorted(by_rank.items())),
+        files=tuple(files),
+        problems=tuple(problems),
+    )
+
+
+def _rank_files(directory: Path, problem: _Problem) -> list[tuple[int | None, Path]]:
+    """``(rank, path)`` of every canonical rank file; odd names go to ``problem``."""
+    names = sorted(
+        (e.name for e in os.scandir(directory)),
+        key=lambda n: (int(m.group(1)) if (m := _NUMBERED.match(n)) else -1, n),
+    )
+    found: list[tuple[int | None, Path]] = []
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".jsonl")):
+            continue  # not evidence: other files may live beside the report
+        if (match := RANK_FILE.match(name)) is not None:
+            found.append((int(match.group(1)), directory / name))
+        elif (match := _NUMBERED.match(name)) is not None:
+            rank = int(match.group(1))
+            problem(
+                directory / name,
+                None,
+                f"odd name: rank {rank} writes rank-{rank}.jsonl, so this file is not read "
+                f"as rank {rank}'s",
+            )
+        else:
+            problem(directory / name, None, "not a rank file (rank-<global rank>.jsonl)")
+    return found
+
+
+def _read_file(path: Path, problem: _Problem) -> tuple[Record, ...] | None:
+    """The records of one file, or ``None`` if it could not be read at all."""
+    try:
+        kind = _not_regular(os.stat(path).st_mode)
+    except OSError as exc:  # a dangling symlink, a permission problem
+        problem(path, None, f"cannot read: {exc.strerror or exc}")
+        return None
+    if kind is not None:
+        problem(path, None, f"is {kind}, not a regular file")
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        problem(path, None, f"cannot open: {exc.strerror or exc}")
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        kind = _not_regular(os.fstat(fd).st_mode)
+        if kind is not None:  # swapped after the stat
+            problem(path, None, f"is {kind}, not a regular file")
+            return None
+        return tuple(_records(path, stream, problem))
+
+
+def _not_regular(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _records(path: Path, stream: BinaryIO, problem: _Problem) -> Iterator[Record]:
+    number = 0
+    while raw := stream.readline(_MAX_LINE + 1):
+        number += 1
+        if len(raw) > _MAX_LINE and not raw.endswith(b"\n"):
+            while (rest := stream.readline(_MAX_LINE)) and not rest.endswith(b"\n"):
+                pass
+            problem(path, number, f"line longer than {_MAX_LINE >> 20} MiB")
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problem(path, number, f"not valid UTF-8 (byte {exc.start})")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield Record.from_json(line)
+        except EvidenceError as exc:
+            if not raw.endswith(b"\n"):
+                problem(path, number, f"truncated last line (no newline at the end): {exc}")
+            else:
+                problem(path, number, str(exc))

@@ -1,0 +1,177 @@
+"""``scout report --html --png`` on the evidence of a real faulty run (the ``scout demo`` job).
+
+Four Gloo ranks train the demo model under SCOUT with a 1-bit SDC on rank 1 and a
+compute straggler on rank 2 (:func:`scout_core.cli.demo.run_demo_rank`). The report of
+that directory must produce the HTML page and the PNG pictures; the page, parsed with
+``html.parser``, must show the verdicts (and an incident, once one is in the directory)
+and fetch nothing; each PNG must be a valid image of the documented size; and a damaged
+copy of the directory must still render, naming what it skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import struct
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from scout_core.cli.demo import run_demo_rank
+from scout_core.cli.main import main
+from scout_core.records.evidence import INCIDENT_SCHEMA, EvidenceWriter, Record, load_report
+from scout_core.records.figures import SIZES
+from scout_core.testing import run_ranks
+from scout_core.vocabulary import Failure, Scope
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+class Page(HTMLParser):
+    """Sections, table rows (with their cells) and every URL-bearing attribute of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[str] = []
+        self.rows: list[dict[str, str]] = []
+        self.urls: list[tuple[str, str, str]] = []
+        self.tags: set[str] = set()
+        self._cell: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        self.tags.add(tag)
+        if tag == "section":
+            self.sections.append(a.get("id", ""))
+        if tag == "tr" and "data-section" in a:
+            self.rows.append({"section": a["data-section"], "id": a["data-id"]})
+        if tag == "td" and self.rows:
+            self._cell = a.get("class", "")
+            self.rows[-1][self._cell] = ""
+        for key in ("src", "href", "action", "data"):
+            if key in a:
+                self.urls.append((tag, key, a[key]))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self.rows[-1][self._cell] += data
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    report = tmp_path_factory.mktemp("demo") / "scout-report"
+    results = run_ranks(
+        run_demo_rank,
+        4,
+        args=(str(report), 1, 2),
+        timeout_s=300,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert len(results) == 4
+    return report
+
+
+def test_html_and_png_from_a_real_faulty_run(demo_dir: Path, tmp_path: Path) -> None:
+    html_file, png_dir = tmp_path / "report.html", tmp_path / "png"
+    code = main(["report", str(demo_dir), "--html", str(html_file), "--png", str(png_dir)])
+    assert code == 1  # the SDC and the straggler were attributed
+
+    pngs = {p.name: p.read_bytes() for p in png_dir.iterdir()}
+    assert set(pngs) == {"heatmap.png", "gate.png", "stragglers.png"}
+    for name, data in pngs.items():
+        assert png_size(data) == SIZES[name], name
+
+    page = Page()
+    page.feed(html_file.read_text("utf-8"))
+    assert page.sections[:4] == ["incidents", "verdicts", "gate", "restore"]
+    verdicts = {(r["what"], r["culprit"]) for r in page.rows if r["section"] == "verdicts"}
+    assert ("sdc", "rank 1") in verdicts
+    assert ("straggler", "rank 2") in verdicts
+    slow = next(r for r in page.rows if r["what"] == "straggler")
+    assert "rank 2:" in slow["evidence"] and "vs peer median" in slow["evidence"]
+    assert any(r["section"] == "restore" for r in page.rows)  # the gate's retrieval after SDC
+
+    # Self-contained: no stylesheet or script to fetch, every picture inline.
+    assert not page.tags & {"link", "script", "iframe", "object", "embed"}
+    images = [url for tag, key, url in page.urls if tag == "img"]
+    assert len(images) == 3
+    assert len(page.urls) == 3  # nothing else points anywhere
+    for url in images:
+        head = "data:image/png;base64,"
+        assert url.startswith(head)
+        assert png_size(base64.b64decode(url[len(head) :]))[0] == 1000
+
+
+def test_incidents_are_found_in_the_page(demo_dir: Path, tmp_path: Path) -> None:
+    # Issue 10 will write incidents; here one is written as it would be, citing the run's
+    # real SDC verdict, so the page must list it first and the verdict must point at it.
+    copy = tmp_path / "report"
+    shutil.copytree(demo_dir, copy)
+    (sdc,) = load_report(copy).verdicts(failure="sdc")
+    incident = Record(
+        schema=INCIDENT_SCHEMA,
+        run_id=sdc.run_id,
+        step=sdc.step,
+        surface=sdc.surface,
+        failure=Failure.SDC,
+        group=sdc.group,
+        outliers=sdc.outliers,
+        scope=Scope.RANK,
+        hosts=sdc.hosts,
+        detail={
+            "first_step": sdc.step,
+            "last_step": sdc.step,
+            "corroborating": [sdc.id],
+            "explained": [],
+            "summary": f"SDC on rank {sdc.outliers[0]}: {sdc.surface} differs",
+        },
+    )
+    with EvidenceWriter(copy, 0, run_id=sdc.run_id) as w:
+        w.write(incident)
+    html_file = tmp_path / "report.html"
+    assert main(["report", str(copy), "--html", str(html_file)]) == 1
+    page = Page()
+    page.feed(html_file.read_text("utf-8"))
+    (found,) = [r for r in page.rows if r["section"] == "incidents"]
+    assert found["id"] == incident.id
+    assert found["culprit"] == "rank 1"
+    assert found["evidence"] == f"SDC on rank 1: {sdc.surface} differs"
+    cited = next(r for r in page.rows if r["id"] == sdc.id)
+    assert f"[incident {incident.id}]" in cited["evidence"]
+
+
+def test_truncated_and_missing_files_are_reported(
+    demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = tmp_path / "report"
+    shutil.copytree(demo_dir, copy)
+    path = copy / "rank-0.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    shutil.copy(path, copy / "rank-00.jsonl")  # not rank 0's file; must be named, not read
+    html_file, png_dir = tmp_path / "damaged.html", tmp_path / "png"
+    code = main(["report", str(copy), "--html", str(html_file), "--png", str(png_dir)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "skipped (2):" in out
+    assert f"rank-0.jsonl:{len(lines)}: truncated last line" in out
+    assert "rank-00.jsonl: odd name" in out
+    assert "no file from rank(s) 1-3" in out  # the ranks the records name, without a file
+    assert "sdc" in out  # the rest is rendered
+    page = Page()
+    page.feed(html_file.read_text("utf-8"))
+    assert "problems" in page.sections
+    assert (png_dir / "heatmap.png").is_file()
