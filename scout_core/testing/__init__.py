@@ -64,28 +64,23 @@ __all__ = [
     "signature_many",
 ]
 
-_HOME = {
-    "run_ranks": "scout_core.testing.harness",
-    "RankFailedError": "scout_core.testing.harness",
-    "RanksTimeoutError": "scout_core.testing.harness",
-    "Faults": "scout_core.testing.injectors",
-    "BitFlip": "scout_core.testing.injectors",
-    "Scale": "scout_core.testing.injectors",
-    "AddNoise": "scout_core.testing.injectors",
-    "flip_bit": "scout_core.testing.injectors",
-    "comm_delay": "scout_core.testing.injectors",
-    "check_adapter": "scout_core.testing.conformance",
-    "check_plugin": "scout_core.testing.conformance",
-    "installed_plugins": "scout_core.testing.conformance",
-    "check_checkpoint_io": "scout_core.testing.checkpoint_io",
-    "TinyLM": "scout_core.testing.models",
-    "Block": "scout_core.testing.models",
-    "batch": "scout_core.testing.models",
-    "train_step": "scout_core.testing.models",
-    "VOCAB": "scout_core.testing.models",
-    "signature": "scout_core.decision.signature",
-    "signature_many": "scout_core.decision.signature",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "scout_core.testing.harness": ("run_ranks", "RankFailedError", "RanksTimeoutError"),
+    "scout_core.testing.injectors": (
+        "Faults",
+        "BitFlip",
+        "Scale",
+        "AddNoise",
+        "flip_bit",
+        "comm_delay",
+    ),
+    "scout_core.testing.conformance": ("check_adapter", "check_plugin", "installed_plugins"),
+    "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
+    "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),
+    "scout_core.decision.signature": ("signature", "signature_many"),
 }
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+"""Where each lazily imported name lives."""
 
 
 def __getattr__(name: str) -> Any:
