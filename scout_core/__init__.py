@@ -15,7 +15,7 @@ Megatron model chunks) and hands it to the plugin registered for it under the
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scout_core.config import Config
@@ -66,17 +66,25 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def _resolve_config(config: Config | str | os.PathLike[str]) -> Config:
+def _resolve_config(config: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Config:
     if isinstance(config, Config):
         return config
-    return Config.from_file(config)
+    if isinstance(config, Mapping):
+        return Config.from_env(Config.from_mapping(config, source="scout.enable(config={...})"))
+    if isinstance(config, str | os.PathLike):
+        return Config.from_file(config)
+    raise ConfigError(
+        "scout.enable(config=...) takes a scout_core.Config, a mapping of its keys "
+        "(e.g. {'replay_interval': 20}), or the path of a TOML/JSON file; got "
+        f"{type(config).__name__}"
+    )
 
 
 def enable(
     obj: Any,
     optimizer: Any = None,
     *,
-    config: Config | str | os.PathLike[str] | None = None,
+    config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     callback: Callable[[Record], None] | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -85,8 +93,9 @@ def enable(
     ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``: one
     ``torch.optim.Optimizer`` or a list of them, and optionally ``mesh=``) or a
     framework object that an installed plugin handles. ``config`` is a
-    :class:`Config`, a path to a TOML/JSON file, or None (the framework's own SCOUT
-    section, ``SCOUT_CONFIG``, ``SCOUT_*`` environment variables and defaults).
+    :class:`Config`, a mapping of its keys, a path to a TOML/JSON file, or None (the
+    framework's own SCOUT section, ``SCOUT_CONFIG``, ``SCOUT_*`` environment variables
+    and defaults).
     ``callback`` receives every verdict record. Bad configuration raises
     :class:`ConfigError` here, before anything is attached. Collective over the job;
     enabling the same object twice returns the live session.

@@ -96,7 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; exit 0 only when both faults were localized and nothing else flagged."""
     from scout_core.testing.harness import run_ranks
 
-    parser = argparse.ArgumentParser(prog="scout demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scout demo",
+        description="A small multi-rank CPU training job with injected faults, and its verdicts.",
+    )
     parser.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (>= 4)")
     parser.add_argument("--report-dir", default=None, help="where evidence records go")
     parser.add_argument("--steps", type=int, default=10, help="training steps")

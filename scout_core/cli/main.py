@@ -46,7 +46,10 @@ def _c3_round(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from scout_core import __version__
 
-    parser = argparse.ArgumentParser(prog="scout", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scout",
+        description="SCOUT: name the rank behind a failure in distributed training.",
+    )
     parser.add_argument("--version", action="version", version=f"scout-core {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="run the multi-rank fault-localization demo on CPU")

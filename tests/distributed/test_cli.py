@@ -116,3 +116,14 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
     assert main(["report", str(tmp_path)]) == 1  # the bad file is skipped and named
     assert load_report(tmp_path, strict=False).problems[0].line == 1
     assert main(["report", str(tmp_path / "rank-2.jsonl")]) == 2  # nothing readable
+
+
+def test_help_texts_carry_no_markup() -> None:
+    for argv in ([], ["demo"], ["report"], ["catalog"], ["simulate"], ["c3-round"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "scout_core", *argv, "--help"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "``" not in out and ":class:" not in out, (argv, out)

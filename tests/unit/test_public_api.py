@@ -68,3 +68,18 @@ def test_enable_plain_torch_needs_an_optimizer() -> None:
 
     with pytest.raises(scout_core.UnsupportedSetupError, match=r"torch\.optim\.Optimizer"):
         scout_core.enable(torch.nn.Linear(2, 2), None)
+
+
+def test_enable_accepts_a_mapping_and_names_bad_keys() -> None:
+    from scout_core import _resolve_config
+
+    assert _resolve_config({"replay_interval": 7}).replay_interval == 7
+    with pytest.raises(scout_core.ConfigError, match=r"replay_intervall"):
+        _resolve_config({"replay_intervall": 7})
+
+
+def test_enable_says_what_config_it_takes() -> None:
+    import torch
+
+    with pytest.raises(scout_core.ConfigError, match=r"a mapping of its keys"):
+        scout_core.enable(torch.nn.Linear(2, 2), torch.optim.SGD([torch.zeros(1)]), config=3)
