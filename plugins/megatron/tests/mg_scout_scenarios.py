@@ -17,8 +17,14 @@ STEP_FIELDS = ("step", "surface", "failure", "status", "outliers", "scope", "gro
 
 
 def section(**over: Any) -> dict[str, Any]:
-    """SCOUT settings of the tests: replay every step, everything else every 4 steps."""
+    """SCOUT settings of the tests: replay every step, everything else every 4 steps.
+
+    Six ranks share two loaded CPU cores, where a rank descheduled for a few tens of
+    milliseconds inside a replayed call is common; a straggler must be at least
+    0.3 s slower than its peers' median (the injected one is 3 x 0.2 s per round).
+    """
     base: dict[str, Any] = {
+        "straggler_min_excess_s": 0.3,
         "report_dir": os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report"),
         "run_id": "megatron-test",
         "replay_interval": 1,
@@ -66,33 +72,100 @@ def faults_from(specs: list[dict[str, Any]], steps: int) -> Any:
     return faults
 
 
-def train(faults: list[dict[str, Any]], steps: int, over: dict[str, Any]) -> dict[str, Any]:
-    """Train ``steps`` iterations with SCOUT and the faults; the verdicts and rounds."""
+def train(
+    faults: list[dict[str, Any]], steps: int, over: dict[str, Any], mode: str = "attach"
+) -> dict[str, Any]:
+    """Train ``steps`` iterations with SCOUT and the faults; the verdicts and rounds.
+
+    ``mode`` ``"attach"``: :func:`scout_megatron.attach` before the loop; ``"bridge"``:
+    the real Bridge ``CallbackManager`` drives the callbacks ``callbacks_from`` returns
+    for a Bridge-shaped config whose ``env_vars`` name a SCOUT config file.
+    """
+    import json
+    from types import SimpleNamespace
+
+    import scout_megatron
+    from scout_megatron import testing as mgt
+    from scout_megatron.bridge import bridge_callbacks
+    from scout_megatron.testing.bridge_loop import run_bridge_loop
+
+    from scout_core import Config
+
+    spec, model, ddp, opt = build(over.pop("spec", None))
+    records: list[Any] = []
+    rounds: list[Any] = []
+    inner = opt.chained_optimizers[0].optimizer
+    injector = faults_from(faults, steps).attach(model, inner)
+    if mode == "attach":
+        session = scout_megatron.attach([ddp], opt, Config(**section(**over)))
+        session.on_boundary(lambda b: rounds.extend(b.rounds))
+        for step in range(steps):
+            mgt.train_step(ddp, opt, mgt.get_batch(spec, step))
+        records = list(session.verdicts)
+        attached = [session.step]
+        session.close()
+    else:
+        rank = torch.distributed.get_rank()
+        path = os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], f"scout-{rank}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(section(**over), fh)
+        bridge_config = SimpleNamespace(env_vars={"SCOUT_CONFIG": path})
+        callbacks = scout_megatron.callbacks_from(bridge_config, callback=records.append)
+        scout = callbacks[0]
+        attached = []
+
+        def count(ctx: Any) -> None:  # after ScoutCallback's on_train_start
+            ctx.user_state["scout"].on_boundary(lambda b: rounds.extend(b.rounds))
+            attached.append(ctx.user_state["scout"].step)
+
+        api = bridge_callbacks()
+        manager = api.CallbackManager()
+        manager.add(callbacks)
+        manager.register("on_train_start", count)
+        state = run_bridge_loop(manager, [ddp], opt, spec, steps)
+        attached.append(state.train_state.step)
+        attached.append(scout.session is None)  # on_train_end closed it
+    out = {
+        "rank": torch.distributed.get_rank(),
+        "verdicts": verdict_rows(records),
+        "rounds": len(rounds),
+        "unready": sum(1 for r in rounds if not r.ready),
+        "fired": len(injector.fired()),
+        "attached": attached,
+    }
+    injector.detach()
+    mgt.teardown()
+    return out
+
+
+def clean_and_bitwise(steps: int, over: dict[str, Any]) -> dict[str, Any]:
+    """Train ``steps`` clean iterations with SCOUT on (observer too), then the same job
+    with SCOUT off in this process; verdicts, rounds and both runs' final digests."""
     import scout_megatron
     from scout_megatron import testing as mgt
 
     from scout_core import Config
 
-    spec, model, ddp, opt = build(over.pop("spec", None))
-    session = scout_megatron.attach([ddp], opt, Config(**section(**over)))
+    spec_kwargs = {"dropout": 0.1}
+    runs: dict[str, Any] = {}
     rounds: list[Any] = []
-    session.on_boundary(lambda b: rounds.extend(b.rounds))
-    inner = session.adapter.optimizers()[0]
-    injector = faults_from(faults, steps).attach(model, inner)
-    for step in range(steps):
-        mgt.train_step(ddp, opt, mgt.get_batch(spec, step))
-    out = {
-        "rank": torch.distributed.get_rank(),
-        "verdicts": verdict_rows(session.verdicts),
-        "rounds": len(rounds),
-        "inconclusive": sum(
-            1 for r in rounds if not r.ready or any(v.status.value == "inconclusive"
-                                                    for v in r.results.values())
-        ),
-        "fired": len(injector.fired()),
-        "steps": session.step,
-    }
-    injector.detach()
-    session.close()
-    mgt.teardown()
-    return out
+    for mode in ("on", "off"):
+        spec, model, ddp, opt = build(spec_kwargs)
+        session = None
+        if mode == "on":
+            session = scout_megatron.attach([ddp], opt, Config(**section(**over)))
+            session.on_boundary(lambda b: rounds.extend(b.rounds))
+        losses = [mgt.train_step(ddp, opt, mgt.get_batch(spec, s)) for s in range(steps)]
+        runs[mode] = {
+            "digest": mgt.digest(model, opt),
+            "losses": losses,
+            "rng": torch.get_rng_state().sum().item(),
+        }
+        if session is not None:
+            runs["verdicts"] = verdict_rows(session.verdicts)
+            runs["rounds"] = len(rounds)
+            runs["recipes"] = sorted({r.recipe.name for r in rounds})
+            runs["observer"] = session.observer is not None
+            session.close()
+        mgt.teardown()
+    return runs
