@@ -169,3 +169,38 @@ def clean_and_bitwise(steps: int, over: dict[str, Any]) -> dict[str, Any]:
             session.close()
         mgt.teardown()
     return runs
+
+
+def frozen(culprit: int, at_step: int, steps: int, over: dict[str, Any]) -> dict[str, Any]:
+    """Train with SCOUT and the observer; before step ``at_step`` the culprit says so in
+    ``freeze-ready`` and idles a moment, in which the test SIGSTOPs it; the others go on
+    into the step's collectives and wait there."""
+    import time
+    from pathlib import Path
+
+    import scout_megatron
+    from scout_megatron import testing as mgt
+
+    from scout_core import Config
+
+    spec, _, ddp, opt = build()
+    session = scout_megatron.attach([ddp], opt, Config(**section(**over)))
+    rank = torch.distributed.get_rank()
+    for step in range(steps):
+        if rank == culprit and step == at_step:
+            marker = Path(os.environ["SCOUT_TEST_RANK_DIR"]) / "freeze-ready"
+            marker.with_suffix(".tmp").write_text(str(os.getpid()))
+            marker.with_suffix(".tmp").rename(marker)
+            time.sleep(2.0)  # stopped here
+        mgt.train_step(ddp, opt, mgt.get_batch(spec, step))
+    hangs = [v.to_dict() for v in session.verdicts if v.failure and v.failure.value == "hang"]
+    out = {
+        "rank": rank,
+        "verdicts": verdict_rows(session.verdicts),
+        "steps": session.step,
+        "stages": [h["detail"]["stages"] for h in hangs],
+        "position": [h["detail"].get("position") for h in hangs],
+    }
+    session.close()
+    mgt.teardown()
+    return out
