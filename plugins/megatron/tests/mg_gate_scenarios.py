@@ -144,7 +144,9 @@ def conformance(directory: str) -> dict[str, Any]:
     advance()
     check_checkpoint_io(io, state=state, advance=advance, break_save=failing_saves)
     layer = adapter.repeated_layers()[0]
+    recorded = _bridge_save_is_recorded(directory + "-bridge", [ddp], opt, steps[0])
     out = {
+        "recorded": recorded,
         "tags": io.list_tags(),
         "writes": io.writes_metadata(),
         "layers": [r.path for r in adapter.repeated_layers()],
@@ -162,3 +164,24 @@ def conformance(directory: str) -> dict[str, Any]:
     session.close()
     mgt.teardown()
     return out
+
+
+def _bridge_save_is_recorded(directory: str, chunks: list[Any], opt: Any, step: int) -> Any:
+    """``ScoutCallback.on_checkpoint_save`` (fired by Bridge releases that have it, after
+    Bridge wrote the checkpoint) records that checkpoint in the gate's ledger."""
+    from types import SimpleNamespace
+
+    import scout_megatron
+    from scout_megatron import testing as mgt
+
+    state = SimpleNamespace(
+        cfg=SimpleNamespace(checkpoint=SimpleNamespace(save=directory)),
+        train_state=SimpleNamespace(step=step),
+    )
+    context = SimpleNamespace(state=state, model=chunks, optimizer=opt, user_state={})
+    callback = scout_megatron.ScoutCallback(_config())
+    callback.on_train_start(context)  # the live session: attaching twice returns it
+    assert context.user_state["scout"] is scout_megatron.session_of(chunks)
+    mgt.CpuCheckpointIO(directory, chunks, opt).save(f"iter_{step:07d}")  # "Bridge" saves
+    callback.on_checkpoint_save(context)
+    return _roles(directory)

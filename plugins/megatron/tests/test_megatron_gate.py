@@ -67,6 +67,10 @@ def test_plugin_adapter_and_checkpoint_io_conformance(tmp_path: Path) -> None:
     assert [r["writes"] for r in results] == [True, False, False, False]  # the tracker's rank
     for rank, out in enumerate(results):
         assert out["tags"] == ["iter_0000004", "iter_0000008"]
+        # ScoutCallback.on_checkpoint_save put Bridge's checkpoint of iteration 4 (one step,
+        # then the three the conformance body trained) into the gate's ledger: saved when
+        # the second recipe cycle (K = 2) closed clean at step 3, so a candidate
+        assert out["recorded"] == {"iter_0000004": "candidate"}
         assert out["layers"] == ["decoder.layers.0", "decoder.layers.1"]
         assert out["special"] == ["embedding", "lm_head"]
         assert out["ownership"] == "replicated"  # FP32Optimizer: full replicated state
