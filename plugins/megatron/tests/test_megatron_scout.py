@@ -81,6 +81,7 @@ def test_attach_localizes_sdc_and_straggler() -> None:
     assert all(r["attached"] == [STEPS] for r in results)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_thirty_clean_steps_are_silent_and_bitwise_identical_to_scout_off() -> None:
     from mg_scout_scenarios import clean_and_bitwise
