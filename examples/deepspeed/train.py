@@ -17,7 +17,11 @@ from a step on, using SCOUT's test injectors:
 * ``sdc:rank=R,step=S``: every transformer block on rank R flips the lowest
   mantissa bit of its output from step S on (a silent, persistent compute fault);
 * ``straggler:rank=R,step=S``: every block on rank R sleeps 100 ms per call for
-  four steps from step S (a slow rank).
+  four steps from step S (a slow rank);
+* ``hang:rank=R,step=S``: rank R freezes for ``hang_timeout_s`` + 5 s when step S
+  starts (a hung trainer; its peers wait for it in the step's collectives). This
+  switches the hang observer on (``"observer": true``, ``hang_timeout_s`` 5 s unless
+  the ``"scout"`` section sets it).
 
 Rank 0 prints every verdict; the evidence also lands in the report directory of
 the ``"scout"`` section (``scout report <dir>`` renders it).
@@ -97,8 +101,8 @@ def parse_inject(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
     kind, _, rest = text.partition(":")
-    if kind not in {"sdc", "straggler"}:
-        raise SystemExit(f"--inject: unknown fault {kind!r}; use sdc or straggler")
+    if kind not in {"sdc", "straggler", "hang"}:
+        raise SystemExit(f"--inject: unknown fault {kind!r}; use sdc, straggler or hang")
     fields = dict(item.split("=", 1) for item in rest.split(",") if item)
     try:
         return {"kind": kind, "rank": int(fields["rank"]), "step": int(fields["step"])}
@@ -106,7 +110,9 @@ def parse_inject(text: str | None) -> dict[str, Any] | None:
         raise SystemExit(f"--inject {text!r}: expected {kind}:rank=R,step=S") from None
 
 
-def attach_fault(spec: dict[str, Any] | None, model: TinyGPT, opt: Any, steps: int) -> Any:
+def attach_fault(
+    spec: dict[str, Any] | None, model: TinyGPT, opt: Any, steps: int, hang_s: float
+) -> Any:
     from scout_core.testing import BitFlip, Faults
 
     if spec is None:
@@ -116,11 +122,31 @@ def attach_fault(spec: dict[str, Any] | None, model: TinyGPT, opt: Any, steps: i
         when = faults.at(rank=spec["rank"], steps=range(spec["step"], steps))
         for i in range(len(model.blocks)):
             when.corrupt_output(f"blocks.{i}", BitFlip(bit=0))
-    else:
+    elif spec["kind"] == "straggler":
         when = faults.at(rank=spec["rank"], steps=range(spec["step"], spec["step"] + 4))
         for i in range(len(model.blocks)):
             when.delay_compute(f"blocks.{i}", 0.1)
+    else:
+        faults.at(rank=spec["rank"], step=spec["step"]).hang(hang_s)
     return faults.attach(model, opt)
+
+
+def report(spec: dict[str, Any] | None, verdicts: list[Any]) -> None:
+    """Print the injected fault and every verdict of this rank's session."""
+    if spec is not None:
+        print(f"injected: {spec['kind']} on rank {spec['rank']} from step {spec['step']}")
+    if not verdicts:
+        print("SCOUT: no verdicts (all peers agreed)")
+    for record in verdicts:
+        v = record.to_dict()
+        who = ", ".join(f"rank {r}" for r in v["outliers"]) or "no single rank"
+        stages = v["detail"].get("stages", {})  # the hang observer's: where each rank was
+        seen = "".join(f"; rank {r} {stages[str(r)]}" for r in v["outliers"] if str(r) in stages)
+        print(
+            f"SCOUT verdict: step {v['step']} {v['failure'] or v['status']} on {who} "
+            f"({v['scope']}, surface {v['surface']}, peers {v['group']}{seen})",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -130,7 +156,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--zero-stage", type=int, default=None, help="override the config")
     parser.add_argument("--report-dir", default=None, help="override the scout report_dir")
-    parser.add_argument("--inject", default=None, help="sdc:rank=R,step=S or straggler:...")
+    parser.add_argument("--inject", default=None, help="sdc|straggler|hang:rank=R,step=S")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     spec = parse_inject(args.inject)
@@ -145,6 +171,9 @@ def main() -> None:
         config["zero_optimization"]["stage"] = args.zero_stage
     if args.report_dir is not None:
         config["scout"]["report_dir"] = args.report_dir
+    if spec is not None and spec["kind"] == "hang":
+        config["scout"]["observer"] = True
+        config["scout"].setdefault("hang_timeout_s", 5.0)
 
     torch.manual_seed(0)
     model = TinyGPT()
@@ -153,7 +182,8 @@ def main() -> None:
     )
     session = scout_deepspeed.session_of(engine)
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
-    faults = attach_fault(spec, model, inner, args.steps)
+    hang_s = float(config["scout"].get("hang_timeout_s", 0.0)) + 5.0
+    faults = attach_fault(spec, model, inner, args.steps, hang_s)
 
     for step in range(args.steps):
         gen = torch.Generator().manual_seed(1000 * step + rank)
@@ -167,20 +197,8 @@ def main() -> None:
         if rank == 0 and step % 4 == 0:
             print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
 
-    verdicts = [] if session is None else list(session.verdicts)
     if rank == 0:
-        if spec is not None:
-            print(f"injected: {spec['kind']} on rank {spec['rank']} from step {spec['step']}")
-        if not verdicts:
-            print("SCOUT: no verdicts (all peers agreed)")
-        for record in verdicts:
-            v = record.to_dict()
-            who = ", ".join(f"rank {r}" for r in v["outliers"]) or "no single rank"
-            print(
-                f"SCOUT verdict: step {v['step']} {v['failure'] or v['status']} on {who} "
-                f"({v['scope']}, surface {v['surface']}, peers {v['group']})",
-                flush=True,
-            )
+        report(spec, [] if session is None else list(session.verdicts))
     if faults is not None:
         faults.detach()
     if session is not None:

@@ -6,7 +6,9 @@ owns everything about switching SCOUT on that does not depend on the framework:
 * ``handles(obj)``: the object's class comes from the framework's package (by the
   module names of ``type(obj).__mro__``; a list of model chunks by its first item),
   so the framework is never imported to decide;
-* ``check_version()``: the installed framework is in the plugin's ``supported`` range;
+* ``check_version()``: the installed framework is in the plugin's ``supported`` range
+  (the version comes from ``framework_version()``: the distribution's metadata unless
+  the plugin knows a better source, e.g. a source checkout without metadata);
 * ``resolve_config(obj, config)``: an explicit :class:`Config` wins; else the
   framework's own SCOUT section (``config_section``), then ``SCOUT_*`` environment
   overrides; else the file ``SCOUT_CONFIG`` names (then the overrides); else the
@@ -40,7 +42,7 @@ from scout_core.config import Config
 from scout_core.errors import ConfigError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.integration.pending import object_from
-from scout_core.integration.versions import check_version
+from scout_core.integration.versions import check_version, installed_version
 from scout_core.records.evidence import Record
 from scout_core.session import Session, compose
 
@@ -88,6 +90,15 @@ class FrameworkPlugin(ABC):
         """The SCOUT section of the framework's own config for ``obj``, if any."""
         return None
 
+    def framework_version(self) -> str | None:
+        """The installed framework's version, or None when it is not installed.
+
+        Default: the metadata of the ``framework`` distribution. Override only where the
+        framework can be importable without metadata (Megatron-LM's source checkout on
+        ``PYTHONPATH`` carries ``megatron/core/package_info.py`` instead).
+        """
+        return installed_version(self.framework)
+
     def key(self, obj: Any) -> object:
         """What sessions are keyed by (enabling the same key twice returns the live one)."""
         return obj
@@ -107,9 +118,11 @@ class FrameworkPlugin(ABC):
 
     def check_version(self, version: str | None = None) -> str:
         """The installed (or given) framework version, if supported; else
-        :class:`~scout_core.errors.UnsupportedSetupError` naming both."""
+        :class:`~scout_core.errors.UnsupportedSetupError` naming both. The installed
+        version is :meth:`framework_version`'s."""
+        found = self.framework_version() if version is None else version
         return check_version(
-            self.framework, self.supported, plugin=self.distribution, version=version
+            self.framework, self.supported, plugin=self.distribution, version=found
         )
 
     def session_of(self, obj: Any) -> Session | None:

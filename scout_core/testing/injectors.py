@@ -183,6 +183,12 @@ class Trigger:
         ``"any"`` all of them. Training's own collectives are never delayed."""
         return self._add("collective", group, float(seconds))
 
+    def hang(self, seconds: float) -> Faults:
+        """Freeze this rank's training thread for ``seconds`` when the step's first forward
+        starts (once per step): a trainer that stops making progress while its peers wait
+        for it in the step's collectives, as the hang observer sees a frozen process."""
+        return self._add("hang", None, float(seconds))
+
     def skip_capture(self, module: str | None = None) -> Faults:
         """Make this rank miss the replay capture of ``module`` (default: every module)."""
         return self._add("skip", module, None)
@@ -273,6 +279,10 @@ class Faults:
         if self._advance:
             self.step += 1
             self._advance = False
+        for f in self.faults:
+            if f.kind == "hang" and self._active(f) and self.step not in f.fired:
+                self._fire(f)
+                time.sleep(f.payload)
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._advance = True

@@ -10,7 +10,7 @@ import torch
 from scout_core.decision.signature import signature
 from scout_core.replay import taps
 from scout_core.testing.injectors import AddNoise, BitFlip, Faults, Scale, flip_bit
-from scout_core.testing.models import TinyLM, train_step
+from scout_core.testing.models import TinyLM, batch, train_step
 
 
 def test_low_mantissa_flip_is_tiny_but_changes_the_signature() -> None:
@@ -115,3 +115,21 @@ def test_compute_delay_and_taps() -> None:
     assert taps.capture_vetoed("layers.2") and not taps.capture_vetoed("layers.1")
     faults.detach()
     assert taps.comm_delay_s("shard") == 0.0
+
+
+def test_hang_freezes_the_step_once_at_its_first_forward() -> None:
+    faults = Faults().at(rank=0, step=1).hang(0.3)
+    faults.at(rank=1, step=0).hang(5.0)  # another rank's: never fires here
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    faults.attach(model, opt, rank=0)
+    took = []
+    for s in range(3):
+        t0 = time.monotonic()
+        model(batch(s, 0)[:, :-1])  # the step's first forward
+        train_step(model, opt, s, 0)  # a second forward in the same step: no second freeze
+        took.append(time.monotonic() - t0)
+    assert took[1] >= 0.3
+    assert faults.fired() == [("hang", None, 1)]  # once, at step 1, and not rank 1's
+    faults.detach()

@@ -8,6 +8,7 @@ httpx's ``test_exported_members`` does, so a rename cannot slip through.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any, ClassVar
 
 import pytest
@@ -197,6 +198,30 @@ def test_enable_checks_the_version_first() -> None:
 
     with pytest.raises(UnsupportedSetupError, match=r"scout-fake supports torch <1\.0"):
         Old().enable(torch.nn.Linear(2, 2))
+
+
+def test_check_version_reads_framework_version() -> None:
+    """A plugin whose framework can be importable without metadata (a source checkout)
+    overrides ``framework_version``; the base checks that version against ``supported``."""
+
+    class SourceCheckout(_FakePlugin):
+        framework: ClassVar[str] = "no-such-distribution-xyz"
+        supported: ClassVar[str] = ">=0.16,<0.17"
+        found: ClassVar[str | None] = "0.16.1rc0"
+
+        def framework_version(self) -> str | None:
+            return self.found
+
+    plugin = SourceCheckout()
+    assert _FakePlugin().framework_version() == metadata.version("torch")  # the default
+    assert plugin.check_version() == "0.16.1rc0"
+    assert plugin.check_version("0.16.0") == "0.16.0"  # an explicit version wins
+    SourceCheckout.found = "0.17.0"
+    with pytest.raises(UnsupportedSetupError, match=r"0\.17\.0 is installed"):
+        plugin.check_version()
+    SourceCheckout.found = None  # neither metadata nor a checkout: not installed
+    with pytest.raises(UnsupportedSetupError, match="not installed"):
+        plugin.check_version()
 
 
 def test_check_plugin_conformance_on_the_torch_plugin() -> None:

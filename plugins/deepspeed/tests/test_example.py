@@ -55,3 +55,16 @@ def test_example_localizes_a_straggler(tmp_path: Path) -> None:
     verdicts = [line for line in out.splitlines() if line.startswith("SCOUT verdict:")]
     assert verdicts, out
     assert all(" straggler on rank 1 (rank, " in line for line in verdicts), verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_example_localizes_a_hang(tmp_path: Path) -> None:
+    out = _run(tmp_path, "hang:rank=1,step=4", steps=7)
+    hangs = [
+        line for line in out.splitlines() if line.startswith("SCOUT verdict:") and " hang " in line
+    ]
+    # one hang verdict: the frozen rank, idle, named by the hang observer at the step it
+    # never started (its peers wait for it in the step's all-reduce)
+    expected = "step 4 hang on rank 1 (rank, surface progress, peers [0, 1, 2, 3]; rank 1 idle)"
+    assert hangs == [f"SCOUT verdict: {expected}"], out

@@ -1,15 +1,56 @@
 """SCOUT plugin for Megatron-Core (distribution ``scout-megatron``).
 
-Not built yet: the plugin recognises Megatron model chunks so that
-``scout.enable(model_chunks)`` reaches it, then raises
-:class:`scout_core.errors.PluginNotReadyError`. Its own issue fills in the adapter
-(parallel_state groups, the Bridge callback, the RNG tracker).
+Three ways to switch SCOUT on, one per way of running Megatron (``docs/megatron.md``):
+
+* Megatron-Bridge: ``pretrain(cfg, forward_step, callbacks=scout_megatron.callbacks_from(cfg))``
+  (:class:`ScoutCallback` attaches at ``on_train_start``);
+* Megatron-LM: ``extra_args_provider=scout_megatron.add_args`` gives ``--scout-config``
+  and ``--scout-<key>`` flags; ``scout_megatron.attach(model, optimizer, args)``;
+* a script that calls megatron-core directly:
+  ``session = scout_megatron.attach(model_chunks, optimizer, config)``.
+
+SCOUT then replays sampled layers of the chunks at the inner optimizers' step
+boundary and compares each rank with the data-parallel replicas holding the same
+weights and TP shard; the hang observer watches progress out of band; checkpoints
+saved through :func:`save_checkpoint` are certified by the checkpoint gate
+(:func:`load_checkpoint`, :func:`recover`).
 """
 
 from __future__ import annotations
 
-from scout_core.plugin_api import PendingPlugin
+from typing import Any
 
-__all__ = ["plugin"]
+from scout_megatron.args import add_args, config_from_args
+from scout_megatron.checkpoint import MegatronCheckpointIO
+from scout_megatron.gating import gate_of, load_checkpoint, recover, save_checkpoint
+from scout_megatron.plugin import MegatronPlugin, attach, plugin, session_of
+from scout_megatron.versions import SUPPORTED, check_version
 
-plugin = PendingPlugin("megatron", ("megatron.",), "scout-megatron")
+__all__ = [
+    "plugin",
+    "attach",
+    "session_of",
+    "ScoutCallback",
+    "callbacks_from",
+    "add_args",
+    "config_from_args",
+    "MegatronCheckpointIO",
+    "save_checkpoint",
+    "load_checkpoint",
+    "recover",
+    "gate_of",
+    "MegatronPlugin",
+    "SUPPORTED",
+    "check_version",
+]
+
+_LAZY = ("ScoutCallback", "callbacks_from")
+"""Loaded on first use: defining ScoutCallback loads Bridge's callbacks module."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from scout_megatron import callback
+
+        return getattr(callback, name)
+    raise AttributeError(f"module 'scout_megatron' has no attribute {name!r}")

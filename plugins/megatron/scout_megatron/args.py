@@ -24,7 +24,10 @@ the flag and the key. An unknown ``--scout-*`` flag is refused by argparse itsel
 
 Precedence, lowest first: SCOUT's defaults, the ``--scout-config`` file, the
 ``--scout-<key>`` flags, then ``SCOUT_<KEY>`` environment variables (the core's rule
-for a framework's SCOUT section, applied by :func:`config_from_args`).
+for a framework's SCOUT section, applied by :func:`config_from_args`). Any SCOUT flag
+switches SCOUT on (unless ``--scout-enabled false``), as a framework's SCOUT section
+does; without one the environment decides (off unless ``SCOUT_CONFIG`` or
+``SCOUT_ENABLED`` says otherwise).
 """
 
 from __future__ import annotations
@@ -114,15 +117,19 @@ def section_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     return section
 
 
-def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
-    """The :class:`~scout_core.Config` of a Megatron-LM run: flags, then ``SCOUT_*`` overrides.
+def config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> Config | None:
+    """The :class:`~scout_core.Config` the ``--scout-*`` flags give (then ``SCOUT_*``
+    overrides), or None when no SCOUT flag was given.
 
-    Without any SCOUT flag this is ``Config.from_env`` (``SCOUT_CONFIG`` and the
-    ``SCOUT_*`` variables).
+    None leaves the decision to the job's environment, as for a framework without a
+    SCOUT section (``SCOUT_CONFIG``, ``SCOUT_ENABLED``; off by default):
+    :func:`scout_megatron.attach` passes it on as "no explicit config".
     """
     env = os.environ if environ is None else environ
     section = section_from_args(args)
     if section is None:
-        return Config.from_env(environ=env)
+        return None
     base = Config.from_mapping(section, source="Megatron-LM --scout-* flags")
     return Config.from_env(base, environ=env)

@@ -33,13 +33,29 @@ torch DCP's (``common.pt`` through ``torch.save``, read back with torch's defaul
 ``weights_only=True``; DCP's ``.metadata``); SCOUT writes nothing of its own in them.
 ``dist_checkpointing.save`` validates shard coverage with an ``all_gather_object``
 on the default group, as it does for every Megatron-LM save.
+
+[No process outlives a save]
+Megatron's ``torch_dist`` writer (``FileSystemWriterAsync``) forks one worker per
+write bucket and joins them, but it hands their collected results back through a
+queue served by a ``multiprocessing`` *Manager*: a spawned server process (plus
+Python's resource tracker) that megatron-core keeps in a module global for the
+life of the process and never shuts down. A rank that ends with ``os._exit`` or is
+killed leaves both behind as orphans. In a synchronous save (the only kind this
+class makes) the results are put and taken in the saving process itself, so
+:func:`_in_process_results` makes the writer use a plain in-process queue for the
+duration of the save (``filesystem_async._get_write_results_queue``: no public
+setting exists; the original is put back on exit). A save then leaves no child
+process behind (``tests/test_megatron_checkpoint.py`` checks the children of every
+rank and that none of its processes survives the job).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +116,7 @@ class MegatronCheckpointIO:
         self.metadata = metadata
         self.last_loaded: dict[str, Any] | None = None
         """The state dict of the last load (common values included)."""
+        self._restored: int | None = None
 
     # -- names ---------------------------------------------------------------------
 
@@ -170,7 +187,8 @@ class MegatronCheckpointIO:
         if dist.get_rank() == 0:
             target.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        dist_checkpointing.save(self._sharded_state_dict(iteration, loading=False), str(target))
+        with _in_process_results():
+            dist_checkpointing.save(self._sharded_state_dict(iteration, loading=False), str(target))
         dist.barrier()
         if dist.get_rank() == 0:
             tracker = Path(self.directory) / TRACKER_FILE
@@ -204,9 +222,36 @@ class MegatronCheckpointIO:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(loaded["optimizer"])
         self.last_loaded = loaded
-        return int(loaded["iteration"])
+        self._restored = int(loaded["iteration"])
+        return self._restored
+
+    def restored_step(self) -> int:
+        """After :meth:`load`: the SCOUT step of the restored state, ``iteration - 1`` (the
+        last completed iteration, 0-based; -1 for a checkpoint taken before any step)."""
+        if self._restored is None:
+            raise CheckpointError(f"nothing was loaded from {self.directory} yet")
+        return self._restored - 1
 
 
 def _model(chunk: nn.Module) -> nn.Module:
     """The model under its wrappers, as Megatron-LM's ``save_checkpoint`` unwraps it."""
     return unwrap_wrappers(chunk)
+
+
+@contextlib.contextmanager
+def _in_process_results() -> Iterator[None]:
+    """Inside: megatron-core's ``torch_dist`` writer collects its results in a plain queue
+    of this process instead of a ``multiprocessing`` Manager it never shuts down (see
+    the module docstring). Does nothing where that writer has no such function."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    name = "_get_write_results_queue"
+    original = getattr(filesystem_async, name, None)
+    if original is None:
+        yield
+        return
+    setattr(filesystem_async, name, queue.Queue)
+    try:
+        yield
+    finally:
+        setattr(filesystem_async, name, original)

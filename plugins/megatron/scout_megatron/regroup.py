@@ -28,8 +28,10 @@ one) that holds a process group of more than one rank is replaced:
 
 * by SCOUT's substitute group with the *same global ranks in the same order*, when
   the regrouper has one (a Gloo group SCOUT created, e.g. for every TP group of the
-  layout); every reference to that group, in ``tp_group`` and inside
-  ``pg_collection`` alike, gets the substitute;
+  layout), or by the substitute named for those ranks explicitly (``by_ranks``: the
+  adapter's replay uses a SCOUT group of this rank alone for its TP group); every
+  reference to that group, in ``tp_group`` and inside ``pg_collection`` alike, gets
+  the substitute;
 * otherwise by a :class:`Forbidden` stand-in that still answers ``rank()`` and
   ``size()`` (local queries some forwards make) and nothing else, so a collective
   the regrouper did not plan for fails the replay loudly instead of reaching a
@@ -121,13 +123,21 @@ class Regrouper:
     """Re-points a module's process groups to SCOUT's substitutes (see the module docstring).
 
     ``substitutes`` are SCOUT-owned groups; each replaces the training groups with
-    exactly its ordered global ranks.
+    exactly its ordered global ranks. ``by_ranks`` names the substitute for the
+    training groups of given ordered ranks explicitly, when it is another set of
+    ranks (the single-rank group a decoupled replay uses for a TP group).
     """
 
-    def __init__(self, substitutes: Iterable[Any]) -> None:
+    def __init__(
+        self,
+        substitutes: Iterable[Any] = (),
+        *,
+        by_ranks: Mapping[tuple[int, ...], Any] | None = None,
+    ) -> None:
         self._subs: dict[tuple[int, ...], Any] = {}
         for group in substitutes:
             self._subs[ordered_ranks(group)] = group
+        self._subs.update({tuple(k): v for k, v in (by_ranks or {}).items()})
         self._rank = dist.get_rank()
 
     @property

@@ -10,7 +10,9 @@ refuses another with both versions named.
 The version comes from the ``megatron-core`` distribution's metadata. A Megatron-LM
 source checkout on ``PYTHONPATH`` has no distribution metadata; its version is then
 read from ``megatron/core/package_info.py`` (``MAJOR`` / ``MINOR`` / ``PATCH`` /
-``PRE_RELEASE``), parsed as text so nothing of megatron-core is imported.
+``PRE_RELEASE``), parsed as text so nothing of megatron-core is imported. The plugin
+hands that version to the core's check (``FrameworkPlugin.framework_version``), which
+compares it with :data:`SUPPORTED` at activation.
 """
 
 from __future__ import annotations
@@ -20,15 +22,12 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from scout_core import UnsupportedSetupError
 
 __all__ = ["SUPPORTED", "check_version", "installed_version", "version_from_package_info"]
 
 SUPPORTED = ">=0.16,<0.17"
-"""Supported megatron-core versions (PEP 440 specifier); 0.16.1 is the one tested."""
+"""Supported megatron-core versions; 0.16.1 is the one tested."""
 
 
 def version_from_package_info(path: str | Path) -> str:
@@ -63,17 +62,8 @@ def installed_version() -> str:
 
 
 def check_version(version: str | None = None) -> str:
-    """Raise :class:`~scout_core.UnsupportedSetupError` unless ``version`` (default: the
-    installed one) is in :data:`SUPPORTED`; returns the version checked."""
-    found = installed_version() if version is None else version
-    try:
-        parsed = Version(found)
-    except InvalidVersion:
-        raise UnsupportedSetupError(f"cannot parse the megatron-core version {found!r}") from None
-    if not SpecifierSet(SUPPORTED).contains(parsed, prereleases=True):
-        raise UnsupportedSetupError(
-            f"scout-megatron supports megatron-core{SUPPORTED}; megatron-core {found} is "
-            f"installed. Install a supported release (pip install 'megatron-core{SUPPORTED}') "
-            "or a scout-megatron that declares this one."
-        )
-    return found
+    """The installed (or given) megatron-core version if in :data:`SUPPORTED`, else
+    :class:`~scout_core.UnsupportedSetupError` naming both (the plugin's own check)."""
+    from scout_megatron.plugin import plugin
+
+    return plugin.check_version(version)

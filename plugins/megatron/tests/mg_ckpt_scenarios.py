@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 SPEC_STEPS = (3, 2)
+
+
+def children() -> list[str]:
+    """Command lines of this process's live child processes (Linux ``/proc``)."""
+    found: list[str] = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue  # it exited while we looked
+            found.append(cmd.decode(errors="replace").strip())
+    return found
 
 
 def _job(seed: int) -> tuple[Any, Any, Any, Any]:
@@ -24,7 +39,7 @@ def save_run(directory: str) -> dict[str, Any]:
     mgt.initialize(tensor_model_parallel_size=2)
     spec, model, ddp, opt = _job(1234)
     io = MegatronCheckpointIO(directory, [ddp], opt)
-    out: dict[str, Any] = {"tags": {}, "saved": []}
+    out: dict[str, Any] = {"tags": {}, "saved": [], "children": []}
     step = 0
     for count in SPEC_STEPS:
         for _ in range(count):
@@ -33,6 +48,7 @@ def save_run(directory: str) -> dict[str, Any]:
         tag = io.tag_for(step - 1)
         with mgt.cpu_dist_checkpointing():
             out["saved"].append(io.save(tag))
+        out["children"].append(children())
         out["tags"][tag] = mgt.digest(model, opt)
     out["list"] = io.list_tags()
     out["writes_metadata"] = io.writes_metadata()

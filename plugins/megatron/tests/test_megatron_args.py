@@ -35,7 +35,7 @@ def test_no_flags_no_section_and_nothing_in_the_namespace() -> None:
     args = _parse()
     assert section_from_args(args) is None
     assert not [k for k in vars(args) if k.startswith("scout")]
-    assert config_from_args(args, environ={}) == Config()
+    assert config_from_args(args, environ={}) is None  # the environment decides
 
 
 def test_flags_parse_like_environment_variables() -> None:
@@ -95,6 +95,7 @@ def test_config_file_then_flags_then_environment(tmp_path: Path) -> None:
     assert section is not None
     assert section["replay_interval"] == 7 and section["kappa"] == 6.0
     config = config_from_args(args, environ={"SCOUT_REPLAY_INTERVAL": "9"})
+    assert config is not None and config.enabled
     assert (config.replay_interval, config.kappa) == (9, 6.0)
 
 

@@ -72,6 +72,7 @@ def test_loader_returns_one_module_and_prefers_bridge_own(api: Any) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_real_callback_manager_drives_a_tp2_training_loop(api: Any) -> None:
     from mg_bridge_scenarios import bridge_loop_tp2

@@ -6,7 +6,7 @@ import pytest
 
 from scout_core.testing import run_ranks
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # CI's set: docs/megatron.md, Tests
 
 ENV = {"OMP_NUM_THREADS": "1"}
 

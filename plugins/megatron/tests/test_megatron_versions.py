@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_other_releases_are_refused_naming_both(version: str) -> None:
 
 
 def test_unparsable_version_is_refused() -> None:
-    with pytest.raises(UnsupportedSetupError, match="cannot parse"):
+    with pytest.raises(UnsupportedSetupError, match="cannot read the version"):
         check_version("not-a-version")
 
 
@@ -49,3 +50,25 @@ def test_source_checkout_version_is_read_from_package_info(tmp_path: Path) -> No
     fake.write_text("MAJOR = 0\n")
     with pytest.raises(UnsupportedSetupError, match="cannot read"):
         version_from_package_info(fake)
+
+
+def test_distribution_pulls_megatron_core_and_the_extra_is_documented() -> None:
+    """``pip install -e plugins/megatron`` requires megatron-core in the supported range,
+    the core's ``megatron`` extra is this distribution, and the docs give the line."""
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+
+    root = Path(__file__).resolve().parents[3]
+    plugin = tomllib.loads((root / "plugins" / "megatron" / "pyproject.toml").read_text())
+    requires = {r.name: r for r in map(Requirement, plugin["project"]["dependencies"])}
+    assert str(requires["megatron-core"].specifier) == str(Requirement(f"x{SUPPORTED}").specifier)
+    assert plugin["project"]["entry-points"]["scout.plugins"] == {
+        "megatron": "scout_megatron:plugin"
+    }
+    core = tomllib.loads((root / "pyproject.toml").read_text())
+    (extra,) = map(Requirement, core["project"]["optional-dependencies"]["megatron"])
+    assert extra.name == plugin["project"]["name"] == "scout-megatron"
+    line = 'pip install ".[megatron]" ./plugins/megatron'
+    assert line in (root / "docs" / "megatron.md").read_text()
+    assert line in (root / "plugins" / "megatron" / "README.md").read_text()

@@ -4,51 +4,17 @@
   recompute RNG, ``dist_checkpointing`` on CPU, the CUDA-device rewrite around the
   optimizer) and :func:`install_cpu_shims`;
 * :mod:`scout_megatron.testing.gpt`: a tiny ``GPTModel`` trained with torch DDP over
-  Megatron's data-parallel group and Megatron's ``ChainedOptimizer([FP32Optimizer])``.
+  Megatron's data-parallel group and Megatron's ``ChainedOptimizer([FP32Optimizer])``;
+* :mod:`scout_megatron.testing.bridge_loop`: a training loop that fires Megatron-Bridge's
+  callback events the way Bridge's ``train()`` does.
 
-Importing this package imports megatron-core.
+This package re-exports the names of the first two. Importing it imports megatron-core.
 """
 
 from __future__ import annotations
 
-from scout_megatron.testing.gpt import (
-    Batch,
-    TinyGPT,
-    build_model,
-    build_optimizer,
-    digest,
-    get_batch,
-    initialize,
-    teardown,
-    train_step,
-    transformer_config,
-    wrap_ddp,
-)
-from scout_megatron.testing.shims import (
-    CpuMemoryBuffer,
-    CpuRNGStatesTracker,
-    cpu_dist_checkpointing,
-    cpu_recompute_rng,
-    cuda_factories_on_cpu,
-    install_cpu_shims,
-)
+from scout_megatron.testing import gpt, shims
+from scout_megatron.testing.gpt import *  # noqa: F403  # the names in gpt.__all__
+from scout_megatron.testing.shims import *  # noqa: F403  # the names in shims.__all__
 
-__all__ = [
-    "Batch",
-    "TinyGPT",
-    "build_model",
-    "build_optimizer",
-    "digest",
-    "get_batch",
-    "initialize",
-    "teardown",
-    "train_step",
-    "transformer_config",
-    "wrap_ddp",
-    "CpuMemoryBuffer",
-    "CpuRNGStatesTracker",
-    "cpu_dist_checkpointing",
-    "cpu_recompute_rng",
-    "cuda_factories_on_cpu",
-    "install_cpu_shims",
-]
+__all__ = gpt.__all__ + shims.__all__

@@ -67,7 +67,10 @@ from megatron.core.tensor_parallel import random as mcore_random
 from megatron.core.utils import GlobalMemoryBuffer
 from torch.overrides import TorchFunctionMode
 
+from scout_megatron.checkpoint import MegatronCheckpointIO
+
 __all__ = [
+    "CpuCheckpointIO",
     "CpuMemoryBuffer",
     "CpuRNGStatesTracker",
     "cpu_dist_checkpointing",
@@ -172,6 +175,15 @@ def cpu_dist_checkpointing() -> Iterator[None]:
             yield
     finally:
         torch.cuda.current_device, torch.cuda.synchronize = saved
+
+
+class CpuCheckpointIO(MegatronCheckpointIO):
+    """:class:`~scout_megatron.checkpoint.MegatronCheckpointIO` whose saves run inside
+    :func:`cpu_dist_checkpointing` (loads need no shim)."""
+
+    def save(self, tag: str) -> bool:
+        with cpu_dist_checkpointing():
+            return super().save(tag)
 
 
 def _device_zero() -> int:

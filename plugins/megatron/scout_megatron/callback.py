@@ -1,0 +1,191 @@
+"""SCOUT as a Megatron-Bridge callback: :class:`ScoutCallback` and :func:`callbacks_from`.
+
+Bridge's ``pretrain(config, forward_step_func, callbacks=[...])`` fires the events of
+each ``Callback`` (:mod:`scout_megatron.bridge` describes the 0.3.1 API). The user's
+whole change is one argument::
+
+    pretrain(cfg, forward_step, callbacks=scout_megatron.callbacks_from(cfg))
+
+:func:`callbacks_from` returns ``[ScoutCallback(...)]`` when SCOUT is switched on and
+``[]`` when it is off, so the line can stay in a script for good. It is switched on
+by an explicit :class:`~scout_core.Config` (or a TOML/JSON path), or by the
+environment: ``SCOUT_CONFIG`` (a file), ``SCOUT_ENABLED`` and the other ``SCOUT_*``
+variables. A Bridge config that carries ``env_vars`` (a mapping; Bridge applies it
+to the environment with ``os.environ.setdefault`` when it finalises the config) has
+its ``SCOUT_*`` entries applied the same way first, so the YAML line
+``env_vars: {SCOUT_CONFIG: /path/scout.toml}`` switches SCOUT on. (Bridge 0.3.1's
+``ConfigContainer`` has no ``env_vars`` field: set the variables in the launcher's
+environment, e.g. NeMo-Run's ``executor.env_vars``.)
+
+What :class:`ScoutCallback` does on each event:
+
+* ``on_train_start``: attaches SCOUT to ``context.model`` (the chunks) and
+  ``context.optimizer`` through :func:`scout_megatron.attach` (collective: every rank
+  fires it at the same point), keeping the session in ``context.user_state["scout"]``;
+* ``on_train_step_start`` / ``on_train_step_end``: the iteration's boundaries as
+  Bridge counts them (``state.train_state.step``). SCOUT's own step clock runs on the
+  inner optimizers' steps; the callback keeps the offset between the two
+  (:attr:`ScoutCallback.offset`: Bridge's iteration when SCOUT attached, plus every
+  iteration Megatron skipped without an optimizer step, ``skipped_iter``), so
+  checkpoint tags and SCOUT steps stay comparable, and logs when they part;
+* ``on_train_end``: closes the session (hooks, groups' users and the observer);
+* ``on_checkpoint_save`` (Bridge releases that have it, 0.5 on; not fired by 0.3.1):
+  records the checkpoint Bridge has just written in the checkpoint gate's ledger
+  (:func:`scout_megatron.gating.record_save`), so recovery can select it once two clean
+  recipe cycles vouch for it. Bridge 0.3.1 has no seam to gate its saves
+  (``CheckpointConfig.custom_manager_class`` arrives in 0.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from scout_core import Config, Record, UnsupportedSetupError
+from scout_core.plugin_api import Session
+from scout_megatron.bridge import bridge_callbacks
+from scout_megatron.plugin import ConfigLike, attach, plugin, resolve
+from scout_megatron.topology import DEFAULT_ORDER
+
+__all__ = ["ScoutCallback", "callbacks_from", "config_for"]
+
+log = logging.getLogger(__name__)
+
+
+def _callback_base() -> type:
+    """Bridge's ``Callback`` (its own module when imported, else the installed file), or
+    ``object`` without Bridge: ``CallbackManager.add`` registers by method either way."""
+    try:
+        base: type = bridge_callbacks().Callback
+    except UnsupportedSetupError:
+        return object
+    return base
+
+
+class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callback, found at import
+    """A Megatron-Bridge ``Callback`` that runs SCOUT on the job (see the module doc).
+
+    ``config`` as for :func:`scout_megatron.attach` (None: the environment decides at
+    ``on_train_start``); ``order`` is Megatron's rank order; ``callback`` receives every
+    verdict record.
+    """
+
+    def __init__(
+        self,
+        config: ConfigLike = None,
+        *,
+        order: str = DEFAULT_ORDER,
+        callback: Callable[[Record], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.order = order
+        self.callback = callback
+        self.session: Session | None = None
+        self.iteration: int | None = None
+        """Bridge's iteration in progress (``state.train_state.step`` at its start)."""
+        self.offset = 0
+        """Bridge's iteration minus SCOUT's step at the same boundary."""
+
+    # -- Bridge events -------------------------------------------------------------------
+
+    def on_train_start(self, context: Any) -> None:
+        self.session = attach(
+            context.model, context.optimizer, self.config, order=self.order, callback=self.callback
+        )
+        context.user_state["scout"] = self.session
+        self.offset = _bridge_step(context) - self.session.step
+
+    def on_train_step_start(self, context: Any) -> None:
+        self.iteration = _bridge_step(context)
+        if self.session is not None and self.session.enabled:
+            self._check(self.iteration, "starts")
+
+    def on_train_step_end(self, context: Any) -> None:
+        if self.session is None or not self.session.enabled:
+            return
+        if context.skipped_iter:
+            # No optimizer step: SCOUT's clock stays where it is, Bridge's moves on.
+            self.offset += 1
+            log.info(
+                "scout: Megatron skipped iteration %d without an optimizer step; SCOUT's step "
+                "stays %d",
+                _bridge_step(context),
+                self.session.step,
+            )
+            return
+        self._check(_bridge_step(context) + 1, "ended")
+
+    def on_train_end(self, context: Any) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def on_checkpoint_save(self, context: Any) -> None:
+        """Record the checkpoint Bridge has just written (Bridge 0.5 on fire this)."""
+        if self.session is None or not self.session.enabled:
+            return
+        from scout_megatron.checkpoint import MegatronCheckpointIO
+        from scout_megatron.gating import record_save
+
+        directory = context.state.cfg.checkpoint.save
+        io = MegatronCheckpointIO(directory, context.model, context.optimizer)
+        if not record_save(io, _bridge_step(context)):
+            log.warning(
+                "scout: Bridge's checkpoint of iteration %d in %s is not certified by SCOUT",
+                _bridge_step(context),
+                directory,
+            )
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _check(self, iteration: int, when: str) -> None:
+        """Log once when SCOUT's step and Bridge's iteration part (they should not)."""
+        assert self.session is not None
+        expected = iteration - self.offset
+        if self.session.step != expected:
+            log.warning(
+                "scout: Bridge's iteration %d %s at SCOUT step %d (expected %d); an optimizer "
+                "step happened outside Bridge's loop",
+                iteration,
+                when,
+                self.session.step,
+                expected,
+            )
+            self.offset = iteration - self.session.step
+
+
+def _bridge_step(context: Any) -> int:
+    return int(context.state.train_state.step)
+
+
+def config_for(config: Any = None) -> Config:
+    """The SCOUT config :func:`callbacks_from` resolves (see the module doc)."""
+    env_vars = getattr(config, "env_vars", None)
+    if isinstance(env_vars, Mapping):
+        for key, value in env_vars.items():
+            if str(key).startswith("SCOUT_"):
+                os.environ.setdefault(str(key), str(value))  # as Bridge applies env_vars
+        return plugin.resolve_config(None, None)
+    if config is not None and not isinstance(config, (Config, str, os.PathLike)):
+        raise UnsupportedSetupError(
+            "callbacks_from takes a scout_core.Config, a TOML/JSON path, a Bridge config with "
+            f"env_vars, or None; got {type(config).__name__}"
+        )
+    return plugin.resolve_config(None, resolve(config))
+
+
+def callbacks_from(
+    config: Config | str | os.PathLike[str] | Any = None,
+    *,
+    order: str = DEFAULT_ORDER,
+    callback: Callable[[Record], None] | None = None,
+) -> list[Any]:
+    """The list to pass as ``pretrain(..., callbacks=...)``: ``[ScoutCallback]`` when SCOUT
+    is on, ``[]`` when it is off. A bad config raises :class:`~scout_core.ConfigError`
+    here, before training starts."""
+    resolved = config_for(config)
+    if not resolved.enabled:
+        return []
+    return [ScoutCallback(resolved, order=order, callback=callback)]

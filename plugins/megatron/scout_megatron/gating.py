@@ -1,0 +1,131 @@
+"""Megatron checkpoints through SCOUT's checkpoint gate: save, load, recover.
+
+The core's :class:`~scout_core.plugin_api.FrameworkGate` certifies a framework's own
+checkpoints with the replay evidence (roles ``latest`` / ``candidate`` / ``verified``
+in a sidecar next to the tags, refusal of saves after SDC, Algorithm 3's retrieval).
+For Megatron the checkpoint IO is :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`
+(``iter_NNNNNNN`` directories of ``dist_checkpointing``, Megatron-LM's tracker file),
+and these functions are the seam a script uses instead of calling
+``dist_checkpointing`` itself. Each takes the IO, whose model chunks name the SCOUT
+session; without an enabled session (SCOUT off, or no gate) they act on the IO
+directly, so a script keeps working with SCOUT switched off.
+
+* :func:`save_checkpoint`: the save of Megatron iteration ``iteration`` (tag
+  ``iter_{iteration:07d}``); refused (False, nothing written) while an SDC awaits
+  recovery;
+* :func:`load_checkpoint`: without a tag, the newest *verified* tag of the directory
+  (the tracker file's tag when nothing is verified yet, with a warning); the core then
+  restarts its step clock at the restored iteration;
+* :func:`recover`: the tag the gate trusts after a failure (SDC → verified, straggler
+  → latest, anything else → the full-catalog sweep decides), loaded.
+
+A Bridge job whose version fires ``on_checkpoint_save`` (after Bridge wrote the
+checkpoint) records that checkpoint in the ledger with :func:`record_save`; the
+gate cannot stop such a save, but a checkpoint written after an unrecovered SDC is
+recorded as refused and never selected.
+
+Every rank calls these at the same point (the saves and loads are collective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from scout_core import CheckpointError, Failure, UnsupportedSetupError
+from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_megatron.checkpoint import MegatronCheckpointIO, tag_of
+from scout_megatron.plugin import session_of
+
+__all__ = [
+    "RecordedSave",
+    "gate_of",
+    "load_checkpoint",
+    "record_save",
+    "recover",
+    "save_checkpoint",
+]
+
+
+def gate_of(model: Any) -> FrameworkGate | None:
+    """The checkpoint gate of the SCOUT session on these model chunks, or None."""
+    session = session_of(model)
+    gate = None if session is None else session.checkpoints
+    return gate if isinstance(gate, FrameworkGate) else None
+
+
+def save_checkpoint(io: MegatronCheckpointIO, iteration: int | None = None) -> bool:
+    """Save Megatron iteration ``iteration`` (default: the gate's last completed step + 1)
+    through the gate; True when written. Collective."""
+    gate = gate_of(io.chunks)
+    tag = None if iteration is None else tag_of(iteration)
+    if gate is None:
+        if tag is None:
+            raise CheckpointError("save_checkpoint without a SCOUT session needs iteration=")
+        return io.save(tag)
+    return gate.save(io, tag)
+
+
+def load_checkpoint(io: MegatronCheckpointIO, tag: str | None = None) -> int:
+    """Load ``tag`` (default: the newest verified one, see the module doc); returns the
+    iteration loaded. :class:`~scout_core.CheckpointError` when there is nothing to
+    load. Collective."""
+    gate = gate_of(io.chunks)
+    out = io.load(tag) if gate is None else gate.load(io, tag)
+    return int(out)
+
+
+def recover(io: MegatronCheckpointIO, failure: Failure | str | None) -> Recovered:
+    """Load the tag the gate trusts after ``failure`` from ``io``'s directory; returns
+    ``Recovered(tag, step, role, reason)`` and writes a retrieve record. Collective."""
+    gate = gate_of(io.chunks)
+    if gate is None:
+        raise UnsupportedSetupError(
+            "scout_megatron.recover needs SCOUT's checkpoint gate on these model chunks "
+            "(SCOUT enabled with replay and gate = true)"
+        )
+    return gate.recover(failure, io)
+
+
+class RecordedSave:
+    """A checkpoint IO whose ``save`` records a checkpoint the framework already wrote.
+
+    Everything else (tags, listing, loading) is the wrapped
+    :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`'s. ``save(tag)`` is True
+    when the tag is a complete checkpoint in the directory.
+    """
+
+    def __init__(self, io: MegatronCheckpointIO) -> None:
+        self.io = io
+
+    @property
+    def directory(self) -> str:
+        return self.io.directory
+
+    def tag_for(self, step: int) -> str:
+        return self.io.tag_for(step)
+
+    def save(self, tag: str) -> bool:
+        return tag in self.io.list_tags()
+
+    def load(self, tag: str | None) -> Any:
+        return self.io.load(tag)
+
+    def restored_step(self) -> int:
+        return self.io.restored_step()
+
+    def list_tags(self) -> Sequence[str]:
+        return self.io.list_tags()
+
+    def writes_metadata(self) -> bool:
+        return self.io.writes_metadata()
+
+
+def record_save(io: MegatronCheckpointIO, iteration: int) -> bool:
+    """Record the checkpoint of ``iteration`` the framework has just written in ``io``'s
+    directory in the gate's ledger; False when refused (an SDC awaits recovery) or when
+    there is no gate. Collective."""
+    gate = gate_of(io.chunks)
+    if gate is None:
+        return False
+    return gate.save(RecordedSave(io), tag_of(iteration))

@@ -1,0 +1,148 @@
+"""Switching SCOUT on for a Megatron job: the plugin, :func:`attach`, :func:`session_of`.
+
+:class:`MegatronPlugin` is a :class:`~scout_core.plugin_api.FrameworkPlugin`; the core
+owns the version check, idempotence, config resolution and the session registry, and
+this module states the Megatron facts:
+
+* which objects are Megatron's: model chunks whose class comes from ``megatron.``
+  (``GPTModel``, Megatron's ``DistributedDataParallel``, ``Float16Module``), alone or
+  as the list Megatron passes around (one chunk per virtual pipeline stage). Chunks
+  wrapped in torch's DDP (the CPU recipe) are not recognised by ``scout.enable``:
+  call :func:`attach`, which hands them to the plugin directly;
+* the installed megatron-core version, also for a Megatron-LM source checkout
+  (:mod:`scout_megatron.versions`), checked against :data:`~scout_megatron.versions.SUPPORTED`;
+* how to build the adapter (:class:`~scout_megatron.adapter.MegatronAdapter`), from
+  the chunks, the ``MegatronOptimizer`` and Megatron's rank ``order``;
+* checkpoints: ``gates_checkpoints`` makes the core put a
+  :class:`~scout_core.plugin_api.FrameworkGate` in ``session.checkpoints``.
+  megatron-core has no checkpoint entry point of its own to wrap (Megatron-LM and
+  Bridge call ``dist_checkpointing`` from their own ``save_checkpoint``), so
+  nothing is patched: saves and loads reach the gate through
+  :mod:`scout_megatron.gating`.
+
+Megatron has no SCOUT section in its own config. SCOUT is switched on by an explicit
+:class:`~scout_core.Config` or file, by Megatron-LM's ``--scout-*`` flags
+(:mod:`scout_megatron.args`), or by the environment (``SCOUT_CONFIG``,
+``SCOUT_ENABLED``, ``SCOUT_*``), which is how a Bridge YAML's ``env_vars`` reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from scout_core import Config, Record, UnsupportedSetupError
+from scout_core.plugin_api import FrameworkAdapter, FrameworkGate, FrameworkPlugin, Session
+from scout_megatron import versions
+from scout_megatron.topology import DEFAULT_ORDER
+
+__all__ = ["MegatronPlugin", "attach", "plugin", "resolve", "session_of"]
+
+ConfigLike = Config | str | os.PathLike[str] | argparse.Namespace | None
+"""What :func:`attach` accepts as its config (see :func:`resolve`)."""
+
+
+class MegatronPlugin(FrameworkPlugin):
+    """The ``scout.plugins`` entry point ``megatron``: Megatron facts only."""
+
+    name: ClassVar[str] = "megatron"
+    distribution: ClassVar[str] = "scout-megatron"
+    framework: ClassVar[str] = "megatron-core"
+    supported: ClassVar[str] = versions.SUPPORTED
+    prefixes: ClassVar[tuple[str, ...]] = ("megatron.",)
+    section_name: ClassVar[str] = "Megatron SCOUT settings"
+    gates_checkpoints: ClassVar[bool] = True
+
+    def framework_version(self) -> str | None:
+        """megatron-core's metadata, else a source checkout's ``package_info.py``."""
+        try:
+            return versions.installed_version()
+        except UnsupportedSetupError:
+            return None
+
+    def key(self, obj: Any) -> object:
+        """Sessions are keyed by the first model chunk (a list cannot be)."""
+        if isinstance(obj, (list, tuple)) and obj:
+            return obj[0]
+        return obj
+
+    def build_adapter(
+        self,
+        obj: Any,
+        config: Config,
+        *args: Any,
+        order: str = DEFAULT_ORDER,
+        **kwargs: Any,
+    ) -> FrameworkAdapter:
+        if len(args) != 1 or kwargs:
+            extra = sorted(kwargs)
+            raise UnsupportedSetupError(
+                "scout.enable(model_chunks, optimizer) takes the Megatron model chunks and "
+                "their MegatronOptimizer (and order=, Megatron's rank order); got "
+                f"{len(args)} positional argument(s) after the chunks"
+                + (f" and {', '.join(extra)}" if extra else "")
+            )
+        from scout_megatron.adapter import MegatronAdapter
+
+        return MegatronAdapter(obj, args[0], config, order=order)
+
+    def wire_checkpoints(self, obj: Any, gate: FrameworkGate) -> Callable[[], None]:
+        """Nothing to patch: :mod:`scout_megatron.gating` routes saves and loads."""
+        return _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+plugin = MegatronPlugin()
+"""The object registered under the ``scout.plugins`` entry point ``megatron``."""
+
+
+def resolve(config: ConfigLike, environ: Any = None) -> Config | None:
+    """An explicit config from what :func:`attach` was given, or None (the environment).
+
+    A :class:`~scout_core.Config` is used as is; a path is read with
+    ``Config.from_file`` (then ``SCOUT_*`` overrides); a Megatron-LM ``args``
+    namespace gives its ``--scout-*`` flags (None without any).
+    """
+    if config is None or isinstance(config, Config):
+        return config
+    if isinstance(config, argparse.Namespace):
+        from scout_megatron.args import config_from_args
+
+        return config_from_args(config, environ)
+    return Config.from_file(config, environ=environ)
+
+
+def attach(
+    model: Any,
+    optimizer: Any,
+    config: ConfigLike = None,
+    *,
+    order: str = DEFAULT_ORDER,
+    callback: Callable[[Record], None] | None = None,
+) -> Session:
+    """Attach SCOUT to Megatron model chunks and their optimizer; returns the session.
+
+    For scripts that call megatron-core directly. Call on every rank at the same
+    point, after ``initialize_model_parallel`` and after the optimizer is built
+    (collective: SCOUT creates its own groups). ``model`` is the list of model chunks
+    (or one chunk), wrapped or not; ``optimizer`` the ``MegatronOptimizer`` (or a
+    torch optimizer); ``config`` a :class:`~scout_core.Config`, a TOML/JSON path, the
+    Megatron-LM ``args`` namespace (its ``--scout-*`` flags), or None: then
+    ``SCOUT_CONFIG`` / ``SCOUT_ENABLED`` / ``SCOUT_*`` decide and SCOUT is off by
+    default. ``order`` is Megatron's rank order (``"tp-cp-ep-pp-dp"`` under
+    Megatron-LM's ``--use-tp-pp-dp-mapping``). Attaching twice returns the live session.
+    """
+    from scout_megatron.adapter import as_chunks
+
+    chunks = as_chunks(model)
+    return plugin.enable(chunks, optimizer, config=resolve(config), callback=callback, order=order)
+
+
+def session_of(model: Any) -> Session | None:
+    """The SCOUT session attached to these model chunks (also a disabled one), or None."""
+    return plugin.session_of(model)

@@ -1,0 +1,70 @@
+"""examples/megatron/train.py runs under torchrun on 6 CPU ranks (DP3 x TP2) and prints a
+localized verdict for each kind of injected fault."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "megatron" / "train.py"
+
+
+def _run(tmp_path: Path, inject: str, steps: int) -> list[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.pop("SCOUT_CONFIG", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "6",
+        str(EXAMPLE),
+        "--inject",
+        inject,
+        "--steps",
+        str(steps),
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.rstrip().endswith("done"), proc.stdout[-2000:]
+    # evidence files: written by the ranks of the group that reached a verdict (not always 0)
+    assert sorted((tmp_path / "report").glob("rank-*.jsonl")), "no evidence written"
+    return [line for line in proc.stdout.splitlines() if line.startswith("SCOUT verdict:")]
+
+
+@pytest.mark.timeout(480)
+def test_example_localizes_an_injected_sdc(tmp_path: Path) -> None:
+    verdicts = _run(tmp_path, "sdc:rank=4,step=3", steps=6)
+    assert verdicts, "no verdict printed"
+    assert verdicts[0].startswith("SCOUT verdict: step 3 sdc on rank 4 (rank, surface layer/")
+    assert all(" sdc on rank 4 (rank, " in line for line in verdicts), verdicts
+    assert all(line.endswith("peers [0, 2, 4])") for line in verdicts), verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_example_localizes_a_straggler(tmp_path: Path) -> None:
+    verdicts = _run(tmp_path, "straggler:rank=3,step=4", steps=10)
+    assert verdicts, "no verdict printed"
+    assert all(" straggler on rank 3 (rank, " in line for line in verdicts), verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_example_localizes_a_hang(tmp_path: Path) -> None:
+    verdicts = _run(tmp_path, "hang:rank=3,step=4", steps=7)
+    assert len(verdicts) == 1, verdicts
+    # the frozen rank is idle; its TP partner (2) waits for it in their all-reduce
+    assert verdicts[0].startswith("SCOUT verdict: step 4 hang on rank ")
+    assert verdicts[0].endswith("rank 3 idle)") and "rank 3" in verdicts[0], verdicts
