@@ -63,19 +63,19 @@ class Config:
 
     replay_interval: int = 20
     """Replay one hidden layer every this many optimizer steps, rotating through the
-    layers (>= 1)."""
+    layers (1..1,000,000)."""
 
     embedding_interval: int = 20
-    """Replay the embedding every this many optimizer steps (>= 1). Switch the recipe
-    off through ``recipes``, not with 0."""
+    """Replay the embedding every this many optimizer steps (1..1,000,000). Switch the
+    recipe off through ``recipes``, not with 0."""
 
     lm_head_interval: int = 20
-    """Replay the LM head every this many optimizer steps (>= 1). Switch the recipe off
-    through ``recipes``, not with 0."""
+    """Replay the LM head every this many optimizer steps (1..1,000,000). Switch the
+    recipe off through ``recipes``, not with 0."""
 
     optimizer_interval: int = 20
-    """Replay the optimizer update on one slice every this many optimizer steps (>= 1).
-    Switch the recipe off through ``recipes``, not with 0."""
+    """Replay the optimizer update on one slice every this many optimizer steps
+    (1..1,000,000). Switch the recipe off through ``recipes``, not with 0."""
 
     recipes: tuple[str, ...] = RECIPES
     """Replay recipes to run, any of ``hidden``, ``embedding``, ``lm_head``,
@@ -83,35 +83,35 @@ class Config:
     the hang observer."""
 
     variants: tuple[float, ...] = (0.1, 1.0, 10.0)
-    """Input scale variants each replay runs, to widen value coverage (non-empty,
-    finite, > 0, no repeats)."""
+    """Input scale variants each replay runs, to widen value coverage (1 to 8 scales,
+    each in 0.0001..10,000, no repeats)."""
 
     optimizer_slice: int = 65536
     """Elements in one optimizer-replay slice; the slice rotates over the parameters
-    (>= 1)."""
+    (1..67,108,864)."""
 
     kappa: float = 5.0
     """Sensitivity of statistical C3: a peer is an outlier when its timing is more than
-    ``kappa`` robust scales from the median (> 0)."""
+    ``kappa`` robust scales from the median (> 0 and <= 100)."""
 
     straggler_rounds: int = 2
     """Consecutive timing rounds in which the same rank must be the outlier before a
-    straggler verdict (>= 1)."""
+    straggler verdict (1..1,000)."""
 
     straggler_min_excess_s: float = 0.05
     """Minimum absolute excess over the peers' median, in seconds, for a timing outlier
-    to count towards a straggler (>= 0)."""
+    to count towards a straggler (0..3,600)."""
 
     straggler_min_ratio: float = 1.5
     """Minimum ratio of the outlier's time to the peers' median for a timing outlier to
-    count towards a straggler (>= 1)."""
+    count towards a straggler (1..1,000)."""
 
     deterministic: bool = True
     """Run replay under deterministic algorithms (scoped to the replay), so equal inputs
     give bitwise-equal outputs on healthy peers."""
 
     replay_threads: int | None = None
-    """Intra-op CPU threads during replay (>= 1). ``None``: the peers agree on the
+    """Intra-op CPU threads during replay (1..1,024). ``None``: the peers agree on the
     minimum of their current thread counts, since BLAS may change path with the
     thread count."""
 
@@ -119,11 +119,12 @@ class Config:
     """Start the out-of-band hang observer (one CPU process per rank)."""
 
     hang_timeout_s: float = 60.0
-    """Seconds of silent progress before the observer starts a hang diagnosis (> 0)."""
+    """Seconds of silent progress before the observer starts a hang diagnosis
+    (1..86,400: a healthy step must never look like a hang)."""
 
     stage_timeout_s: float | None = None
     """Seconds a rank may stay inside one stage (dataloader, checkpoint I/O) before it
-    counts as stalled (> 0). ``None`` uses ``hang_timeout_s``."""
+    counts as stalled (1..86,400). ``None`` uses ``hang_timeout_s``."""
 
     observer_addr: str | None = None
     """Host of the observers' own c10d store. ``None`` derives it under torchrun."""
@@ -133,7 +134,7 @@ class Config:
     torchrun."""
 
     observer_join_timeout_s: float = 30.0
-    """Seconds the observers wait for each other to join their group (> 0)."""
+    """Seconds the observers wait for each other to join their group (1..3,600)."""
 
     on_hang: str = "report"
     """What to do after a hang verdict: ``report`` (write evidence only),
@@ -154,7 +155,7 @@ class Config:
     keeps gate checkpoints in memory only."""
 
     catalog_size: int | None = None
-    """K, the number of recipe checks in one catalog cycle (>= 1). ``None`` derives it
+    """K, the number of recipe checks in one catalog cycle (1..1,000,000). ``None`` derives it
     from the recipe catalog (rotated layers plus embedding, LM head, optimizer)."""
 
     peer_replication: bool = False
@@ -236,7 +237,9 @@ class Config:
         Values are parsed from text: bools ``1/0/true/false/yes/no/on/off``, ints,
         floats, comma-separated lists, and ``none`` or an empty value for ``None``
         (an empty value is an empty list for a list field). An unknown ``SCOUT_*``
-        variable is an error, so a misspelt override cannot be silently ignored.
+        variable is logged as a warning with a "did you mean" hint and otherwise
+        ignored: other tools (Scout APM) use the prefix too, and a job must not fail
+        over their variables. A known key with a bad value is a :class:`ConfigError`.
         """
         env = os.environ if environ is None else environ
         if base is None:
