@@ -43,9 +43,11 @@ class Config:
     """Master switch. A disabled config attaches nothing: no hooks, no observer, no records."""
 
     run_id: str | None = None
-    """Run identity written into every evidence record. ``None`` uses the environment
-    variable ``TORCHELASTIC_RUN_ID`` (torchrun sets it identically on every rank), else
-    ``"scout"``. It must be the same on every rank; see ``resolved_run_id()``."""
+    """Run identity written into every evidence record; the run's records go to
+    ``<report_dir>/<run_id>/``. ``None``: ``TORCHELASTIC_RUN_ID`` when torchrun was
+    given one (plain torchrun's ``"none"`` is ignored), else a fresh id unique per
+    launch (``scout-<UTC date>-<time>-<12 hex>``), agreed by every rank at ``enable``.
+    1..128 letters, digits, ``.``, ``_`` or ``-``; the same on every rank."""
 
     report_dir: str = "scout-report"
     """Directory for evidence records; each rank appends to ``rank-<global rank>.jsonl``."""
@@ -171,12 +173,21 @@ class Config:
 
     # -- resolved views ---------------------------------------------------------------
 
-    def resolved_run_id(self, environ: Mapping[str, str] | None = None) -> str:
-        """The run id records carry: ``run_id``, else ``TORCHELASTIC_RUN_ID``, else ``"scout"``."""
+    def named_run_id(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The run's name when one was given: ``run_id``, else ``TORCHELASTIC_RUN_ID``
+        unless it is unset, empty or plain torchrun's ``"none"``; else ``None`` (then
+        ``enable`` agrees on a fresh id, :func:`scout_core.records.runs.agree_run_id`)."""
         if self.run_id is not None:
             return self.run_id
         env = os.environ if environ is None else environ
-        return env.get("TORCHELASTIC_RUN_ID") or "scout"
+        value = env.get("TORCHELASTIC_RUN_ID", "")
+        return None if value.strip().lower() in {"", "none"} else value
+
+    def resolved_run_id(self, environ: Mapping[str, str] | None = None) -> str:
+        """The run id records carry, without talking to other ranks: :meth:`named_run_id`,
+        else ``"scout"``. Inside a session it is always the agreed id: ``enable`` sets
+        ``run_id`` on the session's config."""
+        return self.named_run_id(environ) or "scout"
 
     def resolved_stage_timeout_s(self) -> float:
         """``stage_timeout_s`` when set, else ``hang_timeout_s``."""
