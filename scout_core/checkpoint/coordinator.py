@@ -98,6 +98,8 @@ class CheckpointCoordinator:
         self.peer_replication = peer_replication and len(self.ranks) > 1
         self.replicas: dict[int, PeerReplica] = {}
         """Peer replicas this rank holds, by step (the candidate and the verified)."""
+        self._unpersisted: set[int] = set()
+        """Generations the gate holds whose durable write every rank agreed failed."""
         self.durable = (
             None
             if checkpoint_dir is None
@@ -175,7 +177,9 @@ class CheckpointCoordinator:
         assert candidate is not None  # rotate() just made latest the candidate
         if decision.promote is not None:
             promoted = {**detail}
-            if self.durable is not None:
+            if decision.promote in self._unpersisted:  # its durable write was skipped
+                promoted.update(durable=False, reason=f"{detail['reason']} (in memory only)")
+            elif self.durable is not None:
                 try:
                     self.durable.set_role(decision.promote, "verified")
                 except CheckpointError as exc:  # agreed on every rank: skip, go on
@@ -191,10 +195,12 @@ class CheckpointCoordinator:
                 self.durable.persist(step, candidate.tree, role="candidate")
             except CheckpointError as exc:  # agreed on every rank: skip this capture
                 made.update(self._storage_skip(exc, f"persisting candidate step {step}"))
+                self._unpersisted.add(step)
             verified = self.gate.verified
             self.discard_durable(lambda s: s not in {step, verified}, step=step)
         live = {step, self.gate.verified}
         self.replicas = {k: v for k, v in self.replicas.items() if k in live}
+        self._unpersisted &= live
         self.record("candidate", step, step, detail=made)
 
     def _storage_skip(self, exc: CheckpointError, what: str) -> dict[str, Any]:

@@ -42,7 +42,11 @@ _NOBODY = 1 << 62
 
 
 def describe(exc: BaseException) -> str:
-    """One line for a storage error: ``OSError``'s text, else ``Type: message``."""
+    """One line for a storage error: ``OSError``'s text, DCP's ``CheckpointException`` by
+    the errors it wraps, else ``Type: message``."""
+    if isinstance(exc, CheckpointException):
+        causes = {describe(cause) for cause, _ in exc.failures.values()}
+        return "DCP: " + "; ".join(sorted(causes)) if causes else "DCP CheckpointException"
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
