@@ -50,7 +50,8 @@ class Config:
     1..128 letters, digits, ``.``, ``_`` or ``-``; the same on every rank."""
 
     report_dir: str = "scout-report"
-    """Directory for evidence records; each rank appends to ``rank-<global rank>.jsonl``."""
+    """Directory for evidence records; each rank appends to
+    ``<run_id>/rank-<global rank>.jsonl`` in it (one directory per run)."""
 
     layers: str | None = None
     """Dotted module path (from the model root) of the ``ModuleList`` of repeated layers,

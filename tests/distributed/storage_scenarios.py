@@ -160,3 +160,24 @@ def report_faults(report_dir: str, how: str) -> dict[str, Any]:
     }
     session.close()
     return out
+
+
+def launch(report_dir: str, run_id: str | None, odd_rank_id: str | None) -> dict[str, Any]:
+    """One launch with ``run_id`` (None: the default), ``odd_rank_id`` on rank 1 if given;
+    K = 1 so the gate writes a candidate record at every step."""
+    import scout_core as scout
+    from scout_core.testing import train_step
+
+    rank = dist.get_rank()
+    ddp, opt = _model()
+    chosen = odd_rank_id if odd_rank_id is not None and rank == 1 else run_id
+    cfg = _config(report_dir, None, run_id=chosen)
+    try:
+        session = scout.enable(ddp, opt, config=cfg)
+    except Exception as exc:  # the point: the same error on every rank
+        return {"error": type(exc).__name__, "message": str(exc)}
+    for step in range(3):
+        train_step(ddp, opt, step, rank)
+    out = {"error": None, "run_id": session.config.run_id}
+    session.close()
+    return out

@@ -319,7 +319,7 @@ def skip_run(tmp: str) -> dict[str, Any]:
 
 def _records(tmp: Path) -> list[dict[str, Any]]:
     out = []
-    for path in sorted((tmp / "report").glob("rank-*.jsonl")):
+    for path in sorted((tmp / "report").glob("*/rank-*.jsonl")):
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             if rec.get("schema") == "scout.checkpoint/1":

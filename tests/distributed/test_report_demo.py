@@ -158,10 +158,10 @@ def test_truncated_and_missing_files_are_reported(
 ) -> None:
     copy = tmp_path / "report"
     shutil.copytree(demo_dir, copy)
-    path = copy / "rank-0.jsonl"
+    (path,) = copy.glob("*/rank-0.jsonl")  # <report_dir>/<run>/rank-0.jsonl
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
-    shutil.copy(path, copy / "rank-00.jsonl")  # not rank 0's file; must be named, not read
+    shutil.copy(path, path.with_name("rank-00.jsonl"))  # not rank 0's file: named, not read
     html_file, png_dir = tmp_path / "damaged.html", tmp_path / "png"
     code = main(["report", str(copy), "--html", str(html_file), "--png", str(png_dir)])
     out = capsys.readouterr().out

@@ -219,6 +219,10 @@ def test_resolved_run_id_prefers_explicit_then_torchelastic_then_default() -> No
     assert Config().resolved_run_id({"TORCHELASTIC_RUN_ID": "te-42"}) == "te-42"
     assert Config().resolved_run_id({}) == "scout"
     assert Config().resolved_run_id({"TORCHELASTIC_RUN_ID": ""}) == "scout"
+    # plain torchrun sets "none" for every job: no identity, so enable makes a fresh id
+    assert Config().resolved_run_id({"TORCHELASTIC_RUN_ID": "none"}) == "scout"
+    assert Config().named_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None
+    assert Config().named_run_id({"TORCHELASTIC_RUN_ID": "job-7"}) == "job-7"
 
 
 # -- mappings -----------------------------------------------------------------------------
