@@ -40,6 +40,7 @@ from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
 from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.records.incident_desk import IncidentDesk
 from scout_core.records.runs import agree_run_id
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
@@ -68,6 +69,9 @@ class Session:
         self.verdicts: deque[Record] = deque(maxlen=VERDICTS_KEPT)
         """The verdicts this rank learned of, newest last (agreeing rounds are not
         recorded; bounded: the evidence files hold everything)."""
+        self.incidents: deque[Record] = deque(maxlen=1)
+        """The job-level incidents (``scout.incident/1``) merged at replay boundaries,
+        newest revision last; the same on every rank (bounded)."""
         self.adapter: FrameworkAdapter | None = None
         """The framework adapter (None when SCOUT is disabled)."""
         self.replay: ReplayDriver | None = None
@@ -238,10 +242,24 @@ def _compose(
     check_storage(config, group)
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     session.add_closer(writer.close)
-    replay = ReplayDriver(adapter, config, writer, on_verdict=session.emit)
+    desk = IncidentDesk(
+        adapter.layout(),
+        adapter.rank(),
+        group=diagnostic_group(),
+        writer=writer,
+        run_id=config.resolved_run_id(),
+    )
+    session.incidents = desk.incidents
+
+    def on_verdict(record: Record) -> None:
+        desk.collect(record)
+        session.emit(record)
+
+    replay = ReplayDriver(adapter, config, writer, on_verdict=on_verdict)
     session.adapter = adapter
     session.replay = replay
     session.add_closer(replay.close)
+    session.add_closer(replay.on_boundary(desk.on_boundary))
     if config.gate:
         session.checkpoints = _gate(replay, config, writer, group, gates_checkpoints)
         if session.checkpoints is not None:

@@ -104,8 +104,18 @@ class Report:
         return tuple(r for r in self.records if r.schema == CHECKPOINT_SCHEMA)
 
     def incidents(self) -> tuple[Record, ...]:
-        """``scout.incident/1`` records: the job-level answers."""
-        return tuple(r for r in self.records if r.schema == INCIDENT_SCHEMA)
+        """``scout.incident/1`` records: the job-level answers, the newest revision of each.
+
+        An incident that recurs is written again with the same ``detail.key`` (a new
+        revision; :mod:`scout_core.records.incidents`); only the newest of a run's
+        revisions of a key is returned, in time order. Use :attr:`records` for all.
+        """
+        newest: dict[tuple[str, str], Record] = {}
+        for r in self.records:
+            if r.schema == INCIDENT_SCHEMA:
+                key = r.detail.get("key")
+                newest[(r.run_id, key if isinstance(key, str) else r.id)] = r
+        return tuple(sorted(newest.values(), key=lambda r: r.time))
 
     def runs(self) -> tuple[str, ...]:
         """The run ids present, in order of each run's first record."""
