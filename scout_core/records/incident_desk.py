@@ -103,13 +103,16 @@ class IncidentDesk:
         self._writer_rank = min(layout.ranks)
 
     def collect(self, record: Record) -> None:
-        """Take a verdict the replay driver delivered on this rank (each record once in
-        the job: only the rank that writes it keeps it)."""
+        """Take a verdict the replay driver delivered on this rank. Every member of the
+        judging group delivers the same record (same id); the lowest member of the
+        record's group keeps it, and so does every rank outside that group (a record
+        about another group, e.g. a slow shard group seen from a replica group, whose
+        own lowest rank may not have judged it): duplicates merge by id."""
         if record.schema != VERDICT_SCHEMA:
             return
         if record.failure is None and record.status is not Status.INCONCLUSIVE:
             return  # an agreeing round: nothing to merge
-        if record.group and self.rank != min(record.group):
+        if record.group and self.rank in record.group and self.rank != min(record.group):
             return
         if len(self._pending) >= _MAX_PENDING:
             self.dropped += 1
