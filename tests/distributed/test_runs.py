@@ -33,7 +33,7 @@ def test_two_default_launches_in_one_directory_stay_apart(
     report = tmp_path / "report"
     ids = []
     for _ in range(2):
-        results = run_ranks(launch, 3, args=(str(report), None, None), timeout_s=120, env=ENV)
+        results = run_ranks(launch, 2, args=(str(report), None, None), timeout_s=120, env=ENV)
         found = {r["run_id"] for r in results}
         assert len(found) == 1, found  # every rank of a launch agrees
         (run_id,) = found
@@ -50,6 +50,7 @@ def test_two_default_launches_in_one_directory_stay_apart(
     assert sorted(r["run_id"] for r in data["runs"]) == sorted(ids)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_ranks_with_different_run_ids_fail_enable_on_every_rank(tmp_path: Path) -> None:
     results = run_ranks(

@@ -11,6 +11,10 @@ and, where the machine lets us mount (root), on a real tmpfs that is full or
 read-only. Training must finish on every rank, the skip must be agreed (every rank's
 gate in the same state) and recorded, and no temporary directory may remain. An
 unwritable directory at ``enable`` is a ConfigError naming the key on every rank.
+
+CI's representative set runs one case of each kind without root (an unwritable
+``report_dir`` at ``enable``, injected write failures, a ``report_dir`` replaced by a
+file); the real tmpfs cases and the ``checkpoint_dir`` twin are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -63,7 +67,9 @@ def _skips(report_dir: Path) -> list[Any]:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("key", ["report_dir", "checkpoint_dir"])
+@pytest.mark.parametrize(
+    "key", ["report_dir", pytest.param("checkpoint_dir", marks=pytest.mark.slow)]
+)
 def test_an_unwritable_directory_on_one_rank_fails_enable_on_every_rank(
     tmp_path: Path, key: str
 ) -> None:
@@ -78,6 +84,7 @@ def test_an_unwritable_directory_on_one_rank_fails_enable_on_every_rank(
     assert "this rank:" in results[1]["message"]  # the failing rank says why
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_read_only_tmpfs_fails_enable_on_every_rank(tmp_path: Path, mounts: list[Path]) -> None:
     ro = tmp_path / "ro"
@@ -116,6 +123,7 @@ def test_injected_durable_write_failures_are_agreed_skips(tmp_path: Path) -> Non
     assert results[0]["left"] == ["step-00000006", "step-00000007"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_full_tmpfs_checkpoint_dir_skips_and_training_goes_on(
     tmp_path: Path, mounts: list[Path]
@@ -138,7 +146,14 @@ def test_a_full_tmpfs_checkpoint_dir_skips_and_training_goes_on(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", ["file", "remount-ro", "fill"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "file",
+        pytest.param("remount-ro", marks=pytest.mark.slow),
+        pytest.param("fill", marks=pytest.mark.slow),
+    ],
+)
 def test_a_broken_report_dir_never_stops_training(
     tmp_path: Path, mounts: list[Path], how: str
 ) -> None:

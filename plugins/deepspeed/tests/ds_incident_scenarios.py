@@ -26,7 +26,6 @@ def moe_expert_weight(culprit: int, layer: int, steps: int) -> dict[str, Any]:
     experts = [m for m in engine.module.layers[layer].modules() if isinstance(m, _Expert)]
     assert len(experts) == 1  # one local expert per rank
     if rank == culprit:
-
         weight = experts[0].fc1.weight
 
         def corrupt(module: torch.nn.Module, args: Any) -> None:

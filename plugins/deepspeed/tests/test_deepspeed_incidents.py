@@ -6,6 +6,11 @@ Its replica group names rank 4 (its own parameters differ, and what they compute
 rank 5, its expert partner, received the corrupted expert output through the
 all-to-all and is named by its replica group on the computed surfaces only. The
 job's incident names rank 4 and explains rank 5's records: the partner is not named.
+
+Six DeepSpeed ranks are costly on CI's two cores, so this run is marked ``slow``; the
+rule it exercises (a partner that only received corrupted data is not named) is in CI
+through ``tests/unit/test_incident_merge.py`` and the 3x2 HSDP run of
+``tests/distributed/test_incidents.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ pytestmark = pytest.mark.distributed
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_moe_coupled_fault_is_one_incident_naming_the_culprit_only() -> None:
     from ds_incident_scenarios import moe_expert_weight
