@@ -19,6 +19,7 @@ order; it is idempotent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections import deque
@@ -27,15 +28,20 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
+import torch.distributed as dist
+
 from scout_core.checkpoint.attach import GateHandle, model_of
 from scout_core.checkpoint.catalog import agreed_catalog
 from scout_core.checkpoint.framework_gate import FrameworkGate
+from scout_core.checkpoint.storage import check_storage
 from scout_core.config import Config
 from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
 from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.records.incident_desk import IncidentDesk
+from scout_core.records.runs import agree_run_id
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
 from scout_core.topology.groups import diagnostic_group
@@ -63,6 +69,9 @@ class Session:
         self.verdicts: deque[Record] = deque(maxlen=VERDICTS_KEPT)
         """The verdicts this rank learned of, newest last (agreeing rounds are not
         recorded; bounded: the evidence files hold everything)."""
+        self.incidents: deque[Record] = deque(maxlen=1)
+        """The job-level incidents (``scout.incident/1``) merged at replay boundaries,
+        newest revision last; the same on every rank (bounded)."""
         self.adapter: FrameworkAdapter | None = None
         """The framework adapter (None when SCOUT is disabled)."""
         self.replay: ReplayDriver | None = None
@@ -202,19 +211,57 @@ def compose(
     rank calls it at the same point. ``gates_checkpoints`` picks the
     :class:`FrameworkGate` (the plugin then wires the framework's checkpoint seam to
     ``session.checkpoints``) over the in-memory :class:`GateHandle`.
+
+    First the ranks agree on the run id (``session.config.run_id``: the configured
+    one, torchrun's, or a fresh one unique per launch) and check that ``report_dir``
+    and ``checkpoint_dir`` are writable everywhere (a :class:`ConfigError` naming the
+    key on every rank otherwise), so no part learns of either on its own later.
     """
     session = Session(config, callback=callback)
     if not config.enabled:
         adapter.close()
         return session
+    try:
+        _compose(session, adapter, config, gates_checkpoints)
+    except BaseException:
+        if session.replay is None:  # else the driver's closer closes the adapter
+            adapter.close()
+        session.close()
+        raise
+    return session
+
+
+def _compose(
+    session: Session, adapter: FrameworkAdapter, config: Config, gates_checkpoints: bool
+) -> None:
+    # One diagnostic group over the job for what every rank must agree on: the run id,
+    # the storage check, the checkpoint gate's decisions.
+    group = diagnostic_group()
+    config = dataclasses.replace(config, run_id=agree_run_id(config, group))
+    session.config = config  # every part below records under the agreed run id
+    check_storage(config, group)
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     session.add_closer(writer.close)
-    replay = ReplayDriver(adapter, config, writer, on_verdict=session.emit)
+    desk = IncidentDesk(
+        adapter.layout(),
+        adapter.rank(),
+        group=diagnostic_group(),
+        writer=writer,
+        run_id=config.resolved_run_id(),
+    )
+    session.incidents = desk.incidents
+
+    def on_verdict(record: Record) -> None:
+        desk.collect(record)
+        session.emit(record)
+
+    replay = ReplayDriver(adapter, config, writer, on_verdict=on_verdict)
     session.adapter = adapter
     session.replay = replay
     session.add_closer(replay.close)
+    session.add_closer(replay.on_boundary(desk.on_boundary))
     if config.gate:
-        session.checkpoints = _gate(replay, config, writer, gates_checkpoints)
+        session.checkpoints = _gate(replay, config, writer, group, gates_checkpoints)
         if session.checkpoints is not None:
             session.add_closer(session.checkpoints.close)
     if config.observer:
@@ -225,14 +272,16 @@ def compose(
             add_closer=session.add_closer,
             on_boundary=session.on_boundary,
         )
-    return session
 
 
 def _gate(
-    replay: ReplayDriver, config: Config, writer: EvidenceWriter, framework: bool
+    replay: ReplayDriver,
+    config: Config,
+    writer: EvidenceWriter,
+    group: dist.ProcessGroup,
+    framework: bool,
 ) -> GateHandle | FrameworkGate | None:
     """The checkpoint gate for this job, or None (logged) when nothing can be gated."""
-    group = diagnostic_group()
     catalog = agreed_catalog(replay, config, group)
     if catalog is None:
         return None

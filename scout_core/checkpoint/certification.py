@@ -35,6 +35,7 @@ the DeepSpeed plugin before the gate moved into the core
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -42,9 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from scout_core.checkpoint.dcp_io import read_json, write_json
+from scout_core.checkpoint.validate import check_int, plain_name
 from scout_core.errors import CheckpointError
 
 __all__ = [
+    "MAX_ENTRIES",
     "ROLES",
     "SELECTABLE_AS_LATEST",
     "SIDECAR",
@@ -63,6 +66,11 @@ _LEGACY_SCHEMAS = frozenset({SIDECAR_SCHEMA, "scout.deepspeed.certification/1"})
 ROLES = ("latest", "candidate", "verified", "uncertified", "suspect")
 SELECTABLE_AS_LATEST = frozenset({"latest", "candidate", "verified", "uncertified"})
 """Roles a ``latest`` retrieval (after a straggler) may pick; ``suspect`` never."""
+_SELECTABLE_FIRST = frozenset({"latest", "candidate", "verified"})
+
+MAX_ENTRIES = 1024
+"""Tags the ledger keeps per directory (a run saving every few minutes for months must
+not grow it, or its sidecar, without bound); frameworks prune their own old tags."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +125,21 @@ class Ledger:
         key = _key(directory, tag)
         entry = TagEntry(key[0], key[1], step, role, reason, self._seq, time.time())
         self.entries[key] = entry
+        self._bound(key[0])
         return entry
+
+    def _bound(self, where: str) -> None:
+        """Keep at most :data:`MAX_ENTRIES` entries per directory: the oldest go first,
+        tags SCOUT would never select (``suspect``, ``uncertified``) before the others,
+        and the newest ``verified`` tag always stays."""
+        held = [e for e in self.entries.values() if e.directory == where]
+        if len(held) <= MAX_ENTRIES:
+            return
+        keep = max((e for e in held if e.role == "verified"), key=_order, default=None)
+        order = sorted(held, key=lambda e: (e.role in _SELECTABLE_FIRST, _order(e)))
+        for e in order[: len(held) - MAX_ENTRIES]:
+            if e is not keep:
+                del self.entries[_key(e.directory, e.tag)]
 
     def merge(self, directory: str | Path, found: Iterable[TagEntry]) -> None:
         """Adopt a sidecar's entries for ``directory`` that the ledger does not hold yet."""
@@ -192,20 +214,32 @@ def read_sidecar(directory: str | Path) -> list[TagEntry] | None:
     if not isinstance(data, dict) or data.get("schema") not in _LEGACY_SCHEMAS:
         raise CheckpointError(f"{path} is not a {SIDECAR_SCHEMA} sidecar")
     where = str(Path(directory).resolve())
+    tags = data.get("tags")
+    if not isinstance(tags, list) or len(tags) > 4 * MAX_ENTRIES:
+        raise CheckpointError(f"{path}: 'tags' must be a list of at most {4 * MAX_ENTRIES}")
     out: list[TagEntry] = []
-    try:
-        for raw in data["tags"]:
-            out.append(
-                TagEntry(
-                    directory=where,
-                    tag=str(raw["tag"]),
-                    step=int(raw["step"]),
-                    role=str(raw["role"]),
-                    reason=str(raw["reason"]),
-                    seq=int(raw["seq"]),
-                    time=float(raw["time"]),
-                )
+    for i, raw in enumerate(tags):
+        what = f"{path}: tag entry {i}"
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{what} is not an object")
+        when, role, reason = raw.get("time"), raw.get("role"), raw.get("reason")
+        if (
+            isinstance(when, bool)
+            or not isinstance(when, int | float)
+            or not math.isfinite(when)
+            or not isinstance(role, str)
+            or not isinstance(reason, str)
+        ):
+            raise CheckpointError(f"{what} is malformed (time, role, reason)")
+        out.append(
+            TagEntry(
+                directory=where,
+                tag=plain_name(raw.get("tag"), f"{what}: tag"),  # a tag never leaves the dir
+                step=check_int(raw.get("step"), f"{what}: step", low=-1),
+                role=role,
+                reason=reason[:1000],
+                seq=check_int(raw.get("seq"), f"{what}: seq"),
+                time=float(when),
             )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: malformed tag entry ({exc!r})") from None
+        )
     return out

@@ -14,14 +14,18 @@ end to end (:meth:`CheckpointCoordinator.on_boundary`):
    the new candidate and drop generations nobody selects any more; on a skip drop
    the candidate everywhere; on SDC or hang select the generation recovery should
    use;
-4. every decision is a ``scout.checkpoint/1`` evidence record (capture, candidate,
-   promote, retrieve), written once for the job by its lowest rank.
+4. every change of the gate's generations is a ``scout.checkpoint/1`` evidence
+   record (candidate, promote, a dropped candidate, retrieve, a skipped durable
+   write), written once for the job by its lowest rank. A routine capture, which
+   only moves ``latest``, writes nothing: evidence grows with what happened, not
+   with the number of steps.
 
 Restoring is :mod:`.recovery`'s job; :meth:`CheckpointCoordinator.recover` calls it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +40,14 @@ from scout_core.checkpoint.recovery import Restored, recover
 from scout_core.decision.agreement import check_group
 from scout_core.decision.gate import Action, Decision, Gate, Outcome, Retrieval
 from scout_core.decision.gate_wire import combine, combine_outcome
+from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.vocabulary import Failure
 
 __all__ = ["BoundaryResult", "CheckpointCoordinator"]
+
+log = logging.getLogger("scout")
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ class CheckpointCoordinator:
         self.peer_replication = peer_replication and len(self.ranks) > 1
         self.replicas: dict[int, PeerReplica] = {}
         """Peer replicas this rank holds, by step (the candidate and the verified)."""
+        self._unpersisted: set[int] = set()
+        """Generations the gate holds whose durable write every rank agreed failed."""
         self.durable = (
             None
             if checkpoint_dir is None
@@ -137,8 +146,8 @@ class CheckpointCoordinator:
             gate.apply(decision)
             self.memory.drop_candidate()
             if decision.dropped is not None:
-                if self.durable is not None:
-                    self.durable.discard(decision.dropped)
+                dropped = decision.dropped
+                self.discard_durable(lambda s: s == dropped, step=step)
                 # Same action as the record that made it a candidate, so a reader
                 # following one generation sees both; ``dropped`` tells them apart.
                 self.record(
@@ -156,7 +165,8 @@ class CheckpointCoordinator:
 
         snap = self.memory.capture(step, extra)
         gate.apply(decision)
-        self.record("capture", step, step, detail={**detail, "q": gate.q})
+        # A routine capture only moves ``latest``: no record (a long run would write one
+        # fsynced line per boundary). Cycle closes, drops and retrievals are recorded.
         if decision.action is Action.ROTATE:
             self._rotate(decision, step, detail)
         return BoundaryResult(decision, capture_s=snap.blocking_s)
@@ -166,20 +176,53 @@ class CheckpointCoordinator:
         candidate = self.memory.candidate
         assert candidate is not None  # rotate() just made latest the candidate
         if decision.promote is not None:
-            if self.durable is not None:
-                self.durable.set_role(decision.promote, "verified")
-            self.record("promote", step, decision.promote, detail=detail)
+            promoted = {**detail}
+            if decision.promote in self._unpersisted:  # its durable write was skipped
+                promoted.update(durable=False, reason=f"{detail['reason']} (in memory only)")
+            elif self.durable is not None:
+                try:
+                    self.durable.set_role(decision.promote, "verified")
+                except CheckpointError as exc:  # agreed on every rank: skip, go on
+                    promoted.update(self._storage_skip(exc, f"marking step {decision.promote}"))
+            self.record("promote", step, decision.promote, detail=promoted)
         if self.peer_replication:
             got = replicate_to_peer(candidate, group=self.group, ranks=self.ranks)
             self.replicas[got.step] = got
+        made = {**detail}
         if self.durable is not None:
             candidate.wait()
-            self.durable.persist(step, candidate.tree, role="candidate")
-            keep = {step} | ({self.gate.verified} if self.gate.verified is not None else set())
-            self.durable.discard_except(keep)
+            try:
+                self.durable.persist(step, candidate.tree, role="candidate")
+            except CheckpointError as exc:  # agreed on every rank: skip this capture
+                made.update(self._storage_skip(exc, f"persisting candidate step {step}"))
+                self._unpersisted.add(step)
+            verified = self.gate.verified
+            self.discard_durable(lambda s: s not in {step, verified}, step=step)
         live = {step, self.gate.verified}
         self.replicas = {k: v for k, v in self.replicas.items() if k in live}
-        self.record("candidate", step, step, detail=detail)
+        self._unpersisted &= live
+        self.record("candidate", step, step, detail=made)
+
+    def _storage_skip(self, exc: CheckpointError, what: str) -> dict[str, Any]:
+        """The record fields and log line of a durable write every rank agreed failed."""
+        log.warning(
+            "scout: %s failed on some rank (%s); the durable copy is skipped, the gate and "
+            "training go on",
+            what,
+            exc,
+        )
+        return {"durable": False, "skipped": True, "storage_error": f"{what}: {exc}"}
+
+    def discard_durable(self, drop: Callable[[int], bool], *, step: int) -> None:
+        """Remove the durable generations ``drop`` selects; a failure (agreed on every
+        rank) is logged and recorded, never raised: stale generations only cost disk."""
+        if self.durable is None:
+            return
+        try:
+            self.durable.discard_where(drop)
+        except CheckpointError as exc:
+            detail = self._storage_skip(exc, "removing old generations")
+            self.record("capture", step, step, detail={**detail, "reason": str(exc)})
 
     # -- retrieval -----------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from scout_core.checkpoint.state import dtype_from_name
+from scout_core.checkpoint.validate import dtype_named
 from scout_core.errors import CheckpointError
 
 __all__ = [
@@ -71,14 +71,24 @@ def write_json(path: Path, data: Any) -> None:
     fsync_dir(path.parent)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a value a checkpoint file may hold")
+
+
 def read_json(path: Path, what: str) -> Any:
-    """Parse a JSON file; :class:`CheckpointError` when it is missing, corrupt or truncated."""
+    """Parse a JSON file; :class:`CheckpointError` when it is missing, corrupt or
+    truncated, or holds what no SCOUT writer writes (``Infinity``, ``NaN``, nesting deep
+    enough to exhaust the parser, an integer of thousands of digits)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except FileNotFoundError:
         raise CheckpointError(f"{what} {path} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise CheckpointError(f"{what} {path} is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise CheckpointError(f"{what} {path} is corrupt or truncated: {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager
@@ -126,7 +136,7 @@ def metadata_from_json(data: Any, where: Path) -> Metadata:
     try:
         sd_md: dict[str, Any] = {
             fqn: TensorStorageMetadata(
-                properties=TensorProperties(dtype=dtype_from_name(t["dtype"])),
+                properties=TensorProperties(dtype=dtype_named(t["dtype"])),
                 size=torch.Size(t["size"]),
                 chunks=[
                     ChunkStorageMetadata(

@@ -31,7 +31,8 @@ from scout_core.checkpoint.durable import (
     generation_step,
     scan,
 )
-from scout_core.checkpoint.state import capture_tree, restore_tree
+from scout_core.checkpoint.recovery import restore_agreed
+from scout_core.checkpoint.state import capture_tree
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
 from scout_core.integration.adapter_base import default_rng_streams
@@ -116,7 +117,15 @@ class DcpCheckpointIO:
         if self.extra_state is not None:
             live = self.extra_state()
             target = live if isinstance(live, MutableMapping) else dict(live)
-        restore_tree(tree, self.model, self.optimizers, self.rng_streams, target)
+        restore_agreed(
+            tree,
+            self.model,
+            self.optimizers,
+            self.rng_streams,
+            target,
+            group=self._store.group,
+            what=f"tag {generation_name(gen.step)}",
+        )
         self._restored = gen.step
         return gen
 

@@ -40,11 +40,14 @@ that holds a different generation, or none, fails the load everywhere with a
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from scout_core.checkpoint.dcp_io import (
+    JSON_METADATA,
     JsonMetadataReader,
     JsonMetadataWriter,
     fsync_dir,
@@ -62,8 +66,18 @@ from scout_core.checkpoint.dcp_io import (
     read_json,
     write_json,
 )
-from scout_core.checkpoint.state import flatten, tensor_specs, unflatten
-from scout_core.decision.agreement import all_ok, check_group, min_max
+from scout_core.checkpoint.state import flatten, unflatten
+from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
+from scout_core.checkpoint.validate import (
+    Spec,
+    check_dcp_metadata,
+    check_int,
+    inside,
+    plain_name,
+    skeleton_specs,
+    specs_nbytes,
+)
+from scout_core.decision.agreement import all_ok, check_group, min_max, reduce_max
 from scout_core.errors import CheckpointError
 
 __all__ = [
@@ -88,6 +102,10 @@ _SHARD = "shard.json"
 _PREFIX = "step-"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
+_FAR = 1 << 62
+_DESCRIPTIONS = frozenset({_SHARD, JSON_METADATA, ".metadata"})
+"""Files of a shard that hold no tensor bytes (the bytes on disk exclude them)."""
+log = logging.getLogger("scout")
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,9 @@ class Generation:
     path: Path
     shards: Mapping[str, str]
     """Global rank (as str) → sha256 of that rank's ``shard.json``."""
+    nbytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Global rank (as str) → tensor bytes of that rank's shard (empty in manifests
+    written before it was recorded): the bound every size field is checked against."""
 
 
 # -- small file-system helpers -------------------------------------------------------
@@ -135,27 +156,33 @@ def _rank_dir(gen: Path, rank: int) -> Path:
 
 
 def _parse_manifest(gen: Path) -> Generation:
-    data = read_json(gen / _MANIFEST, "manifest")
-    try:
-        if data["format"] != MANIFEST_FORMAT:
-            raise CheckpointError(
-                f"manifest {gen / _MANIFEST} has unknown format {data['format']!r}"
-            )
-        role = data["role"]
-        if role not in ROLES:
-            raise CheckpointError(f"manifest {gen / _MANIFEST} has unknown role {role!r}")
-        step, world = int(data["step"]), int(data["world_size"])
-        shards = {str(k): str(v) for k, v in data["shards"].items()}
-        run_id = str(data["run_id"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"manifest {gen / _MANIFEST} is malformed: {exc!r}") from None
+    """A committed generation's manifest, every field type-checked (:mod:`.validate`)."""
+    where = gen / _MANIFEST
+    data = read_json(where, "manifest")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"manifest {where} is not an object")
+    if data.get("format") != MANIFEST_FORMAT:
+        raise CheckpointError(f"manifest {where} has unknown format {data.get('format')!r:.60}")
+    role = data.get("role")
+    if role not in ROLES:
+        raise CheckpointError(f"manifest {where} has unknown role {role!r:.60}")
+    step = check_int(data.get("step"), f"manifest {where}: step", high=99_999_999)
+    world = check_int(data.get("world_size"), f"manifest {where}: world_size", low=1)
+    run_id, shards, nbytes = data.get("run_id"), data.get("shards"), data.get("nbytes", {})
+    if not isinstance(run_id, str) or not isinstance(shards, dict) or not isinstance(nbytes, dict):
+        raise CheckpointError(f"manifest {where} is malformed (run_id, shards, nbytes)")
     if gen.name != generation_name(step):
-        raise CheckpointError(f"manifest {gen / _MANIFEST} names step {step}, dir is {gen.name}")
-    if sorted(shards, key=int) != [str(r) for r in range(world)]:
+        raise CheckpointError(f"manifest {where} names step {step}, dir is {gen.name}")
+    if set(shards) != {str(r) for r in range(world)} or not all(
+        isinstance(v, str) for v in shards.values()
+    ):
         raise CheckpointError(
-            f"manifest {gen / _MANIFEST} lists shards {sorted(shards)} for {world} ranks"
+            f"manifest {where} lists shards {sorted(shards)!r:.80} for {world} ranks"
         )
-    return Generation(step, role, run_id, world, gen, shards)
+    totals = {
+        str(k): check_int(v, f"manifest {where}: nbytes of rank {k}") for k, v in nbytes.items()
+    }
+    return Generation(step, role, run_id, world, gen, dict(shards), totals)
 
 
 def scan(checkpoint_dir: str | os.PathLike[str]) -> list[Generation]:
@@ -169,7 +196,7 @@ def scan(checkpoint_dir: str | os.PathLike[str]) -> list[Generation]:
     if not root.is_dir():
         return []
     gens = [
-        _parse_manifest(p)
+        _parse_manifest(inside(p, root, "generation directory"))
         for p in sorted(root.iterdir())
         if p.is_dir() and p.name.startswith(_PREFIX)
     ]
@@ -231,58 +258,97 @@ class DurableStore:
             "run_id": self.run_id,
             "skeleton": skeleton,
             "files": files,
+            "nbytes": sum(t.numel() * t.element_size() for t in tensors.values()),
         }
         write_json(rank_dir / _SHARD, shard)
 
+    def _agree(self, error: BaseException | None, what: str) -> None:
+        """Agree job-wide that every rank's part of ``what`` worked; else raise
+        :class:`CheckpointError` on every rank, naming the lowest failing rank."""
+        rank = self.rank if error is not None else -1
+        failed, neg_lowest = reduce_max(
+            [int(error is not None), -rank if error else -_FAR], self.group
+        )
+        if failed:
+            mine = f" (this rank: {describe(error)})" if error is not None else ""
+            raise CheckpointError(f"{what} failed on rank {-neg_lowest}{mine}") from error
+
     def persist(self, step: int, tree: Mapping[str, Any], *, role: str = "candidate") -> Generation:
-        """Write this rank's ``tree`` as generation ``step``; commit atomically, job-wide."""
+        """Write this rank's ``tree`` as generation ``step``; commit atomically, job-wide.
+
+        A local failure on any rank (an ``OSError`` such as a full or read-only disk,
+        DCP's ``CheckpointException``) is agreed at the next phase boundary: every
+        rank raises :class:`CheckpointError`, nothing is committed and the temporary
+        directory is removed, so no rank is left waiting in a collective.
+        """
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         tmp = self.root / f"{_TMP_PREFIX}{generation_name(step)}"
         final = self.root / generation_name(step)
-        if self.coordinator:
-            self.root.mkdir(parents=True, exist_ok=True)
-            for stale in self.root.iterdir():  # leftovers of a writer that died
-                if stale.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
-                    shutil.rmtree(stale, ignore_errors=True)
-            tmp.mkdir()
-        self._all_ok(True)  # everyone waits for the clean temp dir
-        error: Exception | None = None
-        try:
-            self._write_shard(_rank_dir(tmp, self.rank), step, tree)
-            fsync_dir(tmp)
-        except Exception as exc:  # reported job-wide below, re-raised here
-            error = exc
-        if not self._all_ok(error is None):
-            if self.coordinator:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(
-                f"persisting step {step} failed on some rank; nothing was committed"
-                + (f" (this rank: {error!r})" if error else "")
-            ) from error
-        committed = True
+        error: BaseException | None = None
         if self.coordinator:
             try:
-                shards = {str(r): _sha256(_rank_dir(tmp, r) / _SHARD) for r in self.ranks}
-                manifest = {
-                    "format": MANIFEST_FORMAT,
-                    "role": role,
-                    "step": step,
-                    "run_id": self.run_id,
-                    "world_size": len(self.ranks),
-                    "shards": shards,
-                    "time": time.time(),
-                }
-                write_json(tmp / _MANIFEST, manifest)
-                if final.exists():
-                    self._trash(final)
-                os.replace(tmp, final)  # the commit point
-                fsync_dir(self.root)
-            except OSError:
-                committed = False
-        if not self._all_ok(committed):
-            raise CheckpointError(f"committing step {step} failed on the coordinator")
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._remove_leftovers()
+                tmp.mkdir()
+            except STORAGE_ERRORS as exc:
+                error = exc
+        try:
+            self._agree(error, f"preparing {tmp}")  # everyone waits for the clean temp dir
+            try:
+                self._write_shard(_rank_dir(tmp, self.rank), step, tree)
+                fsync_dir(tmp)
+            except STORAGE_ERRORS as exc:  # agreed job-wide right below
+                error = exc
+            self._agree(error, f"writing the shards of step {step} to {tmp}")
+            if self.coordinator:
+                try:
+                    self._commit(tmp, final, step, role)
+                except STORAGE_ERRORS as exc:
+                    error = exc
+            self._agree(error, f"committing step {step} in {self.root}")
+        except CheckpointError:
+            self._clean_up(tmp)
+            raise
         return _parse_manifest(final)
+
+    def _commit(self, tmp: Path, final: Path, step: int, role: str) -> None:
+        shards = {str(r): _sha256(_rank_dir(tmp, r) / _SHARD) for r in self.ranks}
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "role": role,
+            "step": step,
+            "run_id": self.run_id,
+            "world_size": len(self.ranks),
+            "shards": shards,
+            "nbytes": {
+                str(r): int(read_json(_rank_dir(tmp, r) / _SHARD, "shard description")["nbytes"])
+                for r in self.ranks
+            },
+            "time": time.time(),
+        }
+        write_json(tmp / _MANIFEST, manifest)
+        if final.exists():
+            self._trash(final)
+        os.replace(tmp, final)  # the commit point
+        fsync_dir(self.root)
+
+    def _clean_up(self, tmp: Path) -> None:
+        """After a failed persist: no temporary directory may be left behind. Each rank
+        removes its own shard (the directory may not be shared), the coordinator the rest."""
+        with contextlib.suppress(OSError):
+            shutil.rmtree(_rank_dir(tmp, self.rank), ignore_errors=True)
+            if not self.coordinator and tmp.is_dir() and not any(tmp.iterdir()):
+                tmp.rmdir()
+        if self.coordinator:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp.exists():
+                log.warning("scout: could not remove %s after a failed checkpoint write", tmp)
+
+    def _remove_leftovers(self) -> None:
+        for stale in self.root.iterdir():  # leftovers of a writer that died
+            if stale.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+                shutil.rmtree(stale, ignore_errors=True)
 
     def _trash(self, gen: Path) -> None:
         trash = gen.with_name(f"{_TRASH_PREFIX}{gen.name}-{time.monotonic_ns()}")
@@ -291,51 +357,58 @@ class DurableStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def set_role(self, step: int, role: str) -> None:
-        """Change generation ``step``'s role (promotion); collective."""
+        """Change generation ``step``'s role (promotion); collective. Raises
+        :class:`CheckpointError` on every rank when the coordinator could not."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        ok = True
+        error: BaseException | None = None
         if self.coordinator:
             gen = self.root / generation_name(step)
             try:
                 data = read_json(gen / _MANIFEST, "manifest")
+                if not isinstance(data, dict):
+                    raise CheckpointError(f"manifest {gen / _MANIFEST} is not an object")
                 data["role"] = role
                 write_json(gen / _MANIFEST, data)
-            except (OSError, CheckpointError):
-                ok = False
-        if not self._all_ok(ok):
-            raise CheckpointError(f"could not mark step {step} as {role}")
+            except STORAGE_ERRORS as exc:
+                error = exc
+        self._agree(error, f"marking step {step} as {role}")
 
     def discard(self, step: int) -> None:
         """Remove generation ``step`` (never selected again); collective."""
-        if self.coordinator:
-            gen = self.root / generation_name(step)
-            if gen.exists():
-                self._trash(gen)
-        self._all_ok(True)
+        self.discard_where(lambda s: s == step)
 
     def discard_except(self, keep: set[int]) -> None:
         """Remove every committed generation whose step is not in ``keep``; collective."""
-        if self.coordinator and self.root.is_dir():
-            for p in sorted(self.root.iterdir()):
-                if (
-                    p.is_dir()
-                    and p.name.startswith(_PREFIX)
-                    and int(p.name[len(_PREFIX) :]) not in keep
-                ):
-                    self._trash(p)
-        self._all_ok(True)
+        self.discard_where(lambda s: s not in keep)
+
+    def discard_where(self, drop: Callable[[int], bool]) -> None:
+        """Remove every committed generation whose step ``drop`` selects; collective.
+        Raises :class:`CheckpointError` on every rank when the coordinator could not."""
+        error: BaseException | None = None
+        if self.coordinator:
+            try:
+                if self.root.is_dir():
+                    for p in sorted(self.root.iterdir()):
+                        step = generation_step(p.name)
+                        if p.is_dir() and step is not None and drop(step):
+                            self._trash(p)
+            except STORAGE_ERRORS as exc:
+                error = exc
+        self._agree(error, f"removing old generations from {self.root}")
 
     # -- reading -------------------------------------------------------------------------
 
-    def _verify_shard(self, gen: Generation) -> dict[str, Any]:
-        rank_dir = _rank_dir(gen.path, self.rank)
-        shard_path = rank_dir / _SHARD
+    def _verify_shard(self, gen: Generation) -> tuple[dict[str, Any], dict[str, Spec]]:
+        """This rank's shard description and tensor specs, every checksum, path and size
+        checked (:mod:`.validate`); local, no collective."""
         if gen.world_size != len(self.ranks):
             raise CheckpointError(
                 f"generation step {gen.step} was written by {gen.world_size} ranks; "
                 f"this job has {len(self.ranks)}"
             )
+        rank_dir = inside(_rank_dir(gen.path, self.rank), gen.path, "shard directory")
+        shard_path = inside(rank_dir / _SHARD, rank_dir, "shard description")
         if not shard_path.is_file():
             raise CheckpointError(f"shard of rank {self.rank} missing in {gen.path}")
         if _sha256(shard_path) != gen.shards[str(self.rank)]:
@@ -343,19 +416,41 @@ class DurableStore:
                 f"shard description {shard_path} does not match its manifest checksum"
             )
         shard = read_json(shard_path, "shard description")
-        if shard.get("format") != SHARD_FORMAT or shard.get("step") != gen.step:
+        if (
+            not isinstance(shard, dict)
+            or shard.get("format") != SHARD_FORMAT
+            or shard.get("step") != gen.step
+        ):
             raise CheckpointError(
                 f"shard description {shard_path} does not belong to step {gen.step}"
             )
-        for name, digest in dict(shard.get("files", {})).items():
-            path = rank_dir / name
+        listed = shard.get("files")
+        if not isinstance(listed, dict):
+            raise CheckpointError(f"shard description {shard_path} lists no files")
+        sizes: dict[str, int] = {}
+        for name, digest in listed.items():
+            path = inside(rank_dir / plain_name(name, "checkpoint file"), rank_dir, "file")
             if not path.is_file():
                 raise CheckpointError(f"checkpoint file {path} is missing")
             if _sha256(path) != digest:
                 raise CheckpointError(
                     f"checkpoint file {path} is corrupt or truncated (sha256 mismatch)"
                 )
-        return dict(shard)
+            sizes[name] = path.stat().st_size
+        specs = skeleton_specs(shard.get("skeleton"))
+        total = specs_nbytes(specs)
+        claimed = [shard.get("nbytes", total), gen.nbytes.get(str(self.rank), total)]
+        on_disk = sum(n for name, n in sizes.items() if name not in _DESCRIPTIONS)
+        if any(check_int(c, f"{shard_path}: nbytes") != total for c in claimed) or total > on_disk:
+            raise CheckpointError(
+                f"shard of rank {self.rank} in {gen.path} describes {total} tensor bytes; its "
+                f"manifest and description say {claimed}, the disk holds {on_disk}"
+            )
+        if JSON_METADATA not in sizes:
+            raise CheckpointError(f"shard {rank_dir} lists no {JSON_METADATA}")
+        meta = rank_dir / JSON_METADATA
+        check_dcp_metadata(read_json(meta, "DCP metadata"), files=sizes, specs=specs, where=meta)
+        return dict(shard), specs
 
     def _pick(self, role: str | None, step: int | None) -> Generation | None:
         gens = scan(self.root)
@@ -369,15 +464,18 @@ class DurableStore:
         self, role: str | None, *, run_id: str | None = None, step: int | None = None
     ) -> tuple[Generation, dict[str, Any]]:
         """Select and read the newest generation of ``role`` (``None``: any role), or the
-        one of ``step`` when given.
+        one of ``step`` when given, into staging (nothing live is touched).
 
-        Collective. Returns the generation and this rank's state tree. Raises
-        :class:`CheckpointError` on every rank when any rank lacks the generation,
-        holds a different one, or finds its shard corrupt.
+        Collective. Returns the generation and this rank's state tree, only once every
+        rank has read and checked its own: any rank that lacks the generation, holds
+        a different one, or finds its shard corrupt, malformed or pointing outside the
+        generation makes every rank raise :class:`CheckpointError`. The caller applies
+        the tree only after agreeing that every rank can (:func:`.state.check_tree`).
         """
-        error: Exception | None = None
+        error: BaseException | None = None
         gen: Generation | None = None
         shard: dict[str, Any] = {}
+        specs: dict[str, Spec] = {}
         try:
             gen = self._pick(role, step)
             if gen is not None:
@@ -385,12 +483,14 @@ class DurableStore:
                     raise CheckpointError(
                         f"generation step {gen.step} belongs to run {gen.run_id!r}, not {run_id!r}"
                     )
-                shard = self._verify_shard(gen)
-        except CheckpointError as exc:
+                shard, specs = self._verify_shard(gen)
+        except STORAGE_ERRORS as exc:  # malformed input of any kind: agreed below
             error, gen = exc, None
         lo, hi = self._min_max(-1 if gen is None else gen.step)
-        if error is not None:
+        if isinstance(error, CheckpointError):
             raise error
+        if error is not None:
+            raise CheckpointError(f"reading {self.root} failed: {describe(error)}") from error
         if lo < 0:
             what = "generation" if role is None else f"{role} generation"
             raise CheckpointError(
@@ -402,19 +502,26 @@ class DurableStore:
                 f"ranks hold different generations (steps {lo}..{hi}); refusing to restore"
             )
         assert gen is not None  # lo >= 0 means this rank picked one
-        specs = tensor_specs(shard["skeleton"])
-        tensors = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in specs.items()}
+        tree: dict[str, Any] = {}
         try:
-            with per_rank_dcp():
-                dcp_load(
-                    tensors,
-                    storage_reader=JsonMetadataReader(_rank_dir(gen.path, self.rank)),
-                    no_dist=True,
-                )
-        except CheckpointError:
-            raise
-        except Exception as exc:  # DCP reports damage as assorted errors
-            raise CheckpointError(
-                f"reading shard of rank {self.rank} in {gen.path} failed: {exc!r}"
-            ) from exc
-        return gen, unflatten(shard["skeleton"], tensors)
+            tree = self._stage(gen, shard, specs)
+        except STORAGE_ERRORS as exc:  # an allocation or a read failed here only
+            error = exc
+        self._agree(error, f"reading generation step {gen.step} from {gen.path}")
+        return gen, tree
+
+    def _stage(
+        self, gen: Generation, shard: Mapping[str, Any], specs: Mapping[str, Spec]
+    ) -> dict[str, Any]:
+        """Read this rank's checked shard into fresh tensors (staging)."""
+        tensors = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in specs.items()}
+        with per_rank_dcp():
+            dcp_load(
+                tensors,
+                storage_reader=JsonMetadataReader(_rank_dir(gen.path, self.rank)),
+                no_dist=True,
+            )
+        staged = unflatten(shard["skeleton"], tensors)
+        if not isinstance(staged, dict):
+            raise CheckpointError(f"shard of rank {self.rank} in {gen.path} holds no state tree")
+        return staged

@@ -58,7 +58,8 @@ from scout_core.checkpoint.certification import (
 )
 from scout_core.checkpoint.io import CheckpointIO, Recovered
 from scout_core.checkpoint.records import GateRecorder
-from scout_core.decision.agreement import same_value
+from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
+from scout_core.decision.agreement import all_ok, same_value
 from scout_core.decision.gate import (
     Action,
     Decision,
@@ -194,12 +195,32 @@ class FrameworkGate:
 
     # -- sidecars ------------------------------------------------------------
 
-    def _use(self, io: CheckpointIO) -> bool:
-        """Adopt ``io``'s directory sidecar into the ledger once; whether one exists."""
+    def _use(self, io: CheckpointIO, *, strict: bool = True) -> bool:
+        """Adopt ``io``'s directory sidecar into the ledger once; whether one exists.
+
+        Collective: every rank reads the sidecar and the ranks agree that each could.
+        An unreadable one (malformed, tampered, unreadable disk) raises
+        :class:`CheckpointError` on every rank when ``strict`` (a load must not pick a
+        tag on a ledger it cannot trust); otherwise it is logged and ignored (a save).
+        """
         self.last_io = io
         self._writes = io.writes_metadata()
         where = str(Path(io.directory).resolve())
-        found = read_sidecar(io.directory)
+        error: BaseException | None = None
+        found = None
+        try:
+            found = read_sidecar(io.directory)
+        except STORAGE_ERRORS as exc:
+            error = exc
+        if not all_ok(error is None, self.group):
+            why = f"this rank: {describe(error)}" if error is not None else "another rank"
+            if strict:
+                raise CheckpointError(
+                    f"the certification sidecar in {io.directory} cannot be trusted ({why}); "
+                    "refusing to pick a tag from it on every rank"
+                ) from error
+            log.warning("scout: ignoring the unreadable sidecar in %s (%s)", io.directory, why)
+            return False
         if where not in self._merged:
             self._merged.add(where)
             if found is not None:
@@ -207,14 +228,25 @@ class FrameworkGate:
         return found is not None
 
     def _write_sidecars(self, dirs: Iterable[str]) -> None:
-        if not self._writes:
-            return
-        for where in sorted(dirs):
-            if Path(where).is_dir():
-                entries = self.ledger.in_dir(where)
-                write_sidecar(
-                    where, entries, run_id=self.run_id, catalog_size=self.gate.catalog_size
-                )
+        """Mirror the ledger of ``dirs`` into their sidecars (the writing rank), and agree
+        that it worked; a failure is logged and recorded, never raised. Collective."""
+        error: BaseException | None = None
+        if self._writes:
+            try:
+                for where in sorted(dirs):
+                    if Path(where).is_dir():
+                        entries = self.ledger.in_dir(where)
+                        write_sidecar(
+                            where, entries, run_id=self.run_id, catalog_size=self.gate.catalog_size
+                        )
+            except STORAGE_ERRORS as exc:
+                error = exc
+        if not all_ok(error is None, self.group):
+            why = describe(error) if error is not None else "on the rank that writes it"
+            log.warning("scout: could not write the certification sidecar (%s)", why)
+            step = max(self.step, 0)
+            detail = {"skipped": True, "durable": False, "storage_error": f"sidecar: {why}"}
+            self._record("capture", step, step, detail=detail)
 
     # -- save ----------------------------------------------------------------------------
 
@@ -238,8 +270,25 @@ class FrameworkGate:
             detail = {"refused": True, "tag": name, "directory": io.directory, "reason": reason}
             self._record("capture", step, max(step, 0), failure=failure, detail=detail)
             return False
-        self._use(io)  # before the framework's first barrier: every rank reads the same file
-        ok = bool(io.save(name))
+        self._use(io, strict=False)  # before the framework's first barrier
+        error: BaseException | None = None
+        ok = False
+        try:
+            ok = bool(io.save(name))
+        except STORAGE_ERRORS as exc:  # a full or read-only disk, DCP's CheckpointException
+            error = exc
+        if not all_ok(error is None, self.group):
+            why = describe(error) if error is not None else "failed on another rank"
+            log.warning(
+                "scout: checkpoint %r in %s was not written (%s); skipped on every rank, "
+                "training goes on",
+                name,
+                io.directory,
+                why,
+            )
+            detail = {"skipped": True, "tag": name, "directory": io.directory, "reason": why}
+            self._record("capture", step, max(step, 0), detail=detail)
+            return False
         if not ok:
             return False
         if self._rotated_at is not None and self._rotated_at == step:

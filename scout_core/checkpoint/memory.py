@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from scout_core.checkpoint.state import capture_tree, flatten, restore_tree, tensor_specs, unflatten
+from scout_core.checkpoint.state import capture_tree, flatten, restore_tree, unflatten
+from scout_core.checkpoint.validate import check_int, skeleton_specs, specs_nbytes
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
@@ -211,8 +212,15 @@ def _encode(step: int, owner: int, tree: Mapping[str, Any] | None) -> tuple[byte
 
 
 def _decode(header: bytes, payload: torch.Tensor) -> PeerReplica:
-    meta = json.loads(header)
-    specs = tensor_specs(meta["skeleton"])
+    try:
+        meta = json.loads(header)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"peer replica header is malformed: {exc}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("keys"), list):
+        raise CheckpointError("peer replica header is malformed")
+    specs = skeleton_specs(meta.get("skeleton"))
+    if specs_nbytes(specs) != payload.numel() or set(meta["keys"]) != set(specs):
+        raise CheckpointError("peer replica header does not describe its payload")
     tensors: dict[str, torch.Tensor] = {}
     offset = 0
     for key in meta["keys"]:
@@ -227,7 +235,9 @@ def _decode(header: bytes, payload: torch.Tensor) -> PeerReplica:
     if offset != payload.numel():
         raise CheckpointError(f"peer replica has {payload.numel() - offset} stray bytes")
     return PeerReplica(
-        owner=int(meta["owner"]), step=int(meta["step"]), tree=unflatten(meta["skeleton"], tensors)
+        owner=check_int(meta.get("owner"), "peer replica owner"),
+        step=check_int(meta.get("step"), "peer replica step", low=-1),
+        tree=unflatten(meta["skeleton"], tensors),
     )
 
 

@@ -20,6 +20,7 @@ same restore for a *fresh* set of processes, from the checkpoint directory alone
 
 from __future__ import annotations
 
+import logging
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,9 @@ import torch.distributed as dist
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.memory import fetch_from_peer
 from scout_core.checkpoint.records import write_gate_record
-from scout_core.checkpoint.state import restore_tree
-from scout_core.decision.agreement import min_max
+from scout_core.checkpoint.state import check_tree, restore_tree
+from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
+from scout_core.decision.agreement import all_ok, min_max
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import FrameworkAdapter, RngStream
@@ -44,7 +46,9 @@ from scout_core.vocabulary import Failure
 if TYPE_CHECKING:
     from scout_core.checkpoint.coordinator import CheckpointCoordinator
 
-__all__ = ["Restored", "recover", "restore_from_disk", "default_rng_streams"]
+log = logging.getLogger("scout")
+
+__all__ = ["Restored", "recover", "restore_agreed", "restore_from_disk", "default_rng_streams"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,33 @@ class Restored:
     """Why this generation (the retrieval's reason)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The caller state saved with the generation."""
+
+
+def restore_agreed(
+    tree: Any,
+    model: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    rng_streams: Sequence[RngStream],
+    extra: MutableMapping[str, Any] | None,
+    *,
+    group: dist.ProcessGroup,
+    what: str,
+) -> dict[str, Any]:
+    """Apply ``tree`` only once every rank of ``group`` has checked that it can apply
+    its own (:func:`~.state.check_tree`); else :class:`CheckpointError` on every rank and
+    nothing is applied anywhere. Collective."""
+    error: BaseException | None = None
+    try:
+        check_tree(tree, model, optimizers, rng_streams)
+    except STORAGE_ERRORS as exc:
+        error = exc
+    if not all_ok(error is None, group):
+        mine = f" (this rank: {describe(error)})" if error is not None else ""
+        raise CheckpointError(
+            f"{what} does not fit the live training state on some rank{mine}; nothing was "
+            "restored on any rank"
+        ) from error
+    return restore_tree(tree, model, optimizers, rng_streams, extra)
 
 
 def recover(
@@ -107,7 +138,11 @@ def recover(
     tree: Any = None
     if lo != hi and hi == target and coord.peer_replication:
         # Some rank lost its copy: the peers that hold replicas send them back.
-        mine = fetch_from_peer(coord.replicas.get(target), group=coord.group, ranks=coord.ranks)
+        try:
+            mine = fetch_from_peer(coord.replicas.get(target), group=coord.group, ranks=coord.ranks)
+        except CheckpointError as exc:  # a malformed replica: this rank falls back to disk
+            log.warning("scout: the replica a peer sent back is unusable: %s", exc)
+            mine = None
         if held is None and mine is not None and mine.step == target:
             tree, source = mine.tree, "peer"
         lo, hi = min_max(-1 if (held is None and tree is None) else target, coord.group)
@@ -129,7 +164,15 @@ def recover(
                 f"generation on disk is step {gen.step}"
             )
         source = "disk"
-    restored_extra = restore_tree(tree, memory.model, memory.optimizers, memory.rng_streams, extra)
+    restored_extra = restore_agreed(
+        tree,
+        memory.model,
+        memory.optimizers,
+        memory.rng_streams,
+        extra,
+        group=coord.group,
+        what=f"step {target} ({source})",
+    )
     coord.gate.after_restore(found.selected, target)
     if found.selected is Selection.VERIFIED:
         # Everything newer than verified is untrusted: drop it in memory and on disk.
@@ -140,7 +183,7 @@ def recover(
         )
         memory.candidate = None
         if coord.durable is not None:
-            coord.durable.discard_except({target})
+            coord.discard_durable(lambda s: s != target, step=at)
     coord.record(
         "retrieve",
         at,
@@ -184,7 +227,9 @@ def restore_from_disk(
     ranks = list(range(dist.get_world_size()))
     store = DurableStore(checkpoint_dir, group=group, ranks=ranks, run_id=run_id or "scout")
     gen, tree = store.load(role, run_id=run_id)
-    restored_extra = restore_tree(tree, model, optimizers, rng_streams, extra)
+    restored_extra = restore_agreed(
+        tree, model, optimizers, rng_streams, extra, group=group, what=f"step {gen.step}"
+    )
     selected = Selection.VERIFIED if gen.role == "verified" else Selection.LATEST
     reason = f"fresh restore of the newest {role or 'durable'} generation"
     if report_dir is not None:

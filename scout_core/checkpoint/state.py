@@ -40,11 +40,10 @@ from scout_core.integration.adapter import RngStream
 __all__ = [
     "HostShard",
     "capture_tree",
+    "check_tree",
     "restore_tree",
     "flatten",
     "unflatten",
-    "tensor_specs",
-    "dtype_from_name",
 ]
 
 Copy = Callable[[torch.Tensor], torch.Tensor]
@@ -61,14 +60,6 @@ class HostShard:
     """Global stride of the DTensor."""
     placements: str
     """``repr`` of the placements, checked against the live layout on restore."""
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """``"float32"`` → ``torch.float32``; :class:`CheckpointError` for anything else."""
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
-        raise CheckpointError(f"unknown tensor dtype {name!r} in checkpoint metadata")
-    return value
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -146,23 +137,13 @@ def _check_shard(path: str, leaf: HostShard, live: torch.Tensor) -> DTensor:
 
 
 def _restore_model(model: torch.nn.Module, tree: Mapping[str, Any]) -> None:
-    live = model.state_dict()
-    if set(live) != set(tree):
-        missing, unexpected = sorted(set(live) - set(tree)), sorted(set(tree) - set(live))
-        raise CheckpointError(
-            f"model state does not match the checkpoint (missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]})"
-        )
+    live = model.state_dict()  # checked by check_tree
     with torch.no_grad():
         for key, leaf in tree.items():
             target = live[key]
             if isinstance(leaf, HostShard):
                 _check_shard(f"model/{key}", leaf, target).to_local().copy_(leaf.local)
             else:
-                if target.shape != leaf.shape or target.dtype != leaf.dtype:
-                    raise CheckpointError(
-                        f"model/{key}: shape or dtype differs from the checkpoint"
-                    )
                 target.copy_(leaf)
 
 
@@ -231,6 +212,96 @@ def _restore_extra(
     return restored
 
 
+def _check_model(model: torch.nn.Module, tree: object) -> None:
+    live = model.state_dict()
+    if not isinstance(tree, Mapping) or set(live) != set(tree):
+        found = set(tree) if isinstance(tree, Mapping) else set()
+        missing, unexpected = sorted(set(live) - found), sorted(found - set(live), key=str)
+        raise CheckpointError(
+            f"model state does not match the checkpoint (missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]})"
+        )
+    for key, leaf in tree.items():
+        target = live[key]
+        if isinstance(leaf, HostShard):
+            _check_shard(f"model/{key}", leaf, target)
+        elif not isinstance(leaf, torch.Tensor):
+            raise CheckpointError(f"model/{key}: the checkpoint holds no tensor there")
+        elif target.shape != leaf.shape or target.dtype != leaf.dtype:
+            raise CheckpointError(f"model/{key}: shape or dtype differs from the checkpoint")
+
+
+def _check_optimizer(index: int, opt: torch.optim.Optimizer, tree: object) -> None:
+    where = f"optim/{index}"
+    if not isinstance(tree, Mapping):
+        raise CheckpointError(f"{where}: the checkpoint holds no optimizer state there")
+    params = _optimizer_params(opt)
+    state, groups = tree.get("state", {}), tree.get("param_groups", [])
+    if not isinstance(state, Mapping) or not isinstance(groups, list | tuple):
+        raise CheckpointError(f"{where}: malformed optimizer state")
+    for pid, per_param in state.items():
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < len(params):
+            raise CheckpointError(f"{where}: state for parameter {pid!r:.40}, which it lacks")
+        if not isinstance(per_param, Mapping):
+            raise CheckpointError(f"{where}/state/{pid}: malformed")
+        for key, value in per_param.items():
+            if isinstance(value, HostShard):
+                if tuple(params[pid].shape) != value.shape:
+                    raise CheckpointError(
+                        f"{where}/state/{pid}/{key}: does not match its parameter"
+                    )
+                _check_shard(f"{where}/state/{pid}/{key}", value, params[pid])
+    if len(groups) != len(opt.param_groups):
+        raise CheckpointError(
+            f"{where}: {len(groups)} parameter group(s) in the checkpoint, "
+            f"{len(opt.param_groups)} live"
+        )
+    for i, (group, live) in enumerate(zip(groups, opt.param_groups, strict=True)):
+        held = group.get("params") if isinstance(group, Mapping) else None
+        if not isinstance(held, list | tuple) or len(held) != len(live["params"]):
+            raise CheckpointError(f"{where}/param_groups/{i}: another number of parameters")
+
+
+def check_tree(
+    tree: object,
+    model: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    rng_streams: Sequence[RngStream],
+) -> None:
+    """Everything :func:`restore_tree` would refuse, checked without changing anything.
+
+    A tree from disk or from a peer is checked on every rank first, and the ranks agree
+    that each one can apply its own before any applies (:mod:`.recovery`), so no rank
+    is left restored while another failed halfway.
+    """
+    if not isinstance(tree, Mapping):
+        raise CheckpointError("the checkpoint holds no state tree")
+    optims = tree.get("optim", [])
+    if not isinstance(optims, list | tuple) or len(optims) != len(optimizers):
+        count = len(optims) if isinstance(optims, list | tuple) else "no"
+        raise CheckpointError(
+            f"checkpoint holds {count} optimizer(s), the job has {len(optimizers)}"
+        )
+    rng = tree.get("rng", {})
+    if not isinstance(rng, Mapping):
+        raise CheckpointError("checkpoint RNG states are malformed")
+    names = [s.name for s in rng_streams]
+    absent = sorted(set(names) - set(rng))
+    if absent:
+        raise CheckpointError(
+            f"checkpoint lacks RNG stream(s) {absent}; it holds {sorted(rng, key=str)}"
+        )
+    for name in names:
+        state = rng[name]
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+            raise CheckpointError(f"checkpoint RNG state {name!r} is not a byte tensor")
+    _check_model(model, tree.get("model", {}))
+    for i, (opt, sub) in enumerate(zip(optimizers, optims, strict=True)):
+        _check_optimizer(i, opt, sub)
+    if not isinstance(tree.get("extra", {}), Mapping):
+        raise CheckpointError("checkpoint caller state is malformed")
+
+
 def restore_tree(
     tree: Mapping[str, Any],
     model: torch.nn.Module,
@@ -244,17 +315,11 @@ def restore_tree(
     optimizers still hold them); optimizer state goes through ``load_state_dict``;
     each RNG stream is set; caller tensors in ``extra`` are copied in place and other
     values replaced. The tree itself is never aliased, so it can be restored again.
+    Everything is checked (:func:`check_tree`) before anything is written.
     """
+    check_tree(tree, model, optimizers, rng_streams)
     optims = tree.get("optim", [])
-    if len(optims) != len(optimizers):
-        raise CheckpointError(
-            f"checkpoint holds {len(optims)} optimizer(s), the job has {len(optimizers)}"
-        )
     rng = tree.get("rng", {})
-    names = [s.name for s in rng_streams]
-    absent = sorted(set(names) - set(rng))
-    if absent:
-        raise CheckpointError(f"checkpoint lacks RNG stream(s) {absent}; it holds {sorted(rng)}")
     _restore_model(model, tree.get("model", {}))
     for i, (opt, sub) in enumerate(zip(optimizers, optims, strict=True)):
         _restore_optimizer(i, opt, sub)
@@ -308,28 +373,6 @@ def flatten(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         )
 
     return enc(tree, "state"), tensors
-
-
-def tensor_specs(skeleton: Any) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """``{key: (dtype, local shape)}`` of every tensor a skeleton names."""
-    out: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
-
-    def walk(node: Any) -> None:
-        if not isinstance(node, dict):
-            raise CheckpointError(f"malformed checkpoint skeleton node {node!r:.80}")
-        if "T" in node:
-            out[str(node["T"])] = (dtype_from_name(node["dtype"]), tuple(node["shape"]))
-        elif "S" in node:
-            out[str(node["S"])] = (dtype_from_name(node["dtype"]), tuple(node["local_shape"]))
-        elif "d" in node:
-            for _, v in node["d"]:
-                walk(v)
-        elif "l" in node or "t" in node:
-            for v in node["l"] if "l" in node else node["t"]:
-                walk(v)
-
-    walk(skeleton)
-    return out
 
 
 def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:

@@ -7,6 +7,16 @@ bool for a number), normalised, and then the field's value rule runs, so a bad
 value fails the same way wherever it came from, with a
 :class:`~scout_core.errors.ConfigError` that names the key and, for a fixed set,
 the valid values.
+
+[Sane ranges]
+Every numeric key has a range (:data:`RANGES`) beyond which a value is a mistake, not
+a choice: ``replay_threads = 1e9`` would ask the OS for a billion threads,
+``hang_timeout_s = 0.01`` declares every healthy step a hang. The bounds are checked
+on the exact value (a 400-digit integer is compared as an integer, never converted to
+a float), so an absurd value is a :class:`~scout_core.errors.ConfigError`, never an
+``OverflowError``. Each field's docstring states its range; a test checks that.
+Messages show values through :func:`shown` (a bounded ``repr``), so a deeply nested
+or huge value cannot turn an error message into a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import dataclasses
 import functools
 import math
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -24,12 +35,17 @@ from typing import Any
 from scout_core.errors import ConfigError
 
 __all__ = [
+    "MAX_VARIANTS",
     "ON_HANG_ACTIONS",
+    "RANGES",
     "RECIPES",
     "RESERVED_EXIT_CODES",
     "Spec",
+    "VARIANT_RANGE",
     "check",
     "field_names",
+    "range_text",
+    "shown",
     "specs",
 ]
 
@@ -48,6 +64,36 @@ RESERVED_EXIT_CODES: Mapping[int, str] = {
 policy that knows those codes would misread a SCOUT hang exit."""
 
 _DOTTED_PATH = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MAX_TEXT = 4096
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
+
+RANGES: Mapping[str, tuple[float, float, bool]] = {
+    "replay_interval": (1, 1_000_000, False),
+    "embedding_interval": (1, 1_000_000, False),
+    "lm_head_interval": (1, 1_000_000, False),
+    "optimizer_interval": (1, 1_000_000, False),
+    "optimizer_slice": (1, 1 << 26, False),
+    "kappa": (0, 100, True),
+    "straggler_rounds": (1, 1000, False),
+    "straggler_min_excess_s": (0, 3600, False),
+    "straggler_min_ratio": (1, 1000, False),
+    "replay_threads": (1, 1024, False),
+    "hang_timeout_s": (1, 86_400, False),
+    "stage_timeout_s": (1, 86_400, False),
+    "observer_join_timeout_s": (1, 3600, False),
+    "catalog_size": (1, 1_000_000, False),
+}
+"""Sane range of each numeric key: ``(low, high, low_is_open)``. A value outside is a
+mistake (module note): the hang timeouts start at 1 s because a healthy step takes
+longer than a few milliseconds, the thread count stops at 1,024 and the intervals at
+a million steps."""
+
+MAX_VARIANTS = 8
+"""At most this many input scale variants (each one is a whole extra replay)."""
+VARIANT_RANGE: tuple[float, float] = (1e-4, 1e4)
+"""Each input scale variant must lie in this range."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +150,7 @@ def check(cls: type, name: str, value: object) -> Any:
 def _coerce(name: str, spec: Spec, value: object) -> Any:
     def wrong() -> ConfigError:
         return ConfigError(
-            f"key {name!r} expects {spec.describe()}, got {type(value).__name__} {value!r}"
+            f"key {name!r} expects {spec.describe()}, got {type(value).__name__} {shown(value)}"
         )
 
     if spec.base is tuple:
@@ -125,34 +171,71 @@ def _scalar(kind: type, value: object, wrong: Callable[[], ConfigError]) -> Any:
             return value
     elif kind is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # a 400-digit integer: out of every range anyway
+                return math.inf
     elif kind is str and isinstance(value, str):
         return value
     raise wrong()
 
 
-def _at_least(low: float) -> Callable[[str, Any], None]:
-    def rule(name: str, value: Any) -> None:
-        if not (math.isfinite(value) and value >= low):
-            raise ConfigError(f"key {name!r} must be >= {low:g}, got {value!r}")
+def shown(value: object) -> str:
+    """A bounded ``repr`` for messages: huge or deeply nested values stay short."""
+    try:
+        return _SHORT.repr(value)
+    except RecursionError:  # pragma: no cover - reprlib bounds the depth already
+        return f"<{type(value).__name__}>"
 
-    return rule
+
+def _in_range(name: str, value: Any) -> None:
+    """Check ``value`` against the field's sane range (exact for ints: no float overflow)."""
+    low, high, open_low = RANGES[name]
+    if isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    else:
+        ok = (value > low if open_low else value >= low) and value <= high
+    if not ok:
+        where = range_text(name) if RANGES[name][2] else f"in {range_text(name)}"
+        raise ConfigError(f"key {name!r} must be {where}, got {shown(value)}")
 
 
-def _positive(name: str, value: Any) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"key {name!r} must be a finite number > 0, got {value!r}")
+def range_text(name: str) -> str:
+    """The documented range of numeric field ``name``, e.g. ``1..1,000,000``."""
+    low, high, open_low = RANGES[name]
+    lo, hi = _number(low), _number(high)
+    return f"> {lo} and <= {hi}" if open_low else f"{lo}..{hi}"
+
+
+def _number(x: float) -> str:
+    if isinstance(x, int) or float(x).is_integer():
+        return f"{int(x):,}"
+    return f"{x:g}"
 
 
 def _nonempty(name: str, value: str) -> None:
     if not value.strip():
         raise ConfigError(f"key {name!r} must not be empty")
+    if len(value) > _MAX_TEXT or "\x00" in value:
+        raise ConfigError(
+            f"key {name!r} must be at most {_MAX_TEXT} characters without NUL bytes, "
+            f"got {shown(value)}"
+        )
+
+
+def _run_id(name: str, value: str) -> None:
+    _nonempty(name, value)
+    if not _RUN_ID.match(value):
+        raise ConfigError(
+            f"key {name!r} must be 1..128 letters, digits, '.', '_' or '-', starting with a "
+            f"letter or digit (it names the run's report directory), got {shown(value)}"
+        )
 
 
 def _module_path(name: str, value: str) -> None:
-    if not _DOTTED_PATH.match(value):
+    if not _DOTTED_PATH.match(value) or len(value) > _MAX_TEXT:
         raise ConfigError(
-            f"key {name!r} must be a dotted module path such as 'model.layers', got {value!r}"
+            f"key {name!r} must be a dotted module path such as 'model.layers', got {shown(value)}"
         )
 
 
@@ -160,37 +243,48 @@ def _recipes(name: str, value: tuple[str, ...]) -> None:
     for item in value:
         if item not in RECIPES:
             raise ConfigError(
-                f"key {name!r} has unknown recipe {item!r}; valid recipes: {', '.join(RECIPES)}"
+                f"key {name!r} has unknown recipe {shown(item)}; valid recipes: "
+                f"{', '.join(RECIPES)}"
             )
     if len(set(value)) != len(value):
-        raise ConfigError(f"key {name!r} names a recipe twice: {list(value)}")
+        raise ConfigError(f"key {name!r} names a recipe twice: {shown(list(value))}")
 
 
 def _variants(name: str, value: tuple[float, ...]) -> None:
     if not value:
         raise ConfigError(f"key {name!r} needs at least one input scale, e.g. [1.0]")
+    if len(value) > MAX_VARIANTS:
+        raise ConfigError(
+            f"key {name!r} has {len(value)} scales; at most {MAX_VARIANTS} (each one is a "
+            "whole extra replay)"
+        )
     for item in value:
         if not (math.isfinite(item) and item > 0):
             raise ConfigError(f"key {name!r}: every scale must be finite and > 0, got {item!r}")
+        if not VARIANT_RANGE[0] <= item <= VARIANT_RANGE[1]:
+            raise ConfigError(
+                f"key {name!r}: every scale must be in {VARIANT_RANGE[0]:g}..{VARIANT_RANGE[1]:g} "
+                f"(larger scales overflow low-precision replay), got {item!r}"
+            )
     if len(set(value)) != len(value):
         raise ConfigError(f"key {name!r} repeats a scale: {list(value)}")
 
 
 def _port(name: str, value: int) -> None:
     if not 1 <= value <= 65535:
-        raise ConfigError(f"key {name!r} must be a TCP port in 1..65535, got {value}")
+        raise ConfigError(f"key {name!r} must be a TCP port in 1..65535, got {shown(value)}")
 
 
 def _on_hang(name: str, value: str) -> None:
     if value not in ON_HANG_ACTIONS:
         raise ConfigError(
-            f"key {name!r} must be one of {', '.join(ON_HANG_ACTIONS)}; got {value!r}"
+            f"key {name!r} must be one of {', '.join(ON_HANG_ACTIONS)}; got {shown(value)}"
         )
 
 
 def _exit_code(name: str, value: int) -> None:
     if not 1 <= value <= 255:
-        raise ConfigError(f"key {name!r} must be an exit code in 1..255, got {value}")
+        raise ConfigError(f"key {name!r} must be an exit code in 1..255, got {shown(value)}")
     if value in RESERVED_EXIT_CODES:
         raise ConfigError(
             f"key {name!r} must not be {value}: {RESERVED_EXIT_CODES[value]}, so a launcher "
@@ -200,30 +294,17 @@ def _exit_code(name: str, value: int) -> None:
 
 
 _RULES: dict[str, Callable[[str, Any], None]] = {
-    "run_id": _nonempty,
+    "run_id": _run_id,
     "report_dir": _nonempty,
     "layers": _module_path,
     "embedding": _module_path,
     "lm_head": _module_path,
-    "replay_interval": _at_least(1),
-    "embedding_interval": _at_least(1),
-    "lm_head_interval": _at_least(1),
-    "optimizer_interval": _at_least(1),
     "recipes": _recipes,
     "variants": _variants,
-    "optimizer_slice": _at_least(1),
-    "kappa": _positive,
-    "straggler_rounds": _at_least(1),
-    "straggler_min_excess_s": _at_least(0),
-    "straggler_min_ratio": _at_least(1),
-    "replay_threads": _at_least(1),
-    "hang_timeout_s": _positive,
-    "stage_timeout_s": _positive,
     "observer_addr": _nonempty,
     "observer_port": _port,
-    "observer_join_timeout_s": _positive,
     "on_hang": _on_hang,
     "hang_exit_code": _exit_code,
     "checkpoint_dir": _nonempty,
-    "catalog_size": _at_least(1),
+    **{name: _in_range for name in RANGES},
 }

@@ -43,12 +43,15 @@ class Config:
     """Master switch. A disabled config attaches nothing: no hooks, no observer, no records."""
 
     run_id: str | None = None
-    """Run identity written into every evidence record. ``None`` uses the environment
-    variable ``TORCHELASTIC_RUN_ID`` (torchrun sets it identically on every rank), else
-    ``"scout"``. It must be the same on every rank; see ``resolved_run_id()``."""
+    """Run identity written into every evidence record; the run's records go to
+    ``<report_dir>/<run_id>/``. ``None``: ``TORCHELASTIC_RUN_ID`` when torchrun was
+    given one (plain torchrun's ``"none"`` is ignored), else a fresh id unique per
+    launch (``scout-<UTC date>-<time>-<12 hex>``), agreed by every rank at ``enable``.
+    1..128 letters, digits, ``.``, ``_`` or ``-``; the same on every rank."""
 
     report_dir: str = "scout-report"
-    """Directory for evidence records; each rank appends to ``rank-<global rank>.jsonl``."""
+    """Directory for evidence records; each rank appends to
+    ``<run_id>/rank-<global rank>.jsonl`` in it (one directory per run)."""
 
     layers: str | None = None
     """Dotted module path (from the model root) of the ``ModuleList`` of repeated layers,
@@ -63,19 +66,19 @@ class Config:
 
     replay_interval: int = 20
     """Replay one hidden layer every this many optimizer steps, rotating through the
-    layers (>= 1)."""
+    layers (1..1,000,000)."""
 
     embedding_interval: int = 20
-    """Replay the embedding every this many optimizer steps (>= 1). Switch the recipe
-    off through ``recipes``, not with 0."""
+    """Replay the embedding every this many optimizer steps (1..1,000,000). Switch the
+    recipe off through ``recipes``, not with 0."""
 
     lm_head_interval: int = 20
-    """Replay the LM head every this many optimizer steps (>= 1). Switch the recipe off
-    through ``recipes``, not with 0."""
+    """Replay the LM head every this many optimizer steps (1..1,000,000). Switch the
+    recipe off through ``recipes``, not with 0."""
 
     optimizer_interval: int = 20
-    """Replay the optimizer update on one slice every this many optimizer steps (>= 1).
-    Switch the recipe off through ``recipes``, not with 0."""
+    """Replay the optimizer update on one slice every this many optimizer steps
+    (1..1,000,000). Switch the recipe off through ``recipes``, not with 0."""
 
     recipes: tuple[str, ...] = RECIPES
     """Replay recipes to run, any of ``hidden``, ``embedding``, ``lm_head``,
@@ -83,35 +86,35 @@ class Config:
     the hang observer."""
 
     variants: tuple[float, ...] = (0.1, 1.0, 10.0)
-    """Input scale variants each replay runs, to widen value coverage (non-empty,
-    finite, > 0, no repeats)."""
+    """Input scale variants each replay runs, to widen value coverage (1 to 8 scales,
+    each in 0.0001..10,000, no repeats)."""
 
     optimizer_slice: int = 65536
     """Elements in one optimizer-replay slice; the slice rotates over the parameters
-    (>= 1)."""
+    (1..67,108,864)."""
 
     kappa: float = 5.0
     """Sensitivity of statistical C3: a peer is an outlier when its timing is more than
-    ``kappa`` robust scales from the median (> 0)."""
+    ``kappa`` robust scales from the median (> 0 and <= 100)."""
 
     straggler_rounds: int = 2
     """Consecutive timing rounds in which the same rank must be the outlier before a
-    straggler verdict (>= 1)."""
+    straggler verdict (1..1,000)."""
 
     straggler_min_excess_s: float = 0.05
     """Minimum absolute excess over the peers' median, in seconds, for a timing outlier
-    to count towards a straggler (>= 0)."""
+    to count towards a straggler (0..3,600)."""
 
     straggler_min_ratio: float = 1.5
     """Minimum ratio of the outlier's time to the peers' median for a timing outlier to
-    count towards a straggler (>= 1)."""
+    count towards a straggler (1..1,000)."""
 
     deterministic: bool = True
     """Run replay under deterministic algorithms (scoped to the replay), so equal inputs
     give bitwise-equal outputs on healthy peers."""
 
     replay_threads: int | None = None
-    """Intra-op CPU threads during replay (>= 1). ``None``: the peers agree on the
+    """Intra-op CPU threads during replay (1..1,024). ``None``: the peers agree on the
     minimum of their current thread counts, since BLAS may change path with the
     thread count."""
 
@@ -119,11 +122,12 @@ class Config:
     """Start the out-of-band hang observer (one CPU process per rank)."""
 
     hang_timeout_s: float = 60.0
-    """Seconds of silent progress before the observer starts a hang diagnosis (> 0)."""
+    """Seconds of silent progress before the observer starts a hang diagnosis
+    (1..86,400: a healthy step must never look like a hang)."""
 
     stage_timeout_s: float | None = None
     """Seconds a rank may stay inside one stage (dataloader, checkpoint I/O) before it
-    counts as stalled (> 0). ``None`` uses ``hang_timeout_s``."""
+    counts as stalled (1..86,400). ``None`` uses ``hang_timeout_s``."""
 
     observer_addr: str | None = None
     """Host of the observers' own c10d store. ``None`` derives it under torchrun."""
@@ -133,7 +137,7 @@ class Config:
     torchrun."""
 
     observer_join_timeout_s: float = 30.0
-    """Seconds the observers wait for each other to join their group (> 0)."""
+    """Seconds the observers wait for each other to join their group (1..3,600)."""
 
     on_hang: str = "report"
     """What to do after a hang verdict: ``report`` (write evidence only),
@@ -154,7 +158,7 @@ class Config:
     keeps gate checkpoints in memory only."""
 
     catalog_size: int | None = None
-    """K, the number of recipe checks in one catalog cycle (>= 1). ``None`` derives it
+    """K, the number of recipe checks in one catalog cycle (1..1,000,000). ``None`` derives it
     from the recipe catalog (rotated layers plus embedding, LM head, optimizer)."""
 
     peer_replication: bool = False
@@ -170,12 +174,21 @@ class Config:
 
     # -- resolved views ---------------------------------------------------------------
 
-    def resolved_run_id(self, environ: Mapping[str, str] | None = None) -> str:
-        """The run id records carry: ``run_id``, else ``TORCHELASTIC_RUN_ID``, else ``"scout"``."""
+    def named_run_id(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The run's name when one was given: ``run_id``, else ``TORCHELASTIC_RUN_ID``
+        unless it is unset, empty or plain torchrun's ``"none"``; else ``None`` (then
+        ``enable`` agrees on a fresh id, :func:`scout_core.records.runs.agree_run_id`)."""
         if self.run_id is not None:
             return self.run_id
         env = os.environ if environ is None else environ
-        return env.get("TORCHELASTIC_RUN_ID") or "scout"
+        value = env.get("TORCHELASTIC_RUN_ID", "")
+        return None if value.strip().lower() in {"", "none"} else value
+
+    def resolved_run_id(self, environ: Mapping[str, str] | None = None) -> str:
+        """The run id records carry, without talking to other ranks: :meth:`named_run_id`,
+        else ``"scout"``. Inside a session it is always the agreed id: ``enable`` sets
+        ``run_id`` on the session's config."""
+        return self.named_run_id(environ) or "scout"
 
     def resolved_stage_timeout_s(self) -> float:
         """``stage_timeout_s`` when set, else ``hang_timeout_s``."""
@@ -236,7 +249,9 @@ class Config:
         Values are parsed from text: bools ``1/0/true/false/yes/no/on/off``, ints,
         floats, comma-separated lists, and ``none`` or an empty value for ``None``
         (an empty value is an empty list for a list field). An unknown ``SCOUT_*``
-        variable is an error, so a misspelt override cannot be silently ignored.
+        variable is logged as a warning with a "did you mean" hint and otherwise
+        ignored: other tools (Scout APM) use the prefix too, and a job must not fail
+        over their variables. A known key with a bad value is a :class:`ConfigError`.
         """
         env = os.environ if environ is None else environ
         if base is None:

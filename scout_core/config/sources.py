@@ -5,20 +5,31 @@ The same :class:`~scout_core.config.schema.Config` is built from a TOML or JSON 
 framework's own section (a mapping, :func:`values_from_mapping`), and from
 ``SCOUT_<FIELD>`` environment variables (:func:`env_overrides`, text parsed per
 field type), which override file values. Every value then goes through the one
-per-field check (:mod:`.checks`). An unknown key or ``SCOUT_*`` variable is an
-error with a "did you mean" hint, so a typo is never silently ignored.
+per-field check (:mod:`.checks`). An unknown key in a file or section is an error
+with a "did you mean" hint, so a typo is never silently ignored. An unknown
+``SCOUT_*`` environment variable only *warns* (logged once per variable, with the
+same hint): the prefix is not ours alone (Scout APM reads ``SCOUT_KEY``,
+``SCOUT_MONITOR`` and ``SCOUT_NAME``, common on servers), and a job must never fail
+over a variable some other tool set.
+
+[Hostile input]
+A file may be anything: nesting deep enough to exhaust the parser's recursion, a
+number with thousands of digits, invalid UTF-8. Each becomes a
+:class:`~scout_core.errors.ConfigError` naming the file, never a ``RecursionError``,
+an ``OverflowError`` or a bare ``ValueError``.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scout_core.config.checks import check, field_names, specs
+from scout_core.config.checks import check, field_names, shown, specs
 from scout_core.errors import ConfigError
 
 # tomllib is in the standard library from 3.11; tomli is the same parser, backported.
@@ -48,6 +59,8 @@ NON_CONFIG_ENV: frozenset[str] = frozenset({"SCOUT_CONFIG"})
 NON_CONFIG_ENV_PREFIXES: tuple[str, ...] = ("SCOUT_TEST_", "SCOUT_INTERNAL_")
 """Prefixes reserved for the test harness and for SCOUT's own child processes; variables
 under them are never read as config, so a typo elsewhere cannot hide behind them."""
+log = logging.getLogger("scout")
+_warned: set[str] = set()
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -79,22 +92,29 @@ def env_overrides(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         name = var[len(ENV_PREFIX) :].lower()
         if name not in valid:
-            raise ConfigError(f"environment variable {var}: {unknown(name, valid, env=True)}")
+            if var not in _warned:  # once per variable and process: from_env runs often
+                _warned.add(var)
+                log.warning(
+                    "scout: ignoring environment variable %s: %s",
+                    var,
+                    unknown(name, valid, env=True),
+                )
+            continue
         try:
             overrides[name] = check(cls, name, parse_env(cls, name, environ[var]))
         except ConfigError as exc:
-            raise ConfigError(f"environment variable {var}={environ[var]!r}: {exc}") from None
+            raise ConfigError(f"environment variable {var}={shown(environ[var])}: {exc}") from None
     return overrides
 
 
 def unknown(key: str, valid: tuple[str, ...], *, env: bool = False) -> str:
     """The message for a key (or ``SCOUT_*`` variable) that is no field, with a hint."""
-    shown = [f"{ENV_PREFIX}{v.upper()}" for v in valid] if env else list(valid)
+    names = [f"{ENV_PREFIX}{v.upper()}" for v in valid] if env else list(valid)
     asked = f"{ENV_PREFIX}{key.upper()}" if env else key
-    close = difflib.get_close_matches(asked, shown, n=1)
+    close = difflib.get_close_matches(asked, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     what = "SCOUT_* variable" if env else "key"
-    return f"unknown {what} {asked!r}{hint}; valid: {', '.join(shown)}"
+    return f"unknown {what} {shown(asked)}{hint}; valid: {', '.join(names)}"
 
 
 def is_non_config_env(var: str) -> bool:
@@ -129,9 +149,13 @@ def parse_scalar(name: str, kind: type, text: str) -> object:
             f"key {name!r} expects a bool: one of {', '.join(sorted(_TRUE | _FALSE))}; got {text!r}"
         )
     try:
-        return int(text) if kind is int else float(text)
-    except ValueError:
-        raise ConfigError(f"key {name!r} expects {kind.__name__}, got {text!r}") from None
+        return int(text) if kind is int else float(text)  # nan and inf: the range check
+    except ValueError:  # not a number, or an int of more digits than Python converts
+        raise ConfigError(f"key {name!r} expects {kind.__name__}, got {shown(text)}") from None
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number a config may hold")
 
 
 def read_file(path: Path) -> Mapping[str, Any]:
@@ -146,8 +170,14 @@ def read_file(path: Path) -> Mapping[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
     try:
-        data: object = tomllib.loads(raw.decode("utf-8")) if suffix == ".toml" else json.loads(raw)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data: object = (
+            tomllib.loads(raw.decode("utf-8"))
+            if suffix == ".toml"
+            else json.loads(raw, parse_constant=_no_constant)
+        )
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSON/TOML decode errors, 5000-digit ints
         raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of config keys at the top level")

@@ -2,7 +2,8 @@
 
 Every decision SCOUT makes (a C3 verdict on a replay surface, a hang diagnosis, a
 checkpoint-gate transition, an incident) becomes a :class:`Record` appended to
-``<report_dir>/rank-<global rank>.jsonl``. A peer group's record is written once, by
+``<report_dir>/<run>/rank-<global rank>.jsonl``, one directory per run
+(:func:`~scout_core.records.runs.run_directory`). A peer group's record is written once, by
 the group's lowest global rank (:meth:`EvidenceWriter.write_group`), so a report
 holds each decision exactly once however large the group. An external recovery
 policy, ``scout report`` and the tests read the directory back with
@@ -16,10 +17,22 @@ Writes use one ``os.write`` on an ``O_APPEND`` descriptor per record: nothing wa
 in a user-space buffer, so a record survives the process dying right after
 ``write`` returns, and two writers of the same file (a trainer thread and the
 observer path) cannot interleave inside a line.
+
+[Evidence never costs the job]
+The writer runs inside ``optimizer.step`` (replay verdicts, gate decisions) and in the
+observer. A full or read-only ``report_dir`` at run time must not crash training, so
+an ``OSError`` while opening, writing or syncing is logged (the first time, then every
+1,000th) and counted in :attr:`EvidenceWriter.dropped`, and the record is dropped.
+A write cut short by a full disk leaves part of a line behind; the next record that
+gets through starts with a newline, so the damage stays one unreadable line, which a
+lenient reader skips and names. ``enable`` checks that ``report_dir`` is writable on
+every rank before training starts (:mod:`scout_core.checkpoint.storage`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 from pathlib import Path
@@ -37,6 +50,7 @@ from scout_core.records.record import (
     VERDICT_SCHEMA,
     Record,
 )
+from scout_core.records.runs import run_directory
 
 __all__ = [
     "VERDICT_SCHEMA",
@@ -54,15 +68,19 @@ __all__ = [
     "load_report",
 ]
 
+log = logging.getLogger("scout")
+_LOG_EVERY = 1000
+
 # -- writing ----------------------------------------------------------------------------
 
 
 class EvidenceWriter:
-    """Appends this rank's records to ``<report_dir>/rank-<rank>.jsonl``.
+    """Appends this rank's records to ``<report_dir>/<run>/rank-<rank>.jsonl``.
 
     Thread-safe. The file is opened on the first write, so a rank that decides
     nothing leaves no file. Each record is one ``os.write`` (and, with ``fsync``,
-    an ``os.fsync``) before ``write`` returns.
+    an ``os.fsync``) before ``write`` returns; an I/O error drops the record and
+    is logged, never raised (module note).
     """
 
     def __init__(
@@ -74,16 +92,26 @@ class EvidenceWriter:
             raise ValueError("run_id must be a non-empty string")
         self.rank = rank
         self.run_id = run_id
-        self.path = Path(report_dir) / f"rank-{rank}.jsonl"
+        self.directory = Path(report_dir) / run_directory(run_id)
+        """This run's directory (``<report_dir>/<run>``)."""
+        self.path = self.directory / f"rank-{rank}.jsonl"
         # fsync also survives the machine going down, which is when evidence matters
         # most; records are rare (per decision, not per step), so its cost is small.
         self._fsync = fsync
         self._fd: int | None = None
         self._closed = False
+        self._torn = False  # a write was cut short: the file ends inside a line
         self._lock = threading.Lock()
+        self.written = 0
+        """Records written since the writer was made."""
+        self.dropped = 0
+        """Records lost to I/O errors (a full or read-only ``report_dir``)."""
+        self.last_error: OSError | None = None
+        """The most recent I/O error, if any."""
 
-    def write(self, record: Record) -> None:
-        """Append ``record`` as one line; it is on disk (or at least in the OS) on return."""
+    def write(self, record: Record) -> bool:
+        """Append ``record`` as one line; True once it is on disk (or at least in the OS),
+        False when an I/O error dropped it (logged; module note)."""
         if record.run_id != self.run_id:
             raise EvidenceError(
                 f"record run_id {record.run_id!r} does not match this writer's {self.run_id!r}"
@@ -92,22 +120,45 @@ class EvidenceWriter:
         with self._lock:
             if self._closed:
                 raise ValueError(f"EvidenceWriter for {self.path} is closed")
-            if self._fd is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-            if self._fsync:
-                os.fsync(self._fd)
+            try:
+                self._append(data)
+            except OSError as exc:
+                self._failed(exc)
+                return False
+            self.written += 1
+            return True
+
+    def _append(self, data: bytes) -> None:
+        if self._fd is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        view = memoryview(b"\n" + data if self._torn else data)
+        while view:
+            written = os.write(self._fd, view)
+            self._torn = True  # until the whole line is out
+            view = view[written:]
+        self._torn = False
+        if self._fsync:
+            os.fsync(self._fd)
+
+    def _failed(self, exc: OSError) -> None:
+        self.dropped += 1
+        self.last_error = exc
+        if self.dropped % _LOG_EVERY == 1 or _LOG_EVERY == 1:
+            log.warning(
+                "scout: cannot write evidence to %s (%s); %d record(s) dropped so far, "
+                "training goes on",
+                self.path,
+                exc.strerror or exc,
+                self.dropped,
+            )
 
     def write_group(self, record: Record) -> bool:
         """Write a group's record if this rank is the group's lowest global rank.
 
         A group's record is written once, by its lowest global rank; every other
-        member returns ``False`` without writing. The record must name a group that
-        contains this rank.
+        member returns ``False`` without writing (so does a write an I/O error
+        dropped). The record must name a group that contains this rank.
         """
         if self.rank not in record.group:
             raise EvidenceError(
@@ -115,15 +166,15 @@ class EvidenceWriter:
             )
         if self.rank != min(record.group):
             return False
-        self.write(record)
-        return True
+        return self.write(record)
 
     def close(self) -> None:
         """Close the file; later writes raise. Closing twice is harmless."""
         with self._lock:
             self._closed = True
             if self._fd is not None:
-                os.close(self._fd)
+                with contextlib.suppress(OSError):  # a failed delayed write: nothing to do
+                    os.close(self._fd)
                 self._fd = None
 
     def __enter__(self) -> EvidenceWriter:

@@ -80,7 +80,7 @@ class Report:
     records: tuple[Record, ...]
     """Every record, sorted by time, then by the rank whose file holds it."""
     by_rank: Mapping[int, tuple[Record, ...]]
-    """Records per writing rank, in file order."""
+    """Records per writing rank, in file order (runs one after another)."""
     files: tuple[Path, ...] = ()
     """The files records were read from (wholly or in part)."""
     problems: tuple[ReadProblem, ...] = ()
@@ -104,8 +104,18 @@ class Report:
         return tuple(r for r in self.records if r.schema == CHECKPOINT_SCHEMA)
 
     def incidents(self) -> tuple[Record, ...]:
-        """``scout.incident/1`` records: the job-level answers."""
-        return tuple(r for r in self.records if r.schema == INCIDENT_SCHEMA)
+        """``scout.incident/1`` records: the job-level answers, the newest revision of each.
+
+        An incident that recurs is written again with the same ``detail.key`` (a new
+        revision; :mod:`scout_core.records.incidents`); only the newest of a run's
+        revisions of a key is returned, in time order. Use :attr:`records` for all.
+        """
+        newest: dict[tuple[str, str], Record] = {}
+        for r in self.records:
+            if r.schema == INCIDENT_SCHEMA:
+                key = r.detail.get("key")
+                newest[(r.run_id, key if isinstance(key, str) else r.id)] = r
+        return tuple(sorted(newest.values(), key=lambda r: r.time))
 
     def runs(self) -> tuple[str, ...]:
         """The run ids present, in order of each run's first record."""
@@ -125,6 +135,11 @@ class Report:
 def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> Report:
     """Read every ``rank-<r>.jsonl`` under ``report_dir``, or the one file it names.
 
+    ``report_dir`` may be a report directory of several runs (rank files in its
+    immediate subdirectories, one per run: :mod:`scout_core.records.runs`), one run's
+    directory, or a directory written before runs had directories (rank files at
+    its top); all of them are read.
+
     Blank lines are skipped. ``strict`` (the default) raises :class:`EvidenceError` at
     the first problem, naming file and line; otherwise problems are collected in
     :attr:`Report.problems` and the rest is read (module doc). A directory without
@@ -142,6 +157,8 @@ def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> R
 
     if path.is_dir():
         directory, candidates = path, _rank_files(path, problem)
+        for run in _run_dirs(path):  # <report_dir>/<run>/rank-<r>.jsonl
+            candidates += _rank_files(run, problem)
     elif path.is_file():
         match = RANK_FILE.match(path.name)
         directory, candidates = path.parent, [(int(match.group(1)) if match else None, path)]
@@ -157,8 +174,8 @@ def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> R
         if records is None:
             continue
         files.append(file)
-        if rank is not None:
-            by_rank[rank] = records
+        if rank is not None:  # several runs: one file per run for the same rank
+            by_rank[rank] = by_rank.get(rank, ()) + records
         keyed.extend((r.time, -1 if rank is None else rank, i, r) for i, r in enumerate(records))
     keyed.sort(key=lambda item: item[:3])
     return Report(
@@ -168,6 +185,21 @@ def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> R
         files=tuple(files),
         problems=tuple(problems),
     )
+
+
+def _run_dirs(directory: Path) -> list[Path]:
+    """The immediate subdirectories of ``directory`` that may hold a run's rank files,
+    in name order (a directory named like a rank file is a problem, not a run)."""
+    runs = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if _NUMBERED.match(entry.name) or entry.name.startswith("rank-"):
+            continue
+        try:
+            if entry.is_dir():
+                runs.append(Path(entry.path))
+        except OSError:
+            continue
+    return runs
 
 
 def _rank_files(directory: Path, problem: _Problem) -> list[tuple[int | None, Path]]:

@@ -182,10 +182,13 @@ def build_timeline(report: Report, selection: Selection | None = None) -> Timeli
         for ref in inc.detail.get(key, ())
     }
     same_step = _sdc_surfaces(report.records)
+    current = {inc.id for inc in report.incidents()}
     sections: dict[str, list[Row]] = {name: [] for name in SECTIONS}
     for record in report.records:
         if not chosen.keeps(record):
             continue
+        if record.schema == INCIDENT_SCHEMA and record.id not in current:
+            continue  # an older revision of an incident shown in its newest form
         section = _section(record)
         ttv = _incident_ttv(record, by_id) if section == "incidents" else _ttv(record, boundary)
         evidence = _evidence(record, same_step)

@@ -216,12 +216,9 @@ def test_two_recipe_scenario_on_8_ranks(tmp_path: Path) -> None:
     assert results[3]["trace"][4]["outcome"] == "sdc"
     records = load_report(report).checkpoints()
     actions = [(rec.action, rec.checkpoint_step) for rec in records]
+    # Records follow the gate's state changes; a routine capture (latest only) writes none.
     assert actions == [
-        ("capture", 1),
-        ("capture", 2),
         ("candidate", 2),
-        ("capture", 3),
-        ("capture", 4),
         ("promote", 2),
         ("candidate", 4),
         ("retrieve", 2),

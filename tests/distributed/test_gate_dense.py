@@ -319,7 +319,7 @@ def skip_run(tmp: str) -> dict[str, Any]:
 
 def _records(tmp: Path) -> list[dict[str, Any]]:
     out = []
-    for path in sorted((tmp / "report").glob("rank-*.jsonl")):
+    for path in sorted((tmp / "report").glob("*/rank-*.jsonl")):
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             if rec.get("schema") == "scout.checkpoint/1":
@@ -362,8 +362,8 @@ def _check_dense(setup: str, tmp: Path) -> None:
     ]
     assert retrieves[0] == (13, "verified", 7, "sdc")
     assert retrieves[-1][1:3] == ("verified", 7)
-    captures = sorted(r["checkpoint_step"] for r in records if r["action"] == "capture")
-    assert captures == list(range(13))  # 13 saw SDC: nothing captured there
+    # Routine captures write no record (evidence grows with state changes, not steps).
+    assert not [r for r in records if r["action"] == "capture"]
 
     fresh = run_ranks(dense_fresh_restore, world, args=(setup, str(tmp)), timeout_s=240, env=ENV)
     for r in fresh:

@@ -20,10 +20,10 @@ import pytest
 
 from scout_core.cli.demo import run_demo_rank
 from scout_core.cli.main import main
-from scout_core.records.evidence import INCIDENT_SCHEMA, EvidenceWriter, Record, load_report
+from scout_core.records.evidence import load_report
 from scout_core.records.figures import SIZES
 from scout_core.testing import run_ranks
-from scout_core.vocabulary import Failure, Scope
+from scout_core.vocabulary import Failure
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
 
@@ -100,7 +100,7 @@ def test_html_and_png_from_a_real_faulty_run(demo_dir: Path, tmp_path: Path) -> 
     verdicts = {(r["what"], r["culprit"]) for r in page.rows if r["section"] == "verdicts"}
     assert ("sdc", "rank 1") in verdicts
     assert ("straggler", "rank 2") in verdicts
-    slow = next(r for r in page.rows if r["what"] == "straggler")
+    slow = next(r for r in page.rows if r["section"] == "verdicts" and r["what"] == "straggler")
     assert "rank 2:" in slow["evidence"] and "vs peer median" in slow["evidence"]
     assert any(r["section"] == "restore" for r in page.rows)  # the gate's retrieval after SDC
 
@@ -116,39 +116,21 @@ def test_html_and_png_from_a_real_faulty_run(demo_dir: Path, tmp_path: Path) -> 
 
 
 def test_incidents_are_found_in_the_page(demo_dir: Path, tmp_path: Path) -> None:
-    # Issue 10 will write incidents; here one is written as it would be, citing the run's
-    # real SDC verdict, so the page must list it first and the verdict must point at it.
-    copy = tmp_path / "report"
-    shutil.copytree(demo_dir, copy)
-    (sdc,) = load_report(copy).verdicts(failure="sdc")
-    incident = Record(
-        schema=INCIDENT_SCHEMA,
-        run_id=sdc.run_id,
-        step=sdc.step,
-        surface=sdc.surface,
-        failure=Failure.SDC,
-        group=sdc.group,
-        outliers=sdc.outliers,
-        scope=Scope.RANK,
-        hosts=sdc.hosts,
-        detail={
-            "first_step": sdc.step,
-            "last_step": sdc.step,
-            "corroborating": [sdc.id],
-            "explained": [],
-            "summary": f"SDC on rank {sdc.outliers[0]}: {sdc.surface} differs",
-        },
-    )
-    with EvidenceWriter(copy, 0, run_id=sdc.run_id) as w:
-        w.write(incident)
+    # The run's own incidents (merged job-wide at the replay boundaries): the SDC one
+    # names rank 1, is listed first, and the SDC verdict points at it.
+    report = load_report(demo_dir)
+    (sdc,) = report.verdicts(failure="sdc")
+    (incident,) = [i for i in report.incidents() if i.failure is Failure.SDC]
+    assert incident.outliers == (1,) and sdc.id in incident.detail["corroborating"]
     html_file = tmp_path / "report.html"
-    assert main(["report", str(copy), "--html", str(html_file)]) == 1
+    assert main(["report", str(demo_dir), "--html", str(html_file)]) == 1
     page = Page()
     page.feed(html_file.read_text("utf-8"))
-    (found,) = [r for r in page.rows if r["section"] == "incidents"]
+    assert page.rows[0]["section"] == "incidents"
+    (found,) = [r for r in page.rows if r["section"] == "incidents" and r["what"] == "sdc"]
     assert found["id"] == incident.id
     assert found["culprit"] == "rank 1"
-    assert found["evidence"] == f"SDC on rank 1: {sdc.surface} differs"
+    assert found["evidence"] == incident.detail["summary"]
     cited = next(r for r in page.rows if r["id"] == sdc.id)
     assert f"[incident {incident.id}]" in cited["evidence"]
 
@@ -158,10 +140,10 @@ def test_truncated_and_missing_files_are_reported(
 ) -> None:
     copy = tmp_path / "report"
     shutil.copytree(demo_dir, copy)
-    path = copy / "rank-0.jsonl"
+    (path,) = copy.glob("*/rank-0.jsonl")  # <report_dir>/<run>/rank-0.jsonl
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
-    shutil.copy(path, copy / "rank-00.jsonl")  # not rank 0's file; must be named, not read
+    shutil.copy(path, path.with_name("rank-00.jsonl"))  # not rank 0's file: named, not read
     html_file, png_dir = tmp_path / "damaged.html", tmp_path / "png"
     code = main(["report", str(copy), "--html", str(html_file), "--png", str(png_dir)])
     out = capsys.readouterr().out

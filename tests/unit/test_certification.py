@@ -102,3 +102,69 @@ def test_a_sidecar_the_deepspeed_plugin_wrote_is_still_read(tmp_path: Path) -> N
     (tmp_path / SIDECAR).write_text(json.dumps(legacy), encoding="utf-8")
     found = read_sidecar(tmp_path)
     assert found is not None and [(e.tag, e.step, e.role) for e in found] == [("t3", 3, "verified")]
+
+
+def _entry(**over: object) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "tag": "t3",
+        "step": 3,
+        "role": "verified",
+        "reason": "r",
+        "seq": 1,
+        "time": 0.0,
+    }
+    entry.update(over)
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("tags", "needle"),
+    [
+        ([_entry(tag="../../../etc")], "not a plain file name"),
+        ([_entry(tag="/etc/passwd")], "not a plain file name"),
+        ([_entry(tag="a/b")], "not a plain file name"),
+        ([_entry(step="3")], "step must be an integer"),
+        ([_entry(step=True)], "step must be an integer"),
+        ([_entry(step=10**400)], "step must be an integer"),
+        ([_entry(seq=None)], "seq must be an integer"),
+        ([_entry(time="now")], "malformed"),
+        ([_entry(role=["verified"])], "malformed"),
+        (["t3"], "not an object"),
+        ("t3", "'tags' must be a list"),
+        ([_entry()] * 5000, "'tags' must be a list of at most"),
+    ],
+)
+def test_a_tampered_sidecar_is_refused(tmp_path: Path, tags: object, needle: str) -> None:
+    import json
+
+    data = {"schema": "scout.certification/1", "run_id": "x", "K": 4, "tags": tags}
+    (tmp_path / SIDECAR).write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=needle):
+        read_sidecar(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"schema": "scout.certification/1", "tags": [{"time": Infinity}]}',
+        '{"schema": "scout.certification/1", "tags": [{"time": NaN}]}',
+        '{"schema": "scout.certification/1", "tags": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ],
+)
+def test_hostile_sidecar_json_is_refused(tmp_path: Path, text: str) -> None:
+    (tmp_path / SIDECAR).write_text(text, encoding="utf-8")
+    with pytest.raises(CheckpointError):
+        read_sidecar(tmp_path)
+
+
+def test_the_ledger_is_bounded_and_keeps_the_newest_verified(tmp_path: Path) -> None:
+    from scout_core.checkpoint.certification import MAX_ENTRIES
+
+    led = Ledger()
+    led.add(tmp_path, "v0", step=0, role="verified", reason="r")
+    for step in range(1, 3 * MAX_ENTRIES):
+        led.add(tmp_path, f"t{step}", step=step, role="uncertified", reason="r")
+    held = led.in_dir(tmp_path)
+    assert len(held) == MAX_ENTRIES
+    assert _tag(led.newest(("verified",))) == "v0"  # never dropped
+    assert held[-1].tag == f"t{3 * MAX_ENTRIES - 1}"  # the newest stay

@@ -93,24 +93,35 @@ def test_frozen_kw_only_and_replace_validates() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [
-        ("replay_interval", 0, ">= 1"),
-        ("embedding_interval", 0, ">= 1"),
-        ("lm_head_interval", -1, ">= 1"),
-        ("optimizer_interval", 0, ">= 1"),
-        ("optimizer_slice", 0, ">= 1"),
-        ("kappa", 0.0, "> 0"),
-        ("kappa", float("nan"), "> 0"),
-        ("straggler_rounds", 0, ">= 1"),
-        ("straggler_min_excess_s", -0.01, ">= 0"),
-        ("straggler_min_ratio", 0.9, ">= 1"),
-        ("replay_threads", 0, ">= 1"),
-        ("hang_timeout_s", 0.0, "> 0"),
-        ("hang_timeout_s", float("inf"), "> 0"),
-        ("stage_timeout_s", -1.0, "> 0"),
+        ("replay_interval", 0, "in 1..1,000,000"),
+        ("replay_interval", 10**400, "in 1..1,000,000"),
+        ("embedding_interval", 0, "in 1..1,000,000"),
+        ("lm_head_interval", -1, "in 1..1,000,000"),
+        ("optimizer_interval", 2_000_000, "in 1..1,000,000"),
+        ("optimizer_slice", 0, "in 1..67,108,864"),
+        ("kappa", 0.0, "> 0 and <= 100"),
+        ("kappa", float("nan"), "> 0 and <= 100"),
+        ("kappa", 1e300, "> 0 and <= 100"),
+        ("straggler_rounds", 0, "in 1..1,000"),
+        ("straggler_min_excess_s", -0.01, "in 0..3,600"),
+        ("straggler_min_ratio", 0.9, "in 1..1,000"),
+        ("replay_threads", 0, "in 1..1,024"),
+        ("replay_threads", 10**9, "in 1..1,024"),
+        ("hang_timeout_s", 0.0, "in 1..86,400"),
+        ("hang_timeout_s", 0.01, "in 1..86,400"),
+        ("hang_timeout_s", float("inf"), "in 1..86,400"),
+        ("stage_timeout_s", -1.0, "in 1..86,400"),
         ("observer_port", 0, "1..65535"),
         ("observer_port", 65536, "1..65535"),
-        ("observer_join_timeout_s", 0.0, "> 0"),
-        ("catalog_size", 0, ">= 1"),
+        ("observer_port", 10**400, "1..65535"),
+        ("observer_join_timeout_s", 0.0, "in 1..3,600"),
+        ("catalog_size", 0, "in 1..1,000,000"),
+        ("hang_exit_code", 10**400, "1..255"),
+        ("variants", [1.0] * 3 + [2.0, 3.0, 4.0, 5.0, 6.0, 7.0], "at most 8"),
+        ("variants", [1.0, 1e9], "0.0001..10000"),
+        ("run_id", "a/b", "names the run's report directory"),
+        ("run_id", "..", "names the run's report directory"),
+        ("report_dir", "a\x00b", "NUL"),
         ("variants", [], "at least one"),
         ("variants", [1.0, -0.1], "> 0"),
         ("variants", [1.0, float("inf")], "> 0"),
@@ -208,6 +219,10 @@ def test_resolved_run_id_prefers_explicit_then_torchelastic_then_default() -> No
     assert Config().resolved_run_id({"TORCHELASTIC_RUN_ID": "te-42"}) == "te-42"
     assert Config().resolved_run_id({}) == "scout"
     assert Config().resolved_run_id({"TORCHELASTIC_RUN_ID": ""}) == "scout"
+    # plain torchrun sets "none" for every job: no identity, so enable makes a fresh id
+    assert Config().resolved_run_id({"TORCHELASTIC_RUN_ID": "none"}) == "scout"
+    assert Config().named_run_id({"TORCHELASTIC_RUN_ID": "none"}) is None
+    assert Config().named_run_id({"TORCHELASTIC_RUN_ID": "job-7"}) == "job-7"
 
 
 # -- mappings -----------------------------------------------------------------------------
@@ -365,14 +380,17 @@ def test_env_overrides_base_and_empty_list_clears_recipes() -> None:
 @pytest.mark.parametrize(
     ("var", "value", "fragment"),
     [
-        ("SCOUT_KAPA", "3", "unknown SCOUT_* variable 'SCOUT_KAPA' (did you mean 'SCOUT_KAPPA'?)"),
-        ("SCOUT_ENABLE", "1", "did you mean 'SCOUT_ENABLED'?"),
         ("SCOUT_DETERMINISTIC", "maybe", "expects a bool"),
         ("SCOUT_REPLAY_INTERVAL", "ten", "expects int, got 'ten'"),
-        ("SCOUT_REPLAY_INTERVAL", "0", ">= 1"),
+        ("SCOUT_REPLAY_INTERVAL", "0", "in 1..1,000,000"),
         ("SCOUT_REPLAY_INTERVAL", "none", "expects int, got 'none'"),
         ("SCOUT_RECIPES", "hidden,moe", "valid recipes: hidden, embedding, lm_head, optimizer"),
         ("SCOUT_HANG_EXIT_CODE", "93", "must not be 93"),
+        ("SCOUT_REPLAY_THREADS", "1000000000", "in 1..1,024"),
+        ("SCOUT_REPLAY_INTERVAL", "9" * 5000, "expects int"),
+        ("SCOUT_HANG_TIMEOUT_S", "0.01", "in 1..86,400"),
+        ("SCOUT_KAPPA", "nan", "> 0 and <= 100"),
+        ("SCOUT_KAPPA", "1e999", "> 0 and <= 100"),
     ],
 )
 def test_env_errors_name_the_variable(var: str, value: str, fragment: str) -> None:
@@ -381,6 +399,66 @@ def test_env_errors_name_the_variable(var: str, value: str, fragment: str) -> No
     message = str(info.value)
     assert message.startswith(f"environment variable {var}")
     assert fragment in message
+
+
+@pytest.mark.parametrize(
+    ("var", "hint"),
+    [
+        ("SCOUT_KEY", ""),  # Scout APM's variables, common on servers
+        ("SCOUT_MONITOR", ""),
+        ("SCOUT_NAME", ""),
+        ("SCOUT_KAPA", "(did you mean 'SCOUT_KAPPA'?)"),
+        ("SCOUT_ENABLE", "(did you mean 'SCOUT_ENABLED'?)"),
+    ],
+)
+def test_unknown_env_variables_warn_and_never_fail(
+    var: str, hint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from scout_core.config import sources
+
+    sources._warned.discard(var)
+    with caplog.at_level("WARNING", logger="scout"):
+        cfg = Config.from_env(environ={var: "x", "SCOUT_KAPPA": "7"})
+        again = Config.from_env(environ={var: "x"})
+    assert cfg.kappa == 7.0 and again == Config()
+    warned = [r.getMessage() for r in caplog.records if var in r.getMessage()]
+    assert len(warned) == 1, warned  # once per variable, not at every from_env
+    assert f"ignoring environment variable {var}: unknown SCOUT_* variable" in warned[0]
+    assert hint in warned[0]
+
+
+def test_hostile_files_give_config_errors(tmp_path: Path) -> None:
+    cases = {
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "deepobj.json": '{"scout": ' * 50_000 + "1" + "}" * 50_000,
+        "digits.json": '{"replay_interval": ' + "9" * 10_000 + "}",
+        "inf.json": '{"kappa": Infinity}',
+        "nan.json": '{"kappa": NaN}',
+        "big.json": '{"kappa": 1e999}',
+        "utf.json": b'{"run_id": "\xff"}'.decode("latin-1"),
+        "deep.toml": "a = " + "[" * 100_000 + "]" * 100_000,
+        "hugeint.toml": "replay_interval = " + "9" * 10_000,
+        "nested.json": '{"recipes": ' + "[" * 500 + "]" * 500 + "}",
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text, encoding="latin-1")
+        with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
+            Config.from_file(path, environ={})
+
+
+def test_every_numeric_key_documents_its_sane_range() -> None:
+    from scout_core.config.checks import RANGES, range_text
+
+    docs = fields_doc()
+    numeric = {
+        f.name
+        for f in dataclasses.fields(Config)
+        if str(f.type).split(" |")[0] in {"int", "float"} and f.name != "hang_exit_code"
+    }
+    assert numeric - {"observer_port"} == set(RANGES)
+    for name in RANGES:
+        assert f"({range_text(name)}" in docs[name], name
 
 
 def test_env_scout_config_names_a_file(tmp_path: Path) -> None:

@@ -202,7 +202,7 @@ def test_writer_appends_lines_and_creates_dirs(tmp_path: Path) -> None:
         writer.write(verdict())
         writer.write(checkpoint())
         # Readable from another handle before close: nothing waits in a buffer.
-        lines = (report / "rank-2.jsonl").read_text().splitlines()
+        lines = (report / "run-1" / "rank-2.jsonl").read_text().splitlines()
         assert [Record.from_json(line) for line in lines] == [verdict(), checkpoint()]
     with pytest.raises(ValueError, match="closed"):
         writer.write(verdict())
@@ -224,7 +224,7 @@ def test_write_group_writes_once_by_the_lowest_rank(tmp_path: Path) -> None:
         with EvidenceWriter(tmp_path, rank, run_id="run-1") as writer:
             wrote[rank] = writer.write_group(record)
     assert wrote == {4: False, 0: True, 2: False}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run-1").iterdir()) == ["rank-0.jsonl"]
     with (
         EvidenceWriter(tmp_path, 9, run_id="run-1") as writer,
         pytest.raises(EvidenceError, match="rank 9 is not in"),

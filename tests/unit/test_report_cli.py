@@ -269,7 +269,7 @@ def test_a_file_is_accepted_and_errors_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_run(tmp_path)
-    code, out, _ = report(capsys, str(tmp_path / "rank-1.jsonl"))
+    code, out, _ = report(capsys, str(tmp_path / "run-a" / "rank-1.jsonl"))
     assert code == 1 and "rank 5: 300.0 ms" in out
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -298,9 +298,9 @@ def test_damaged_directory_is_rendered_and_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_run(tmp_path)
-    with (tmp_path / "rank-1.jsonl").open("ab") as f:
+    with (tmp_path / "run-a" / "rank-1.jsonl").open("ab") as f:
         f.write(b'{"schema":"scout.verdict/1","run_id":"run-a","ti')  # a full disk's last line
-    (tmp_path / "rank-03.jsonl").write_text("")
+    (tmp_path / "run-a" / "rank-03.jsonl").write_text("")
     code, out, _ = report(capsys, str(tmp_path))
     assert code == 1
     assert "rank 5: 300.0 ms" in out  # rank 1's good lines are still shown

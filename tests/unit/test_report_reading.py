@@ -7,6 +7,7 @@ reader keeps every good record and names what it skipped, while the strict reade
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
@@ -39,11 +40,12 @@ def sdc(step: int, outlier: int = 2, group: tuple[int, ...] = (0, 1, 2, 3)) -> R
 
 
 def good_dir(tmp_path: Path) -> Path:
-    """Ranks 0 and 1 each wrote two records (two peer groups, DP x TP style)."""
+    """Ranks 0 and 1 each wrote two records (two peer groups, DP x TP style), in the
+    flat layout of reports written before runs had directories (rank files at the top)."""
     for rank, group in ((0, (0, 2, 4)), (1, (1, 3, 5))):
-        with EvidenceWriter(tmp_path, rank, run_id="run-1") as w:
-            w.write(sdc(3, outlier=group[1], group=group))
-            w.write(sdc(5, outlier=group[2], group=group))
+        records = [sdc(3, outlier=group[1], group=group), sdc(5, outlier=group[2], group=group)]
+        text = "".join(r.to_json() + "\n" for r in records)
+        (tmp_path / f"rank-{rank}.jsonl").write_text(text, encoding="utf-8")
     return tmp_path
 
 
@@ -160,6 +162,7 @@ def test_non_regular_rank_files_are_skipped_without_opening(
 
 def test_symlink_to_a_regular_file_is_read(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     good_dir(elsewhere)
     report_dir = tmp_path / "report"
     report_dir.mkdir()
@@ -229,6 +232,24 @@ def test_a_single_file_is_accepted(tmp_path: Path) -> None:
     copy.write_bytes((tmp_path / "rank-0.jsonl").read_bytes())
     single = load_report(copy)
     assert len(single.records) == 2 and dict(single.by_rank) == {}
+
+
+def test_runs_in_subdirectories_and_the_flat_layout_are_read_together(tmp_path: Path) -> None:
+    good_dir(tmp_path)  # a report written before runs had directories: run-1, flat
+    for run, step in (("scout-20260101-000000-0000000000aa", 7), ("b-run", 9)):
+        with EvidenceWriter(tmp_path, 0, run_id=run) as w:
+            assert w.path == tmp_path / run / "rank-0.jsonl"
+            w.write(dataclasses.replace(sdc(step), run_id=run))
+    (tmp_path / "pictures").mkdir()  # a directory without rank files is no run
+    (tmp_path / "b-run" / "notes.txt").write_text("other files are ignored")
+    report = load_report(tmp_path)
+    assert report.runs() == ("run-1", "scout-20260101-000000-0000000000aa", "b-run")
+    assert [r.step for r in report.by_rank[0]] == [3, 5, 9, 7]  # flat, then runs by name
+    assert len(report.files) == 4 and report.problems == ()
+    one = load_report(tmp_path / "b-run")  # one run's directory on its own
+    assert one.runs() == ("b-run",) and len(one.records) == 1
+    (tmp_path / "b-run" / "rank-02.jsonl").write_text("")
+    assert "b-run/rank-02.jsonl: odd name" in only_problem(lenient(tmp_path))
 
 
 def test_paths_that_are_not_reports(tmp_path: Path) -> None:

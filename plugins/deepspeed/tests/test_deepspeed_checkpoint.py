@@ -23,7 +23,8 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def _records(report: Path) -> list[dict[str, Any]]:
-    lines = (report / "rank-0.jsonl").read_text(encoding="utf-8").splitlines()
+    (path,) = report.glob("*/rank-0.jsonl")  # <report_dir>/<run>/rank-0.jsonl
+    lines = path.read_text(encoding="utf-8").splitlines()
     return [r for r in map(json.loads, lines) if r["schema"] == "scout.checkpoint/1"]
 
 

@@ -1,0 +1,139 @@
+"""Where incidents are made: job-wide, at the replay boundary, on a diagnostic group.
+
+Each peer group writes its own records, so no single rank sees a failure whole. The
+:class:`IncidentDesk` collects, between two boundaries, the verdict records this rank
+*writes* (a group's record is written by its lowest rank, so each record is collected
+exactly once in the job). At a boundary where recipes were due (the same boundaries
+on every rank: the schedule is global):
+
+1. one ``MAX`` all-reduce of one word asks whether any rank collected anything (the
+   only cost on a healthy step: 8 bytes on a SCOUT group);
+2. if so, the records travel as JSON (never pickle) in one all-gather of byte tensors,
+   so every rank holds the same window;
+3. every rank merges the window the same way (:func:`~.incidents.merge_window`, a pure
+   function) and keeps the incidents (:attr:`IncidentDesk.incidents`); the job's
+   lowest rank writes them (``scout.incident/1``) into its evidence file.
+
+Merging here rather than when a report is read means the job-level answer is on disk
+while the job runs, next to the records it cites, so a launcher that acts on a
+failure reads one incident instead of re-deriving it from every rank's file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from scout_core.decision.agreement import any_flag, check_group
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.incidents import IncidentBook, merge_window
+from scout_core.records.record import VERDICT_SCHEMA, Record
+from scout_core.replay.boundary import Boundary
+from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core.vocabulary import Status
+
+__all__ = ["INCIDENTS_KEPT", "IncidentDesk", "coupled_partners"]
+
+log = logging.getLogger("scout")
+
+INCIDENTS_KEPT = 1000
+"""Incidents a desk keeps in memory (the evidence files keep every one)."""
+_MAX_PENDING = 512
+"""Records one rank contributes to one window at most (a storm is counted, not sent)."""
+_COUPLING = (Axis.S, Axis.T, Axis.C, Axis.E)
+
+
+def coupled_partners(layout: MeshLayout) -> Callable[[int], frozenset[int]]:
+    """For each rank, the ranks it exchanges data with inside a replayed layer: its
+    FSDP shard, tensor, context and expert partners (fixed coordinates elsewhere)."""
+    axes = [a for a in _COUPLING if layout.size(a) > 1]
+    cache: dict[int, frozenset[int]] = {}
+
+    def partners(rank: int) -> frozenset[int]:
+        if rank not in cache:
+            found = {r for a in axes for r in layout.group_along(rank, (a,))}
+            cache[rank] = frozenset(found - {rank})
+        return cache[rank]
+
+    return partners
+
+
+def _gather_bytes(blob: bytes, group: dist.ProcessGroup) -> list[bytes]:
+    """Every rank's ``blob``, in group rank order: sizes, then one padded all-gather."""
+    size = dist.get_world_size(group)
+    mine = torch.tensor([len(blob)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(sizes, mine, group=group)
+    width = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(width, dtype=torch.uint8)
+    if blob:
+        padded[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    parts = [torch.zeros(width, dtype=torch.uint8) for _ in range(size)]
+    dist.all_gather(parts, padded, group=group)
+    return [bytes(p[: int(n.item())].tolist()) for p, n in zip(parts, sizes, strict=True)]
+
+
+class IncidentDesk:
+    """Merges the job's verdict records into incidents at each replay boundary (module doc)."""
+
+    def __init__(
+        self,
+        layout: MeshLayout,
+        rank: int,
+        *,
+        group: dist.ProcessGroup,
+        writer: EvidenceWriter,
+        run_id: str,
+    ) -> None:
+        self.group = check_group(group)  # a SCOUT group over the whole job
+        self.rank = rank
+        self.writer = writer
+        self.partners = coupled_partners(layout)
+        self.book = IncidentBook(run_id)
+        self.incidents: deque[Record] = deque(maxlen=INCIDENTS_KEPT)
+        """The incidents (newest revision last) of this run; the same on every rank."""
+        self.dropped = 0
+        """Records not sent because one window held more than a rank may send."""
+        self._pending: list[Record] = []
+        self._writer_rank = min(layout.ranks)
+
+    def collect(self, record: Record) -> None:
+        """Take a verdict the replay driver delivered on this rank. Every member of the
+        judging group delivers the same record (same id); the lowest member of the
+        record's group keeps it, and so does every rank outside that group (a record
+        about another group, e.g. a slow shard group seen from a replica group, whose
+        own lowest rank may not have judged it): duplicates merge by id."""
+        if record.schema != VERDICT_SCHEMA:
+            return
+        if record.failure is None and record.status is not Status.INCONCLUSIVE:
+            return  # an agreeing round: nothing to merge
+        if record.group and self.rank in record.group and self.rank != min(record.group):
+            return
+        if len(self._pending) >= _MAX_PENDING:
+            self.dropped += 1
+            return
+        self._pending.append(record)
+
+    def on_boundary(self, boundary: Boundary) -> None:
+        """Merge the window that ends at ``boundary`` (collective when recipes were due)."""
+        if not boundary.due:
+            return
+        if not any_flag(bool(self._pending), self.group):
+            return
+        blob = json.dumps([r.to_dict() for r in self._pending], allow_nan=False).encode()
+        self._pending.clear()
+        window = [
+            Record.from_dict(item)
+            for part in _gather_bytes(blob, self.group)
+            for item in json.loads(part)
+        ]
+        for incident in self.book.add(merge_window(window, self.partners)):
+            self.incidents.append(incident)
+            if self.rank == self._writer_rank:
+                self.writer.write(incident)
+                log.warning("scout: incident: %s", incident.detail["summary"])
