@@ -44,7 +44,7 @@ class CollectiveCounter:
         self.count = 0
         self._record = record
 
-    def enter_collective(self, fp: Fingerprint) -> None:
+    def enter_collective(self, fp: Fingerprint, peer: int | None = None) -> None:
         self.count += 1
         self._record.set_observer_word(COLLS, self.count)
 
