@@ -70,6 +70,8 @@ class GroupResult:
     """One peer group's verdicts after resolution, its waits and the stalls it found."""
 
     group: tuple[int, ...]
+    lead: int
+    """The group's lowest present rank: its observer writes the group's records."""
     verdicts: tuple[Verdict, ...] = ()
     waits: tuple[Wait, ...] = ()
     stalls: tuple[Stall, ...] = ()
@@ -77,6 +79,7 @@ class GroupResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "group": list(self.group),
+            "lead": self.lead,
             "verdicts": [v.to_json() for v in self.verdicts],
             "waits": [
                 [w.rank, list(w.waits_for), w.step, w.pending, list(w.absent), w.quiet]
@@ -89,6 +92,7 @@ class GroupResult:
     def from_json(cls, data: Mapping[str, Any]) -> GroupResult:
         return cls(
             tuple(data["group"]),
+            int(data["lead"]),
             tuple(Verdict.from_json(v) for v in data["verdicts"]),
             tuple(
                 Wait(int(r), tuple(f), int(s), dict(p), tuple(a), bool(q))
@@ -149,6 +153,7 @@ def _explain(
 
 def resolve(
     group: Sequence[int],
+    lead: int,
     evidence: Sequence[RankEvidence],
     verdicts: Sequence[Verdict],
     *,
@@ -229,15 +234,16 @@ def resolve(
                 stalls.extend(f for f in found if isinstance(f, Stall))
                 continue
         out.append(v)
-    return GroupResult(group, tuple(out), tuple(waits), tuple(stalls))
+    return GroupResult(group, lead, tuple(out), tuple(waits), tuple(stalls))
 
 
 def _stall_key(s: Stall) -> tuple[str, str]:
     return (str(s.pending.get("collective")), str(s.pending.get("group")))
 
 
-def merge(results: Sequence[GroupResult], *, job: Sequence[int]) -> list[Verdict]:
-    """The job's verdicts from every peer group's result (identical on every observer).
+def merge(results: Sequence[GroupResult], *, job: Sequence[int]) -> list[tuple[Verdict, int]]:
+    """The job's verdicts from every peer group's result (identical on every observer),
+    each with the rank whose observer writes its record.
 
     Each verdict carries the ranks its record is about in ``group``. Stalls of the
     same kind of collective become one ``group_stall`` over all their members; a wait
@@ -245,47 +251,50 @@ def merge(results: Sequence[GroupResult], *, job: Sequence[int]) -> list[Verdict
     a wait nothing explains, on silent ranks, becomes an inconclusive ``hang``.
     """
     job_ranks = set(job)
-    verdicts: list[Verdict] = []
-    for res in sorted(results, key=lambda r: r.group):
-        verdicts.extend(v if v.group else replace(v, group=res.group) for v in res.verdicts)
-    stalls: dict[tuple[str, str], list[Stall]] = {}
-    for res in results:
-        for s in res.stalls:
-            stalls.setdefault(_stall_key(s), []).append(s)
-    for (_, _), found in sorted(stalls.items()):
-        members = sorted({tuple(s.members) for s in found})
-        everyone = tuple(sorted({r for m in members for r in m}))
-        verdicts.append(
-            Verdict(
-                Failure.GROUP_STALL,
-                "progress",
-                Status.AGREE,
-                (),
-                Scope.JOB if set(everyone) >= job_ranks else Scope.GROUP,
-                min(s.step for s in found),
-                {
-                    "stalled": [list(m) for m in members],
-                    "pending": found[0].pending,
-                    "reason": "every member of these collectives is inside them and none "
-                    "completes: a transport or device stall; run device and fabric checks",
-                },
-                group=everyone,
-            )
+    ordered = sorted(results, key=lambda r: r.group)
+    decided: list[tuple[Verdict, int]] = []
+    for res in ordered:
+        decided.extend(
+            (v if v.group else replace(v, group=res.group), res.lead) for v in res.verdicts
         )
-    unique = {(w.rank, w.waits_for): w for res in results for w in res.waits}
+    stalls: dict[tuple[str, str], list[tuple[Stall, int]]] = {}
+    for res in ordered:
+        for st in res.stalls:
+            stalls.setdefault(_stall_key(st), []).append((st, res.lead))
+    for key in sorted(stalls):
+        found = stalls[key]
+        members = sorted({tuple(st.members) for st, _ in found})
+        everyone = tuple(sorted({r for m in members for r in m}))
+        stall = Verdict(
+            Failure.GROUP_STALL,
+            "progress",
+            Status.AGREE,
+            (),
+            Scope.JOB if set(everyone) >= job_ranks else Scope.GROUP,
+            min(st.step for st, _ in found),
+            {
+                "stalled": [list(m) for m in members],
+                "pending": found[0][0].pending,
+                "reason": "every member of these collectives is inside them and none "
+                "completes: a transport or device stall; run device and fabric checks",
+            },
+            group=everyone,
+        )
+        decided.append((stall, min(lead for _, lead in found)))
+    unique = {(w.rank, w.waits_for): (w, res.lead) for res in ordered for w in res.waits}
     waits = [unique[k] for k in sorted(unique)]
     attached: set[int] = set()
-    for i, v in enumerate(verdicts):
+    for i, (v, writer) in enumerate(decided):
         cause = set(v.outliers) if v.outliers else set(v.group)
         held = {
             str(w.rank): {"for": list(w.waits_for), "pending": w.pending}
-            for w in waits
+            for w, _ in waits
             if set(w.waits_for) & cause
         }
         if held:
-            verdicts[i] = replace(v, detail={**v.detail, "waiting": held})
+            decided[i] = (replace(v, detail={**v.detail, "waiting": held}), writer)
             attached |= {int(r) for r in held}
-    for w in waits:
+    for w, lead in waits:
         if w.rank in attached or not w.quiet:
             continue
         why = (
@@ -293,20 +302,19 @@ def merge(results: Sequence[GroupResult], *, job: Sequence[int]) -> list[Verdict
             if w.absent
             else f"ranks {list(w.waits_for)} are silent but were not named by their peers"
         )
-        verdicts.append(
-            Verdict(
-                Failure.HANG,
-                "progress",
-                Status.INCONCLUSIVE,
-                (),
-                Scope.GROUP,
-                w.step,
-                {
-                    "reason": f"rank {w.rank} waits in {w.pending.get('collective')} for ranks "
-                    f"{list(w.waits_for)}; {why}",
-                    "waiting": {str(w.rank): {"for": list(w.waits_for), "pending": w.pending}},
-                },
-                group=tuple(sorted({w.rank, *w.waits_for})),
-            )
+        unexplained = Verdict(
+            Failure.HANG,
+            "progress",
+            Status.INCONCLUSIVE,
+            (),
+            Scope.GROUP,
+            w.step,
+            {
+                "reason": f"rank {w.rank} waits in {w.pending.get('collective')} for ranks "
+                f"{list(w.waits_for)}; {why}",
+                "waiting": {str(w.rank): {"for": list(w.waits_for), "pending": w.pending}},
+            },
+            group=tuple(sorted({w.rank, *w.waits_for})),
         )
-    return verdicts
+        decided.append((unexplained, lead))
+    return decided
