@@ -180,8 +180,8 @@ def resolve(
         if v.failure in _PROGRESS and v.status is Status.ATTRIBUTED:
             named: list[int] = []
             for r in v.outliers:
-                e = table[r]
-                if v.detail.get("position", {}).get(str(r)) != "behind":
+                e = table.get(r)  # None: an absent rank the round named as unresponsive
+                if e is None or v.detail.get("position", {}).get(str(r)) != "behind":
                     named.append(r)
                     continue
                 if e.stage == Stage.COLLECTIVE:
