@@ -63,6 +63,8 @@ class DiagnosisRound(ObserverBase):
         n = 1 if self.spec.incarnation == 0 else first_unrung_bell(self.ops)
         with self.lock:
             self.next_round = n
+        if n > 1:
+            self._catch_up(n - 1)
         while True:
             key = f"bell/{n}"
             try:
@@ -90,6 +92,39 @@ class DiagnosisRound(ObserverBase):
                     self.next_round = n
                 self.rounds += 1
                 self.rec.set_observer_word(ROUNDS, self.rounds)
+
+    def _catch_up(self, n: int) -> None:
+        """A restarted observer came up while round ``n`` may still run without it.
+
+        It waits for that round to end (its peers wait up to the join timeout for it,
+        and it cannot register any more), and if the round reached verdicts it hands
+        them to its trainer like its peers did, and does not ring again until its rank
+        progresses: the job is already under that verdict, and a second round on the
+        same silence would only repeat it. A round that completed before the restart
+        is history and is left alone.
+        """
+        with contextlib.suppress(RuntimeError, OSError):
+            if self.ops.check([f"r/{n}/complete"]):
+                return
+            with self.lock:
+                self.in_round = True  # no ringing while the round is still open
+            try:
+                wait = self.spec.join_timeout_s + VERDICT_MARGIN_S
+                with contextlib.suppress(dist.DistStoreError, RuntimeError):
+                    self.ops.wait([f"r/{n}/complete"], timedelta(seconds=wait))
+                if not self.ops.check([f"r/{n}/out"]):
+                    return
+                lines = self.ops.get(f"r/{n}/out").decode().splitlines()
+                results = [GroupResult.from_json(json.loads(ln)) for ln in sorted(lines) if ln]
+                decided = merge(results, job=self.observed_ranks())
+                if decided:
+                    with self.lock:
+                        self.last_op = self.rec.read().op_id
+                        self.episode_verdict = True
+                    escalate(self, decided)  # its records were written by present members
+            finally:
+                with self.lock:
+                    self.in_round = False
 
     # -- one round -----------------------------------------------------------------------
 

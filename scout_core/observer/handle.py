@@ -131,6 +131,8 @@ class ObserverHandle:
                     rank,
                 )
                 return
+            # the dead incarnation's JOINED must not read as the new one's
+            self.record.set_observer_word(STATE, int(ObserverState.STARTING))
             self.restarts += 1
             log.warning(
                 "scout: the hang observer of rank %d (pid %d) exited (%s); restarting it "
@@ -173,6 +175,11 @@ class ObserverHandle:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def store(self) -> tuple[str, int]:
+        """Where the observers' store is: (address, port)."""
+        return self._spec.store_addr, self._spec.store_port
 
     @property
     def verdicts(self) -> list[Record]:

@@ -125,7 +125,8 @@ def run_ranks(
     ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT`` (a free loopback port whose successor is free too) are set in each
     rank's environment, as torchrun sets them, plus ``SCOUT_TEST_RANK_DIR``, a scratch
-    folder shared by the ranks of this call. ``on_start`` is called in the harness once
+    folder shared by the ranks of this call; ``env`` is applied last, so it may set
+    ``MASTER_PORT`` itself (two jobs on adjacent ports). ``on_start`` is called in the harness once
     every rank is launched (fault tests use it to signal a rank).
 
     Raises :class:`RankFailedError` if a rank fails, :class:`RanksTimeoutError` after
@@ -159,7 +160,6 @@ def run_ranks(
             spec_path.write_text(json.dumps(spec))
             log_path = scratch / f"log-{rank}.txt"
             child_env = dict(os.environ)
-            child_env.update(env or {})
             child_env.update(
                 {
                     "RANK": str(rank),
@@ -173,6 +173,7 @@ def run_ranks(
                     "MASTER_PORT": str(master_port),
                 }
             )
+            child_env.update(env or {})  # may override MASTER_ADDR / MASTER_PORT
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
                     [sys.executable, str(_WORKER), str(spec_path)],

@@ -43,7 +43,7 @@ def _run(fault: str, report: Path, steps: int, culprit: int, **kw: Any) -> list[
 
 
 def _records(report: Path) -> list[Any]:
-    return load_report(report).verdicts() if report.exists() else []
+    return list(load_report(report).verdicts()) if report.exists() else []
 
 
 def _summary(verdicts: list[Any]) -> list[Any]:
