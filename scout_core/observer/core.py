@@ -150,10 +150,14 @@ class ObserverBase:
         return self.layout.ranks if self.layout is not None else self.peers
 
     def host_of(self, rank: int) -> str:
-        """The host name rank ``rank``'s observer registered ("" if it never did)."""
+        """The host name rank ``rank``'s observer registered ("" if it never did, or if
+        the store is gone)."""
         if rank not in self.hosts:
             key = f"obs/host/{rank}"
-            self.hosts[rank] = self.ops.get(key).decode() if self.ops.check([key]) else ""
+            try:
+                self.hosts[rank] = self.ops.get(key).decode() if self.ops.check([key]) else ""
+            except (RuntimeError, OSError):  # the store is gone: the verdict still goes out
+                return ""
         return self.hosts[rank]
 
     # -- membership --------------------------------------------------------------------
