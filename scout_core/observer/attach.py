@@ -1,11 +1,13 @@
 """Wire the hang observer into a session: what ``scout.enable`` does when ``observer`` is on.
 
 It checks that a hang verdict comes before the training communicator's watchdog,
-starts this rank's observer process, publishes progress at the adapter's repeated
+starts this rank's observer process with the adapter's mesh layout (so each rank is
+compared with its equivalent ranks only, and collectives are fingerprinted by group
+role and position: :mod:`.roles`), publishes progress at the adapter's repeated
 layers and optimizer steps, takes the published step from the replay driver's
 boundary events (the job's one step clock), fingerprints ``torch.distributed``
-collectives, and hands every observer verdict to the session (its list and the
-user's callback).
+collectives, and hands every observer verdict to the session's verdict path (its
+list, the user's callback, the checkpoint gate).
 The session's ``close`` undoes all of it, in reverse order.
 """
 
@@ -20,6 +22,7 @@ from scout_core.observer import (
     check_watchdog,
     install_collective_fingerprints,
     start,
+    use_layout,
 )
 
 if TYPE_CHECKING:
@@ -48,8 +51,12 @@ def attach_observer(
     """
     check_watchdog(config)
     layout = adapter.layout()
-    handle = start(config, rank=adapter.rank(), world_size=layout.world_size, on_verdict=on_verdict)
+    rank = adapter.rank()
+    handle = start(
+        config, rank=rank, world_size=layout.world_size, layout=layout, on_verdict=on_verdict
+    )
     add_closer(handle.close)
+    add_closer(use_layout(layout, rank))
     add_closer(install_collective_fingerprints(handle.publisher))
     layers = [ref.module for ref in adapter.repeated_layers()]
     optimizers = list(adapter.optimizers())

@@ -1,12 +1,20 @@
 """One observer's shared state and the store vocabulary its parts speak.
 
 The observer process (:mod:`.process`) is three parts over one state: the
-rendezvous (:mod:`.rendezvous`: joining the observers' store and Gloo group, and
-leaving it), the silence watch (:mod:`.watch`: ringing the doorbell when this rank
+rendezvous (:mod:`.rendezvous`: joining the observers' store and its peer group's
+Gloo group), the silence watch (:mod:`.watch`: ringing the doorbell when this rank
 stops progressing) and the diagnosis round (:mod:`.diagnosis_round`: the C3 round
 every observer joins when the bell rings). :class:`ObserverBase` holds what they
 share: the spec, the progress record, the evidence writer, the lock-protected watch
-state, the store connections, and how membership is agreed and reported.
+state, the store connections, how the present members of a group are agreed, and
+the group's process group over them.
+
+[Membership]
+Observers register for each round (and once at start) by appending ``rank.incarnation``
+to a list key and counting themselves in; after all of the group registered, or the
+join timeout, the first ``compare_set`` of the list fixes the members for everyone.
+The incarnation tells a restarted observer (:mod:`.handle`) from its dead predecessor,
+so the group's Gloo group is rebuilt when, and only when, the members changed.
 """
 
 from __future__ import annotations
@@ -14,23 +22,26 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-# TCPStore is public API (``torch.distributed.TCPStore``); torch's stubs only declare
-# it in the C extension module, so import it from there.
-from torch._C._distributed_c10d import TCPStore
+# PrefixStore and TCPStore are public API (``torch.distributed.PrefixStore``,
+# ``torch.distributed.TCPStore``); torch's stubs only declare them in the C extension
+# module, so import them from there.
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from scout_core.observer.fingerprint import Fingerprint
 from scout_core.observer.record import COLLS, STATE, STOREOPS, ObserverState, ProgressRecord
-from scout_core.observer.spec import ObserverSpec
-from scout_core.records.evidence import VERDICT_SCHEMA, EvidenceWriter, Record
-from scout_core.vocabulary import Failure, Mode, Scope, Status
+from scout_core.observer.spec import ObserverSpec, layout_from_json
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.topology.groups import diagnostic_group
 
-__all__ = ["CollectiveCounter", "CountedStore", "ObserverBase"]
+__all__ = ["CollectiveCounter", "CountedStore", "Members", "ObserverBase"]
+
+Members = tuple[tuple[int, int], ...]
+"""Agreed members of a group: ``(rank, incarnation)``, ascending by rank."""
 
 
 class CollectiveCounter:
@@ -44,7 +55,7 @@ class CollectiveCounter:
         self.count = 0
         self._record = record
 
-    def enter_collective(self, fp: Fingerprint) -> None:
+    def enter_collective(self, fp: Fingerprint, peer: int | None = None) -> None:
         self.count += 1
         self._record.set_observer_word(COLLS, self.count)
 
@@ -79,13 +90,16 @@ class ObserverBase:
     """The counted store connection for requests (set by the rendezvous)."""
     bell: Any
     """The counted store connection the doorbell waits on (set by the rendezvous)."""
+    pg_store: Any
+    """A store connection for the Gloo groups' own rendezvous (set by the rendezvous)."""
 
     def __init__(self, spec: ObserverSpec, record: ProgressRecord) -> None:
         self.spec = spec
         self.rec = record
-        self.n = len(spec.ranks)
-        self.index = spec.ranks.index(spec.rank)
-        self.is_host = self.index == 0
+        self.layout = layout_from_json(spec.layout)
+        self.peers = spec.peers
+        self.gid = min(spec.peers)
+        """The group's id in store keys: its lowest rank."""
         self.writer = EvidenceWriter(spec.report_dir, spec.rank, run_id=spec.run_id)
         self.hosts: dict[int, str] = {spec.rank: socket.gethostname()}
         self.lock = threading.Lock()
@@ -94,26 +108,30 @@ class ObserverBase:
         self.counting = False
         self.rounds = 0
         self.group: dist.ProcessGroup | None = None
-        self.unresponsive: tuple[int, ...] = ()
+        """The Gloo group over ``members`` (rebuilt when they change)."""
+        self.members: Members = ()
         # progress, owned by the watch loop, read by the round under the lock
         self.last_op = -1
         self.quiet_since = time.monotonic()
         self.rang_at: float | None = None
         self.episode_verdict = False
+        """A verdict was reached while this rank was silent: no new attribution until
+        it progresses again (a job under a verdict is being torn down, or recovered)."""
         self.in_round = False
         self.over = False
         self.next_round = 1
+        self.store_lost_at: float | None = None
         self.min_quiet_s = 0.5 * min(spec.hang_timeout_s, spec.stage_timeout_s)
 
     # -- store helpers -----------------------------------------------------------------
 
-    def _connect(self, *, master: bool = False) -> TCPStore:
+    def _connect(self) -> TCPStore:
         s = self.spec
         return TCPStore(
             s.store_addr,
             s.store_port,
             None,
-            master,
+            False,
             timeout=timedelta(seconds=s.join_timeout_s),
             wait_for_workers=False,
         )
@@ -127,40 +145,64 @@ class ObserverBase:
     def _set_state(self, state: ObserverState) -> None:
         self.rec.set_observer_word(STATE, int(state))
 
-    # -- join --------------------------------------------------------------------------
+    def observed_ranks(self) -> tuple[int, ...]:
+        """Every observed rank of the job, ascending."""
+        return self.layout.ranks if self.layout is not None else self.peers
 
-    def _agree(self, key: str, deadline: float) -> tuple[int, ...]:
-        """The members registered under ``key``'s prefix; first ``compare_set`` wins."""
-        prefix = key.rsplit("/", 1)[0]
-        count_key = f"{prefix}/count" if key.startswith("round/") else "obs/joined"
-        here = "here" if key.startswith("round/") else "host"
-        if self.ops.add(count_key, 0) >= self.n:
-            present = self.spec.ranks
-        else:
-            present = tuple(r for r in self.spec.ranks if self.ops.check([f"{prefix}/{here}/{r}"]))
-        del deadline
-        value = self.ops.compare_set(key, "", ",".join(map(str, present)))
-        return tuple(int(r) for r in value.decode().split(",") if r)
+    def host_of(self, rank: int) -> str:
+        """The host name rank ``rank``'s observer registered ("" if it never did, or if
+        the store is gone)."""
+        if rank not in self.hosts:
+            key = f"obs/host/{rank}"
+            try:
+                self.hosts[rank] = self.ops.get(key).decode() if self.ops.check([key]) else ""
+            except (RuntimeError, OSError):  # the store is gone: the verdict still goes out
+                return ""
+        return self.hosts[rank]
 
-    def _unresponsive_record(self, members: Sequence[int], what: str, step: int) -> Record:
-        missing = tuple(r for r in self.spec.ranks if r not in members)
-        return Record(
-            schema=VERDICT_SCHEMA,
-            run_id=self.spec.run_id,
-            step=step,
-            surface="observer",
-            mode=Mode.EXACT,
-            status=Status.ATTRIBUTED,
-            failure=None if what == "did not join" else Failure.HANG,
-            group=self.spec.ranks,
-            outliers=missing,
-            scope=Scope.RANK,
-            hosts=tuple(self.hosts.get(r, "") for r in missing),
-            detail={
-                "reason": f"the observers of ranks {list(missing)} {what} within "
-                f"{self.spec.join_timeout_s:g} s: their trainer or host is gone or unreachable",
-                "present": list(members),
-            },
+    # -- membership --------------------------------------------------------------------
+
+    def register(self, prefix: str, deadline: float) -> Members:
+        """Register under ``prefix``, wait for the group (or ``deadline``), agree on members."""
+        s = self.spec
+        self.ops.append(f"{prefix}/list", f"{s.rank}.{s.incarnation},")
+        self.ops.add(f"{prefix}/count", 1)
+        while self.ops.add(f"{prefix}/count", 0) < len(self.peers):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        listed = self.ops.get(f"{prefix}/list").decode()
+        found: dict[int, int] = {}
+        for item in listed.split(","):
+            if item:
+                r, inc = item.split(".")
+                found[int(r)] = max(int(inc), found.get(int(r), -1))
+        text = ",".join(f"{r}.{found[r]}" for r in sorted(found))
+        agreed = self.ops.compare_set(f"{prefix}/members", "", text).decode()
+        members = []
+        for item in agreed.split(","):
+            r, inc = item.split(".")
+            members.append((int(r), int(inc)))
+        return tuple(members)
+
+    def ensure_group(self, members: Members, tag: str) -> None:
+        """Make :attr:`group` a Gloo group over ``members`` (kept while they are unchanged).
+
+        Collective over ``members``: each of them calls it with the same ``members``
+        and ``tag`` (the round), which names the groups' rendezvous keys.
+        """
+        if members == self.members and self.group is not None:
+            return
+        if dist.is_initialized():
+            dist.destroy_process_group()
+            self.group = None
+        ranks = [r for r, _ in members]
+        dist.init_process_group(
+            "gloo",
+            store=PrefixStore(f"pg/{self.gid}/{tag}", self.pg_store),
+            rank=ranks.index(self.spec.rank),
+            world_size=len(ranks),
+            timeout=timedelta(seconds=max(self.spec.join_timeout_s, 5.0)),
         )
-
-    # -- watch -------------------------------------------------------------------------
+        self.group = diagnostic_group(range(len(ranks)))
+        self.members = members

@@ -1,49 +1,70 @@
-"""The diagnosis round: every observer compares notes with C3 when the bell rings.
+"""The diagnosis round: every observer compares notes with its equivalent ranks when the bell rings.
 
-1. each observer snapshots its record and registers ``round/<n>/here/<rank>``;
-2. after all registered, or ``observer_join_timeout_s``, the first observer to
-   ``compare_set`` ``round/<n>/members`` fixes the membership for everyone;
-3. with every observer present: one C3 AllGather on the diagnostic group and
-   :func:`~.verdict.decide_round` on every observer; with some missing: those
-   ranks are reported as unresponsive (their observer, so their trainer or
-   their host, is gone), never silently dropped;
-4. the lowest present rank writes the records; every observer hands them to
-   its trainer (the user callback) and takes the ``on_hang`` action.
+A round ``n`` is job-wide (one doorbell), its comparisons are per peer group:
 
-A round that finds a rank still progressing produces nothing. The doorbell thread
-keeps one blocking ``store.wait`` posted, so a healthy run sends exactly one
-request per observer, whatever its length.
+1. each observer snapshots its record, posts its evidence under ``r/<n>/ev/<rank>``
+   (read only by observers whose ranks wait for this one) and registers for its
+   group's round; after the group registered, or ``observer_join_timeout_s``, the
+   first ``compare_set`` fixes the members present;
+2. the present members run **one** C3 AllGather on their group's Gloo group and
+   :func:`~.verdict.decide_round`; a rank behind its peers inside a collective gets
+   a second, exact C3 of its pending fingerprint against what the peers ran at the
+   same op id (their rings), and :func:`~.resolve.resolve` checks whom it waits for
+   (the evidence of those few ranks, read from the store);
+3. peers whose observers did not register are *absent*: never named for that alone.
+   Only when every present member is stuck too, and the absent rank is one they
+   wait for (or whom they wait for is unknown), is the absent rank named, as
+   unresponsive: its trainer or host is gone;
+4. each group's lowest present member posts the group's result; once every group
+   posted (or the deadline passed), every observer merges them
+   (:func:`~.resolve.merge`) into the job's verdicts and escalates them
+   (:func:`~.escalation.escalate`).
+
+Traffic per observer and round: one AllGather of 1 KiB rows over its peer group, a
+handful of store requests, and the evidence of the ranks it waits for: O(peer group),
+never O(world). A healthy run keeps one blocking ``store.wait`` posted per observer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
 from scout_core.decision.c3 import Surface, exchange
 from scout_core.observer.core import ObserverBase
-from scout_core.observer.escalation import STACK_SIGNAL, send_command, terminate_trainer, to_record
-from scout_core.observer.record import ROUNDS
-from scout_core.observer.rendezvous import SHUTDOWN
+from scout_core.observer.escalation import VERDICT_MARGIN_S, escalate
+from scout_core.observer.record import ROUNDS, Snapshot, Stage
+from scout_core.observer.resolve import GroupResult, merge, resolve
+from scout_core.observer.roles import collective_members
+from scout_core.observer.store_host import SHUTDOWN, first_unrung_bell
 from scout_core.observer.verdict import RankEvidence, Verdict, decide_round
-from scout_core.vocabulary import Mode
+from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = ["DiagnosisRound"]
 
 _BELL_WAIT = timedelta(hours=1)
+_HISTORY_SLOTS = 4  # lagging op ids checked against the peers' rings, per round
+_STUCK = frozenset({Failure.GROUP_STALL, Failure.INPUT_STALL, Failure.CHECKPOINT_STALL})
 
 
 class DiagnosisRound(ObserverBase):
     """The doorbell thread and the round it runs."""
 
     def doorbell(self) -> None:
-        n = 1
+        n = 1 if self.spec.incarnation == 0 else first_unrung_bell(self.ops)
+        with self.lock:
+            self.next_round = n
+        if n > 1:
+            self._catch_up(n - 1)
         while True:
             key = f"bell/{n}"
             try:
@@ -62,7 +83,7 @@ class DiagnosisRound(ObserverBase):
                 self.in_round = True
             try:
                 self._round(n)
-            except (RuntimeError, OSError) as exc:
+            except (RuntimeError, OSError, ValueError) as exc:
                 print(f"scout observer {self.spec.rank}: round {n} failed: {exc}", file=sys.stderr)
             finally:
                 n += 1
@@ -72,78 +93,250 @@ class DiagnosisRound(ObserverBase):
                 self.rounds += 1
                 self.rec.set_observer_word(ROUNDS, self.rounds)
 
+    def _catch_up(self, n: int) -> None:
+        """A restarted observer came up while round ``n`` may still run without it.
+
+        It waits for that round to end (its peers wait up to the join timeout for it,
+        and it cannot register any more), and if the round reached verdicts it hands
+        them to its trainer like its peers did, and does not ring again until its rank
+        progresses: the job is already under that verdict, and a second round on the
+        same silence would only repeat it. A round that completed before the restart
+        is history and is left alone.
+        """
+        with contextlib.suppress(RuntimeError, OSError):
+            if self.ops.check([f"r/{n}/complete"]):
+                return
+            with self.lock:
+                self.in_round = True  # no ringing while the round is still open
+            try:
+                wait = self.spec.join_timeout_s + VERDICT_MARGIN_S
+                with contextlib.suppress(dist.DistStoreError, RuntimeError):
+                    self.ops.wait([f"r/{n}/complete"], timedelta(seconds=wait))
+                if not self.ops.check([f"r/{n}/out"]):
+                    return
+                lines = self.ops.get(f"r/{n}/out").decode().splitlines()
+                results = [GroupResult.from_json(json.loads(ln)) for ln in sorted(lines) if ln]
+                decided = merge(results, job=self.observed_ranks())
+                if decided:
+                    with self.lock:
+                        self.last_op = self.rec.read().op_id
+                        self.episode_verdict = True
+                    escalate(self, decided)  # its records were written by present members
+            finally:
+                with self.lock:
+                    self.in_round = False
+
+    # -- one round -----------------------------------------------------------------------
+
     def _round(self, n: int) -> None:
         s = self.spec
+        started = time.monotonic()
+        deadline = started + s.join_timeout_s
         snap = self.rec.read()
         with self.lock:
-            quiet = 0.0 if snap.op_id != self.last_op else time.monotonic() - self.quiet_since
-        prefix = f"round/{n}"
-        self.ops.set(f"{prefix}/here/{s.rank}", "1")
-        self.ops.add(f"{prefix}/count", 1)
-        deadline = time.monotonic() + s.join_timeout_s
-        while time.monotonic() < deadline:
-            if self.ops.add(f"{prefix}/count", 0) >= self.n:
-                break
-            time.sleep(0.005)
-        members = self._agree(f"{prefix}/members", deadline)
-        if s.rank not in members:
-            return
-        if members != s.ranks:
-            if s.rank == min(members):
-                self.writer.write(self._unresponsive_record(members, "did not answer", snap.step))
-            return
+            quiet = 0.0 if snap.op_id != self.last_op else started - self.quiet_since
+        mine = RankEvidence(
+            s.rank, snap.step, snap.op_id, int(snap.stage), snap.fingerprint, quiet, snap.peer
+        )
+        self.ops.set(f"r/{n}/ev/{s.rank}", json.dumps(mine.to_json()))
+        members = self.register(f"r/{n}/{self.gid}", deadline)
+        present = tuple(r for r, _ in members)
+        if s.rank not in present:
+            return  # registered too late: this round went on without us
+        self.ensure_group(members, f"r{n}")
+        evidence = self._exchange(mine, present)
+        absent = tuple(r for r in self.peers if r not in present)
+        verdicts = decide_round(evidence, min_quiet_s=self.min_quiet_s, world_size=s.world_size)
+        verdicts = self._absent(verdicts, evidence, absent, started, n)
+        history = self._history(verdicts, evidence, snap, present)
+        result = resolve(
+            self.peers,
+            min(present),
+            evidence,
+            verdicts,
+            history=history,
+            members_of=self._members_of,
+            lookup=lambda r: self._lookup(n, r, deadline),
+            min_quiet_s=self.min_quiet_s,
+        )
+        decided = self._gather_results(n, result, started)
+        if decided:
+            with self.lock:
+                self.episode_verdict = True
+            escalate(self, decided)
+
+    def _exchange(self, mine: RankEvidence, present: Sequence[int]) -> list[RankEvidence]:
+        """One C3 AllGather of every present member's evidence (member order)."""
         assert self.group is not None
         results = exchange(
             [
-                Surface("progress", Mode.EXACT, (snap.step, snap.op_id), width=2),
-                Surface("collective", Mode.EXACT, snap.fingerprint, width=3),
-                Surface("stage", Mode.EXACT, int(snap.stage)),
-                Surface("quiet", Mode.STATISTICAL, quiet),
+                Surface("progress", Mode.EXACT, (mine.step, mine.op_id), width=2),
+                Surface("collective", Mode.EXACT, mine.fingerprint, width=3),
+                Surface("stage", Mode.EXACT, mine.stage),
+                Surface("peer", Mode.EXACT, 0 if mine.peer is None else mine.peer + 1),
+                Surface("quiet", Mode.STATISTICAL, mine.quiet_s),
             ],
             group=self.group,
-            ranks=list(range(self.n)),
+            ranks=list(range(len(present))),
         )
-        evidence = []
-        for i, r in enumerate(s.ranks):
+        out = []
+        for i, r in enumerate(present):
             coord = results["progress"].evidence[i]
             fp = results["collective"].evidence[i]
             stage = results["stage"].evidence[i]
+            peer = results["peer"].evidence[i]
             q = results["quiet"].evidence[i]
             assert isinstance(coord, tuple) and isinstance(fp, tuple)
-            assert isinstance(stage, int) and isinstance(q, float)
-            evidence.append(RankEvidence(r, coord[0], coord[1], stage, (fp[0], fp[1], fp[2]), q))
-        verdicts = decide_round(evidence, min_quiet_s=self.min_quiet_s, world_size=s.world_size)
-        if verdicts:
-            with self.lock:
-                self.episode_verdict = True
-            self._escalate(verdicts)
+            assert isinstance(stage, int) and isinstance(peer, int) and isinstance(q, float)
+            out.append(
+                RankEvidence(
+                    r,
+                    coord[0],
+                    coord[1],
+                    stage,
+                    (fp[0], fp[1], fp[2]),
+                    q,
+                    peer - 1 if peer else None,
+                )
+            )
+        return out
 
-    def _escalate(self, verdicts: Sequence[Verdict]) -> None:
+    def _absent(
+        self,
+        verdicts: list[Verdict],
+        evidence: Sequence[RankEvidence],
+        absent: tuple[int, ...],
+        started: float,
+        n: int,
+    ) -> list[Verdict]:
+        """Absent peers are named only when every present one is stuck, waiting on them."""
+        if not absent or not verdicts:
+            return verdicts
+        if not all(v.failure in _STUCK and v.status is Status.AGREE for v in verdicts):
+            return [replace(v, detail={**v.detail, "absent": list(absent)}) for v in verdicts]
+        waited = [self._members_of(e) for e in evidence]
+        if any(m is not None and not set(m) & set(absent) for m in waited):
+            return verdicts  # they wait for someone present: a stall, not the absent one
+        steps = sorted(e.step for e in evidence)
+        return [
+            Verdict(
+                Failure.HANG,
+                "observer",
+                Status.ATTRIBUTED,
+                absent,
+                Scope.RANK,
+                steps[len(steps) // 2],
+                {
+                    **verdicts[0].detail,
+                    "reason": f"the observers of ranks {list(absent)} did not answer round "
+                    f"{n} within {time.monotonic() - started:.1f} s while every other rank "
+                    "of their group waited: their trainer or host is gone or unreachable",
+                    "present": [e.rank for e in evidence],
+                },
+            )
+        ]
+
+    def _history(
+        self,
+        verdicts: Sequence[Verdict],
+        evidence: Sequence[RankEvidence],
+        snap: Snapshot,
+        present: Sequence[int],
+    ) -> dict[int, tuple[Status, tuple[int, int, int] | None]]:
+        """Exact C3 of each lagging rank's pending collective against the peers' rings."""
+        behind = sorted(
+            (e.op_id, e.rank)
+            for v in verdicts
+            if v.status is Status.ATTRIBUTED and v.failure is Failure.HANG
+            for e in evidence
+            if e.rank in v.outliers
+            and e.stage == Stage.COLLECTIVE
+            and v.detail.get("position", {}).get(str(e.rank)) == "behind"
+        )
+        ops = sorted({op for op, _ in behind})[:_HISTORY_SLOTS]
+        if not ops or len(present) < 3:
+            return {}
+        ring = self.rec.history()
+        assert self.group is not None
+        found = exchange(
+            [
+                Surface(
+                    f"at/{i}",
+                    Mode.EXACT,
+                    snap.fingerprint if op == snap.op_id else ring.get(op),
+                    width=3,
+                )
+                for i, op in enumerate(ops)
+            ],
+            group=self.group,
+            ranks=list(range(len(present))),
+        )
+        out: dict[int, tuple[Status, tuple[int, int, int] | None]] = {}
+        for op, r in behind:
+            if op not in ops:
+                continue
+            res = found[f"at/{ops.index(op)}"]
+            i = list(present).index(r)
+            expected = next((res.evidence[j] for j, bit in enumerate(res.bitmap) if not bit), None)
+            status = res.status
+            if status is Status.ATTRIBUTED and not res.bitmap[i]:
+                status = Status.INCONCLUSIVE  # a peer deviates, not this rank
+            fp = expected if isinstance(expected, tuple) else None
+            out[r] = (status, None if fp is None else (fp[0], fp[1], fp[2]))
+        return out
+
+    def _members_of(self, e: RankEvidence) -> tuple[int, ...] | None:
+        if self.layout is None or e.stage != Stage.COLLECTIVE:
+            return None
+        return collective_members(self.layout, e.rank, e.fingerprint[1], e.peer)
+
+    def _lookup(self, n: int, rank: int, deadline: float) -> RankEvidence | None:
+        """The evidence rank ``rank``'s observer posted for round ``n`` (None: absent)."""
+        key = f"r/{n}/ev/{rank}"
+        left = max(deadline - time.monotonic(), 0.01)
+        try:
+            self.ops.wait([key], timedelta(seconds=left))
+        except (dist.DistStoreError, RuntimeError):
+            return None
+        data: Any = json.loads(self.ops.get(key).decode())
+        return RankEvidence.from_json(data)
+
+    def _gather_results(
+        self, n: int, result: GroupResult, started: float
+    ) -> list[tuple[Verdict, int]]:
+        """Post this group's result (its lead does), wait for every group's, merge them."""
         s = self.spec
-        control = s.fds[3]
-        for v in verdicts:
-            record = to_record(v, run_id=s.run_id, group=s.ranks, hosts=self.hosts)
-            if s.rank == min(s.ranks):
-                self.writer.write(record)
-            send_command(control, {"verdict": record.to_dict()})
-        localized = [v for v in verdicts if v.localized]
-        if not localized:
-            return
-        if s.on_hang == "dump_stacks" and any(s.rank in v.outliers for v in localized):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(s.trainer_pid, STACK_SIGNAL)
-        elif s.on_hang == "terminate":
-            terminate_trainer(control, s.trainer_pid, s.hang_exit_code)
+        if s.rank == result.lead:
+            self.ops.append(f"r/{n}/out", json.dumps(result.to_json()) + "\n")
+            if self.ops.add(f"r/{n}/posted", 1) >= s.groups:
+                self.ops.set(f"r/{n}/complete", "1")
+        left = started + s.join_timeout_s + VERDICT_MARGIN_S / 2 - time.monotonic()
+        with contextlib.suppress(dist.DistStoreError, RuntimeError):
+            self.ops.wait([f"r/{n}/complete"], timedelta(seconds=max(left, 0.01)))
+        if not self.ops.check([f"r/{n}/out"]):
+            return []
+        lines = self.ops.get(f"r/{n}/out").decode().splitlines()
+        results = [GroupResult.from_json(json.loads(line)) for line in sorted(lines) if line]
+        return merge(results, job=self.observed_ranks())
+
+    # -- a lost store --------------------------------------------------------------------
 
     def _store_lost(self) -> None:
-        with self.lock:
-            self.over = True
         if self.rec.read().closing:
             return
         s = self.spec
+        time.sleep(1.0)  # a job torn down at once takes this observer's trainer too
+        if os.getppid() != s.trainer_pid:
+            os._exit(0)
+        with self.lock:
+            under_verdict = self.episode_verdict
+            self.over = under_verdict
+            self.store_lost_at = time.monotonic()
+        if under_verdict:
+            print(
+                f"scout observer {s.rank}: the observers' store went away after a verdict "
+                "(the job is being torn down); no new attribution",
+                file=sys.stderr,
+            )
+            return
         print(f"scout observer {s.rank}: lost the observers' store", file=sys.stderr)
-        # One record, not one per rank: the second-lowest observer speaks for the rest.
-        if self.n > 1 and s.rank == s.ranks[1]:
-            self.writer.write(self._unresponsive_record(s.ranks[1:], "stopped answering", 0))
-
-    # -- shutdown ----------------------------------------------------------------------

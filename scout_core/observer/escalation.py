@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,9 @@ from scout_core.observer.verdict import Verdict
 from scout_core.records.evidence import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Mode
 
+if TYPE_CHECKING:
+    from scout_core.observer.core import ObserverBase
+
 __all__ = [
     "STACK_SIGNAL",
     "TERMINATE_GRACE_S",
@@ -60,6 +63,7 @@ __all__ = [
     "ControlListener",
     "check_watchdog",
     "communicator_timeout",
+    "escalate",
     "install_stack_dump",
     "send_command",
     "terminate_trainer",
@@ -74,6 +78,33 @@ TERMINATE_GRACE_S = 2.0
 VERDICT_MARGIN_S = 5.0
 """Time a diagnosis round needs beyond the hang timeout (rendezvous, one AllGather,
 the records): what ``check_watchdog`` adds before comparing with the communicator."""
+
+
+def escalate(observer: ObserverBase, decided: Sequence[tuple[Verdict, int]]) -> None:
+    """Write, hand over and act on the job's verdicts of one round.
+
+    ``decided`` pairs each verdict with the rank whose observer writes its record
+    (once for the job). Every observer hands every verdict to its trainer (the
+    session's verdict path: its list, the user's callback, the checkpoint gate) and
+    takes the ``on_hang`` action on localized ones.
+    """
+    s = observer.spec
+    control = s.fds[3]
+    for v, writer in decided:
+        group = v.group or s.peers
+        hosts = {r: observer.host_of(r) for r in v.outliers}
+        record = to_record(v, run_id=s.run_id, group=group, hosts=hosts)
+        if s.rank == writer:
+            observer.writer.write(record)
+        send_command(control, {"verdict": record.to_dict()})
+    localized = [v for v, _ in decided if v.localized]
+    if not localized:
+        return
+    if s.on_hang == "dump_stacks" and any(s.rank in v.outliers for v in localized):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(s.trainer_pid, STACK_SIGNAL)
+    elif s.on_hang == "terminate":
+        terminate_trainer(control, s.trainer_pid, s.hang_exit_code)
 
 
 def to_record(
@@ -157,12 +188,25 @@ def install_stack_dump(report_dir: str, rank: int) -> Callable[[], None]:
 
 
 class ControlListener:
-    """The trainer's thread reading its observer's pipe: callbacks and terminate."""
+    """The trainer's thread reading its observer's pipe: callbacks and terminate.
 
-    def __init__(self, fd: int, callbacks: Sequence[Callable[[Record], None]]) -> None:
+    ``verdicts`` collects every record handed over (shared across a restarted
+    observer's listeners); ``on_exit`` runs on this thread when the observer's end of
+    the pipe closes, that is when the observer process exits.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        callbacks: Sequence[Callable[[Record], None]],
+        verdicts: list[Record] | None = None,
+        *,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
         self._fd = fd
         self._callbacks = list(callbacks)
-        self.verdicts: list[Record] = []
+        self.verdicts: list[Record] = [] if verdicts is None else verdicts
+        self._on_exit = on_exit
         self._thread = threading.Thread(
             target=self._run, name="scout-observer-control", daemon=True
         )
@@ -176,6 +220,11 @@ class ControlListener:
             except OSError:
                 return
             if not chunk:  # the observer exited
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = -1
+                if self._on_exit is not None:
+                    self._on_exit()
                 return
             buf += chunk
             while b"\n" in buf:
@@ -199,7 +248,7 @@ class ControlListener:
     def join(self, timeout_s: float) -> None:
         """Wait for the thread (it ends when the observer closes its end), then close."""
         self._thread.join(timeout_s)
-        if not self._thread.is_alive():
+        if not self._thread.is_alive() and self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
 
@@ -231,8 +280,10 @@ def communicator_timeout(group: dist.ProcessGroup | None = None) -> timedelta | 
 def check_watchdog(config: Config, group: dist.ProcessGroup | None = None) -> None:
     """Raise :class:`ConfigError` unless SCOUT's hang verdict comes before the watchdog.
 
-    Requires ``max(hang_timeout_s, stage timeout) + VERDICT_MARGIN_S`` to be shorter
-    than the training communicator's timeout (the default group unless given).
+    Requires ``max(hang_timeout_s, stage timeout) + observer_join_timeout_s +
+    VERDICT_MARGIN_S`` to be shorter than the training communicator's timeout (the
+    default group unless given): a round waits up to the join timeout for a silent
+    peer's observer before it names that peer.
     """
     if not config.observer:
         return
@@ -240,17 +291,21 @@ def check_watchdog(config: Config, group: dist.ProcessGroup | None = None) -> No
     if timeout is None:
         return
     slowest = max(config.hang_timeout_s, config.resolved_stage_timeout_s())
-    need = slowest + VERDICT_MARGIN_S
+    join = config.observer_join_timeout_s
+    need = slowest + join + VERDICT_MARGIN_S
     if need >= timeout.total_seconds():
         key = (
             "hang_timeout_s"
             if config.hang_timeout_s >= config.resolved_stage_timeout_s()
             else "stage_timeout_s"
         )
+        room = timeout.total_seconds() - VERDICT_MARGIN_S - join
         raise ConfigError(
             f"{key} = {slowest:g} s leaves no time before the training communicator's "
-            f"timeout of {timeout.total_seconds():g} s: the hang verdict needs "
-            f"{key} + {VERDICT_MARGIN_S:g} s < that timeout, or the watchdog tears the job "
-            f"down first. Lower {key} below {timeout.total_seconds() - VERDICT_MARGIN_S:g} s "
-            "or raise the process group timeout (init_process_group(timeout=...))."
+            f"timeout of {timeout.total_seconds():g} s: the hang verdict needs {key} + "
+            f"observer_join_timeout_s ({join:g} s, how long a round waits for a silent "
+            f"peer's observer) + {VERDICT_MARGIN_S:g} s < that timeout, or the watchdog "
+            f"tears the job down first. Lower {key} below {max(room, 0.0):g} s, lower "
+            "observer_join_timeout_s, or raise the process group timeout "
+            "(init_process_group(timeout=...))."
         )

@@ -1,13 +1,19 @@
 """Collective fingerprints, published just before a ``torch.distributed`` collective runs.
 
 A fingerprint is what every member of a collective must agree on for it to
-complete: the process group (its global ranks), the collective type, the
-tensor shape and dtype, the reduction and the root. It is hashed into three
-int64 words (:data:`Fingerprint`) so the progress record stays fixed-size and
-the observers can compare it with exact C3. Values that legitimately differ
-between ranks are left out of equality: all-to-all split sizes (and so the
-split dimension of its tensors), the peer of a point-to-point operation, the
-device index, ``async_op``.
+complete: the process group, the collective type, the tensor shape and dtype, the
+reduction and the root (as a rank *of the group*). It is hashed into three int64
+words (:data:`Fingerprint`) so the progress record stays fixed-size and the
+observers can compare it with exact C3. Values that legitimately differ between
+ranks are left out of equality: all-to-all split sizes (and so the split dimension
+of its tensors), the device index, ``async_op``.
+
+The group is described by its global ranks when no layout is known (the observers
+then compare the whole job), and by its *role and position* once the session hands
+its layout to :func:`use_layout` (the observers then compare equivalent ranks only:
+:mod:`.roles`). A point-to-point operation's partner is part of its role (relative
+to the caller) and is also handed to the sink as a global rank, so an observer can
+tell whom a waiting rank waits for.
 
 [What is patched, and why patching]
 torch has no public pre-collective hook: ``register_comm_hook`` is DDP-only and
@@ -31,14 +37,14 @@ optimizer boundaries).
 [Why these hashes]
 Python's ``hash`` of a tuple of ints is deterministic across processes (only
 str/bytes hashing is salted), and costs ~100 ns; dtypes go through a fixed
-table, process groups through a cached blake2b of their rank list. All ranks
-of a job must run the same Python minor version, which a job does anyway.
+table, process groups through a cached group word (:mod:`.roles`: a blake2b of
+their ranks, or of their role and position). All ranks of a job must run the
+same Python minor version, which a job does anyway.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import threading
 import zlib
@@ -49,6 +55,9 @@ from typing import Any, Protocol, TypeAlias
 import torch
 import torch.distributed as dist
 
+from scout_core.observer.roles import GroupRoles, describe_group_word, plain_group_word
+from scout_core.topology.mesh import MeshLayout
+
 __all__ = [
     "COLLECTIVES",
     "CollectiveSink",
@@ -56,11 +65,14 @@ __all__ = [
     "OpSpec",
     "describe",
     "fingerprint",
+    "fingerprint_and_peer",
     "install_collective_fingerprints",
+    "use_layout",
 ]
 
 Fingerprint: TypeAlias = tuple[int, int, int]
-"""Three int64 words: (op code | reduction | root, group hash, shape/dtype hash)."""
+"""Three int64 words: (op code | reduction | root in the group, group word (:mod:`.roles`),
+shape/dtype hash)."""
 
 _MASK63 = (1 << 63) - 1
 
@@ -68,7 +80,7 @@ _MASK63 = (1 << 63) - 1
 class CollectiveSink(Protocol):
     """What receives fingerprints: the trainer's :class:`~.record.Publisher`, or a counter."""
 
-    def enter_collective(self, fp: Fingerprint) -> None: ...
+    def enter_collective(self, fp: Fingerprint, peer: int | None = None) -> None: ...
 
     def exit_collective(self) -> None: ...
 
@@ -87,6 +99,10 @@ class OpSpec:
     reduce: str | None = None
     root: str | None = None
     group_root: str | None = None
+    peer: str | None = None
+    """Point-to-point: the parameter naming the partner (a global rank)."""
+    group_peer: str | None = None
+    """Point-to-point: the parameter naming the partner as a rank of the group."""
 
 
 # The one table of supported collectives. Codes are part of the fingerprint: never
@@ -109,12 +125,12 @@ COLLECTIVES: dict[str, OpSpec] = {
     "all_to_all_single": OpSpec(13, "input", "split"),
     "barrier": OpSpec(14, kind="none"),
     "monitored_barrier": OpSpec(15, kind="none"),
-    # Point-to-point: send and recv of one transfer must look alike, so the peer
-    # and the direction are excluded; only shape and dtype are compared.
-    "send": OpSpec(16, "tensor", "p2p"),
-    "recv": OpSpec(16, "tensor", "p2p"),
-    "isend": OpSpec(16, "tensor", "p2p"),
-    "irecv": OpSpec(16, "tensor", "p2p"),
+    # Point-to-point: send and recv of one transfer look alike (the direction is
+    # excluded); the partner is part of the group word only under a layout.
+    "send": OpSpec(16, "tensor", "p2p", peer="dst", group_peer="group_dst"),
+    "recv": OpSpec(16, "tensor", "p2p", peer="src", group_peer="group_src"),
+    "isend": OpSpec(16, "tensor", "p2p", peer="dst", group_peer="group_dst"),
+    "irecv": OpSpec(16, "tensor", "p2p", peer="src", group_peer="group_src"),
     "batch_isend_irecv": OpSpec(17, kind="none"),
 }
 
@@ -137,7 +153,10 @@ _DTYPES: tuple[torch.dtype, ...] = (
     torch.complex128,
 )
 _DTYPE_CODE: dict[torch.dtype, int] = {d: i + 1 for i, d in enumerate(_DTYPES)}
-_GROUP_HASH: dict[Any, int] = {}
+_WORLD_KEY = object()
+_GROUP_WORD: dict[Any, int] = {}
+_P2P_WORD: dict[int, int] = {}
+_GROUP_RANK: dict[tuple[Any, int], int] = {}
 _REDUCE_CODE: dict[Any, int] = {}
 
 
@@ -149,22 +168,79 @@ def _dtype_code(dtype: torch.dtype) -> int:
     return code
 
 
-def _group_hash(group: Any) -> int:
-    """blake2b of the group's global ranks, cached per group object."""
-    h = _GROUP_HASH.get(group) if group is not None else None
-    if h is not None:
-        return h
+class _Roles:
+    """The layout roles in force (:func:`use_layout`); None: describe groups by their ranks."""
+
+    current: GroupRoles | None = None
+
+
+def use_layout(layout: MeshLayout, rank: int) -> Callable[[], None]:
+    """Describe groups by role and position in ``layout``, seen from ``rank``, from now on.
+
+    What a SCOUT session does once it knows its layout, so that the observers can
+    compare equivalent ranks (:mod:`.roles`). Returns the undo (back to global ranks).
+    """
+    roles = GroupRoles(layout, rank)
+    with _PATCH_LOCK:
+        _Roles.current = roles
+        _GROUP_WORD.clear()
+        _P2P_WORD.clear()
+
+    def undo() -> None:
+        with _PATCH_LOCK:
+            if _Roles.current is roles:
+                _Roles.current = None
+                _GROUP_WORD.clear()
+                _P2P_WORD.clear()
+
+    return undo
+
+
+def _ranks_of(group: Any) -> list[int]:
     key = group if group is not None else dist.group.WORLD
-    h = _GROUP_HASH.get(key)
+    try:
+        return list(dist.get_process_group_ranks(key))
+    except (RuntimeError, ValueError, AttributeError):
+        return []
+
+
+def _group_word(group: Any) -> int:
+    """The group word (:mod:`.roles`) of ``group``, cached per group object."""
+    key = group if group is not None else _WORLD_KEY
+    h = _GROUP_WORD.get(key)
     if h is None:
-        try:
-            ranks = dist.get_process_group_ranks(key)
-        except (RuntimeError, ValueError, AttributeError):
-            ranks = []
-        digest = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=8).digest()
-        h = int.from_bytes(digest, "little") & _MASK63
-        _GROUP_HASH[key] = h
+        ranks = _ranks_of(group)
+        roles = _Roles.current
+        h = roles.group_word(ranks) if roles is not None and ranks else plain_group_word(ranks)
+        _GROUP_WORD[key] = h
     return h
+
+
+def _p2p_word(group: Any, peer: int | None) -> int:
+    """The group word of a point-to-point operation with global rank ``peer``."""
+    roles = _Roles.current
+    if roles is None or peer is None:
+        return _group_word(group)
+    h = _P2P_WORD.get(peer)
+    if h is None:
+        h = roles.p2p_word(peer)
+        _P2P_WORD[peer] = h
+    return h
+
+
+def _group_rank(group: Any, root: int) -> int:
+    """``root`` (a global rank) as a rank of ``group``; itself for the default group."""
+    if group is None:
+        return root
+    key = (group, root)
+    r = _GROUP_RANK.get(key)
+    if r is None:
+        try:
+            r = dist.get_group_rank(group, root)
+        except (RuntimeError, ValueError, AttributeError):
+            r = root
+        _GROUP_RANK[key] = r
+    return r
 
 
 def _reduce_code(op: Any) -> int:
@@ -213,6 +289,8 @@ class _Plan:
     reduce: tuple[int, str | None]
     root: tuple[int, str | None]
     group_root: tuple[int, str | None]
+    peer: tuple[int, str | None]
+    group_peer: tuple[int, str | None]
 
 
 _PLANS: dict[str, _Plan] = {}
@@ -234,6 +312,8 @@ def _plan(name: str, params: dict[str, int]) -> _Plan:
         at(spec.reduce),
         at(spec.root),
         at(spec.group_root),
+        at(spec.peer),
+        at(spec.group_peer),
     )
     _PLANS[name] = plan
     return plan
@@ -250,6 +330,13 @@ def fingerprint(
     name: str, args: Sequence[Any], kwargs: dict[str, Any], params: dict[str, int] | None = None
 ) -> Fingerprint:
     """The fingerprint of ``torch.distributed.<name>(*args, **kwargs)``."""
+    return fingerprint_and_peer(name, args, kwargs, params)[0]
+
+
+def fingerprint_and_peer(
+    name: str, args: Sequence[Any], kwargs: dict[str, Any], params: dict[str, int] | None = None
+) -> tuple[Fingerprint, int | None]:
+    """The fingerprint, and the partner's global rank for a point-to-point operation."""
     plan = _PLANS.get(name) or _plan(name, _params(name) if params is None else params)
     # Inlined argument lookups: this runs on every collective (see the benchmark).
     n = len(args)
@@ -262,11 +349,10 @@ def fingerprint(
     i, p = plan.root
     if p is not None:
         root = args[i] if i < n else kwargs.get(p)
-        if root is None and plan.group_root[1] is not None:
-            g_root = _get(args, kwargs, plan.group_root)
-            if g_root is not None:
-                pg = group if group is not None else dist.group.WORLD
-                root = dist.get_global_rank(pg, g_root) if pg is not None else g_root
+        if root is not None:
+            root = _group_rank(group, root)
+        elif plan.group_root[1] is not None:
+            root = _get(args, kwargs, plan.group_root)
     reduce = 0
     i, p = plan.reduce
     if p is not None:
@@ -275,7 +361,18 @@ def fingerprint(
     w0 = (plan.code << 48) | (reduce << 40) | ((root + 1) if root is not None else 0)
     i, p = plan.tensor
     tensor = args[i] if i < n else (kwargs.get(p) if p is not None else None)
-    return (w0, _group_hash(group), _shape_hash(tensor, plan.kind))
+    peer = None
+    if plan.peer[1] is not None:
+        peer = _get(args, kwargs, plan.peer)
+        if peer is None:
+            g_peer = _get(args, kwargs, plan.group_peer)
+            if g_peer is not None:
+                pg = group if group is not None else dist.group.WORLD
+                peer = dist.get_global_rank(pg, g_peer) if pg is not None else g_peer
+        word = _p2p_word(group, peer)
+    else:
+        word = _group_word(group)
+    return (w0, word, _shape_hash(tensor, plan.kind)), peer
 
 
 @functools.cache
@@ -292,6 +389,7 @@ def describe(fp: Sequence[int]) -> dict[str, Any]:
         "collective": _CODE_NAMES.get(code, "none" if code == 0 else f"op{code}"),
         "reduce": None if reduce == 0 else reduce - 1,
         "root": None if root == 0 else root - 1,
+        "group": describe_group_word(int(fp[1])),
         "group_hash": f"{int(fp[1]) & ((1 << 64) - 1):016x}",
         "shape_hash": f"{int(fp[2]) & ((1 << 64) - 1):016x}",
     }
@@ -323,11 +421,11 @@ def _wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         if not sinks or getattr(_TLS, "inside", False):
             return orig(*args, **kwargs)
         try:
-            fp = fingerprint(name, args, kwargs, params)
+            fp, peer = fingerprint_and_peer(name, args, kwargs, params)
         except Exception:  # never break training over a fingerprint: publish the type only
-            fp = (COLLECTIVES[name].code << 48, 0, 0)
+            fp, peer = (COLLECTIVES[name].code << 48, 0, 0), None
         for sink in sinks:
-            sink.enter_collective(fp)
+            sink.enter_collective(fp, peer)
         _TLS.inside = True
         try:
             return orig(*args, **kwargs)

@@ -9,7 +9,8 @@ trainer that died before the ``prctl``. It reads the trainer's progress record
 
 The process is composed of three parts over one shared state (:mod:`.core`): the
 rendezvous (:mod:`.rendezvous`), the silence watch (:mod:`.watch`) and the
-diagnosis round (:mod:`.diagnosis_round`). This module starts them.
+diagnosis round (:mod:`.diagnosis_round`). This module starts them, and is also the
+entry point of the store host (:mod:`.store_host`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import threading
 from collections.abc import Sequence
 
 from scout_core.observer.diagnosis_round import DiagnosisRound
-from scout_core.observer.record import PID, ProgressRecord
+from scout_core.observer.record import PID, STATE, ObserverState, ProgressRecord
 from scout_core.observer.rendezvous import Rendezvous
+from scout_core.observer.spawn import read_spec_fd
 from scout_core.observer.spec import ObserverSpec
+from scout_core.observer.store_host import serve
 from scout_core.observer.watch import SilenceWatch
 
 __all__ = ["Observer", "main", "run"]
@@ -44,21 +47,32 @@ def _die_with_parent(trainer_pid: int) -> None:
         os._exit(1)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``python -m scout_core.observer '<spec json>'``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    spec = ObserverSpec.from_json(args[0])
+def observe(fd: int) -> int:
+    """One rank's observer, told its spec through descriptor ``fd``."""
+    spec = ObserverSpec.from_json(read_spec_fd(fd))
     _die_with_parent(spec.trainer_pid)
     mem, ev_r, ev_w, _control = spec.fds
     record = ProgressRecord.attach(mem, ev_r, ev_w)
     record.set_observer_word(PID, os.getpid())
     observer = Observer(spec, record)
     observer.join()
-    if observer.group is not None:
-        threading.Thread(target=observer.doorbell, name="scout-doorbell", daemon=True).start()
+    if record.observer_word(STATE) == ObserverState.FAILED:
+        return 1
+    threading.Thread(target=observer.doorbell, name="scout-doorbell", daemon=True).start()
     observer.watch()
     observer.shutdown()
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: ``python -m scout_core.observer observe|store <spec fd>``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] not in ("observe", "store"):
+        print("usage: python -m scout_core.observer observe|store <spec fd>", file=sys.stderr)
+        return 2
+    if args[0] == "store":
+        return serve(int(args[1]))
+    return observe(int(args[1]))
 
 
 def run() -> None:

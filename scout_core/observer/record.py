@@ -1,9 +1,9 @@
 """The lock-free progress record a trainer publishes into and its observer reads.
 
-Each rank's trainer owns one small shared-memory record (16 int64 words, two
-cache lines). Training hooks publish into it on the hot path: the optimizer
-step, a monotonically increasing operation id, the current :class:`Stage`
-(a repeated layer, a collective, the DataLoader fetch, checkpoint I/O) and,
+Each rank's trainer owns one small shared-memory record (160 int64 words).
+Training hooks publish into it on the hot path: the optimizer step, a
+monotonically increasing operation id, the current :class:`Stage` (a repeated
+layer, a collective, the DataLoader fetch, checkpoint I/O) and,
 while inside a collective, the pending collective's fingerprint
 (:mod:`scout_core.observer.fingerprint`). The rank's observer process maps the
 same memory and reads it without ever taking a lock the trainer could hold, so
@@ -11,8 +11,9 @@ a trainer frozen by ``SIGSTOP``, a stuck driver call or a thread spinning while
 holding the GIL cannot stop its observer from reading the last published state.
 
 [Layout]
-Words 0..7 are written by the trainer only, words 8..15 by the observer only
-(except ``ARMED``, which both touch)::
+Words 0..7 and 16..23 are written by the trainer only, words 8..15 by the observer
+only (except ``ARMED``, which both touch), then comes the trainer's ring of recent
+collectives::
 
     0 SEQ      seqlock counter: odd while a publish is in progress
     1 OP_ID    +1 on every publish: the rank's progress coordinate
@@ -28,6 +29,17 @@ Words 0..7 are written by the trainer only, words 8..15 by the observer only
     13 PID     the observer's pid
     14 MAGIC   layout version, written at creation
     15 spare
+    16 PEER    the pending point-to-point partner's global rank + 1 (0: none)
+    17 RING_N  collectives entered so far (the ring's write position)
+    18..31     spare
+    32..159    the last RING collectives entered: (op id, three fingerprint words)
+
+[The ring of recent collectives]
+A rank behind its peers inside a collective may be waiting for a partner, or may
+have entered a collective its peers never ran (a protocol mismatch). Its peers are
+past that point by then, so the observers ask each peer's ring what it ran at the
+lagging rank's op id (:mod:`.diagnosis_round`). Equivalent ranks publish the same
+sequence of operations, so op ids line up across a peer group.
 
 [Seqlock]
 A publish makes SEQ odd, writes the fields, and makes SEQ even again; a reader
@@ -66,6 +78,7 @@ from enum import IntEnum
 
 __all__ = [
     "NO_FINGERPRINT",
+    "RING",
     "ObserverState",
     "ProgressRecord",
     "Publisher",
@@ -73,12 +86,16 @@ __all__ = [
     "Stage",
 ]
 
-WORDS = 16
+RING = 32
+"""Recent collectives kept in the record."""
+_RING_AT = 32
+WORDS = _RING_AT + 4 * RING
 SIZE = WORDS * 8
-_MAGIC = 0x5C0_0B5_0001
+_MAGIC = 0x5C0_0B5_0002
 
 SEQ, OP_ID, STEP, STAGE, FP0, FP1, FP2, CLOSING = range(8)
 ARMED, STATE, ROUNDS, COLLS, STOREOPS, PID, MAGIC = range(8, 15)
+PEER, RING_N = 16, 17
 
 NO_FINGERPRINT: tuple[int, int, int] = (0, 0, 0)
 """Fingerprint words published outside a collective."""
@@ -119,6 +136,8 @@ class Snapshot:
     closing: bool
     torn: bool = False
     """The trainer stopped in the middle of a publish; the words may mix two publishes."""
+    peer: int | None = None
+    """The pending point-to-point operation's partner (a global rank), if any."""
 
 
 def _new_memory() -> int:
@@ -155,6 +174,8 @@ class ProgressRecord:
         self.mem_fd = mem_fd
         self.event_r = event_r
         self.event_w = event_w
+        if not create and os.fstat(mem_fd).st_size < SIZE:
+            raise ValueError("the shared memory is not a SCOUT progress record of this version")
         self._map = mmap.mmap(mem_fd, SIZE)
         self.words = memoryview(self._map).cast("q")
         if create:
@@ -183,24 +204,47 @@ class ProgressRecord:
         """A consistent snapshot, or the last words seen marked ``torn``."""
         w = self.words
         vals: list[int] = []
+        peer = 0
         for attempt in range(_READ_RETRIES):
             s1 = w[SEQ]
             vals = w[OP_ID : SEQ + 8].tolist()
+            peer = w[PEER]
             if not s1 & 1 and w[SEQ] == s1:
-                return self._snapshot(vals, torn=False)
+                return self._snapshot(vals, peer, torn=False)
             if attempt % 64 == 63:
                 time.sleep(0.0005)  # let a preempted writer finish
-        return self._snapshot(vals, torn=True)
+        return self._snapshot(vals, peer, torn=True)
 
     @staticmethod
-    def _snapshot(vals: list[int], *, torn: bool) -> Snapshot:
+    def _snapshot(vals: list[int], peer: int, *, torn: bool) -> Snapshot:
         op_id, step, stage, f0, f1, f2, closing = vals
         try:
             st = Stage(stage)
         except ValueError:
             st = Stage.IDLE
             torn = True
-        return Snapshot(op_id, step, st, (f0, f1, f2), bool(closing), torn)
+        return Snapshot(
+            op_id, step, st, (f0, f1, f2), bool(closing), torn, None if peer <= 0 else peer - 1
+        )
+
+    def history(self) -> dict[int, tuple[int, int, int]]:
+        """The recent collectives: op id → fingerprint (at most :data:`RING`)."""
+        w = self.words
+        ring: list[int] = []
+        count = 0
+        for attempt in range(_READ_RETRIES):
+            s1 = w[SEQ]
+            count = w[RING_N]
+            ring = w[_RING_AT:WORDS].tolist()
+            if not s1 & 1 and w[SEQ] == s1:
+                break
+            if attempt % 64 == 63:
+                time.sleep(0.0005)
+        found: dict[int, tuple[int, int, int]] = {}
+        for i in range(min(count, RING)):
+            op, f0, f1, f2 = ring[4 * i : 4 * i + 4]
+            found[op] = (f0, f1, f2)
+        return found
 
     def wait_for_progress(self, timeout_s: float) -> bool:
         """Arm the event and sleep until the trainer signals or ``timeout_s`` passes."""
@@ -244,6 +288,7 @@ class Publisher:
         self._lock = threading.Lock()
         self._op = int(self._w[OP_ID])
         self._step = int(self._w[STEP])
+        self._ring_n = int(self._w[RING_N])
         self._signal = _eventfd_signal if record.event_r == record.event_w else _pipe_signal
 
     @property
@@ -264,14 +309,33 @@ class Publisher:
             w[OP_ID] = self._op
             w[STAGE] = stage
             w[FP0], w[FP1], w[FP2] = fp
+            w[PEER] = 0
             w[SEQ] = seq + 1
             if w[ARMED]:
                 w[ARMED] = 0
                 self._signal(self._event_w)
 
-    def enter_collective(self, fp: tuple[int, int, int]) -> None:
-        """Published *before* entering a collective that may block."""
-        self.publish(Stage.COLLECTIVE, fp)
+    def enter_collective(self, fp: tuple[int, int, int], peer: int | None = None) -> None:
+        """Published *before* entering a collective that may block; also kept in the ring."""
+        w = self._w
+        with self._lock:
+            seq = w[SEQ] + 1
+            w[SEQ] = seq
+            self._op += 1
+            op = self._op
+            w[OP_ID] = op
+            w[STAGE] = Stage.COLLECTIVE
+            w[FP0], w[FP1], w[FP2] = fp
+            w[PEER] = 0 if peer is None else peer + 1
+            n = self._ring_n
+            at = _RING_AT + 4 * (n % RING)
+            w[at], w[at + 1], w[at + 2], w[at + 3] = op, fp[0], fp[1], fp[2]
+            self._ring_n = n + 1
+            w[RING_N] = n + 1
+            w[SEQ] = seq + 1
+            if w[ARMED]:
+                w[ARMED] = 0
+                self._signal(self._event_w)
 
     def exit_collective(self) -> None:
         self.publish(Stage.IDLE)
@@ -292,6 +356,7 @@ class Publisher:
             w[STEP] = step
             w[STAGE] = Stage.IDLE
             w[FP0] = w[FP1] = w[FP2] = 0
+            w[PEER] = 0
             w[SEQ] = seq + 1
             if w[ARMED]:
                 w[ARMED] = 0

@@ -1,49 +1,57 @@
-"""What a trainer tells its observer, and where the observers' store lives.
+"""What a trainer tells its observer: one JSON object, read from an inherited descriptor.
 
-The observer is a fresh interpreter, so everything it needs travels as one JSON
-object on its command line (:class:`ObserverSpec`); the descriptors it inherits
-(the progress record, the progress event, the control pipe) are named there by
-number. :func:`resolve_store` is the one place the store address rule lives.
+The observer is a fresh interpreter, so everything it needs travels as one JSON object
+(:class:`ObserverSpec`) in a descriptor it inherits (:func:`~.spawn.spec_fd`); the
+other descriptors it inherits (the progress record, the progress event, the control
+pipe) are named there by number. Where the observers' store is comes from
+:mod:`.address`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from scout_core.config import Config
-from scout_core.errors import ConfigError
+from scout_core.topology.mesh import MeshLayout
 
-__all__ = ["ObserverSpec", "resolve_store"]
+__all__ = ["ObserverSpec", "layout_from_json", "layout_to_json"]
 
 
-def resolve_store(config: Config, environ: Mapping[str, str] | None = None) -> tuple[str, int]:
-    """The observers' store address: config, else ``MASTER_ADDR``:``MASTER_PORT + 1``."""
-    env = os.environ if environ is None else environ
-    addr = config.observer_addr or env.get("MASTER_ADDR")
-    port = config.observer_port
-    if port is None and env.get("MASTER_PORT", "").isdigit():
-        port = int(env["MASTER_PORT"]) + 1
-    if addr is None or port is None:
-        missing = "observer_addr" if addr is None else "observer_port"
-        raise ConfigError(
-            f"{missing} is not set and there is no torchrun environment to derive it from "
-            "(MASTER_ADDR, MASTER_PORT + 1): set Config.observer_addr and observer_port"
-        )
-    if not 0 < port < 65536:
-        raise ConfigError(f"observer_port {port} (MASTER_PORT + 1) is not a valid TCP port")
-    return addr, port
+def layout_to_json(layout: MeshLayout | None) -> dict[str, Any] | None:
+    if layout is None:
+        return None
+    return {
+        "sizes": list(layout.sizes),
+        "order": [a.value for a in layout.order],
+        "grid": None if layout.grid is None else list(layout.grid),
+    }
+
+
+def layout_from_json(data: dict[str, Any] | None) -> MeshLayout | None:
+    if data is None:
+        return None
+    grid = data["grid"]
+    return MeshLayout(
+        sizes=tuple(data["sizes"]),
+        order=tuple(data["order"]),
+        grid=None if grid is None else tuple(grid),
+    )
 
 
 @dataclass(frozen=True)
 class ObserverSpec:
-    """Everything an observer is told by its trainer, as JSON on its command line."""
+    """Everything an observer is told by its trainer."""
 
     rank: int
-    ranks: tuple[int, ...]
+    peers: tuple[int, ...]
+    """The ranks this rank is compared with, itself included, ascending: its peer group
+    under a layout, else every observed rank."""
+    groups: int
+    """How many such comparison groups the job has (each posts once per round)."""
     world_size: int
+    layout: dict[str, Any] | None
+    """The job's mesh layout (:func:`layout_to_json`), or None: compare ``peers`` only."""
     store_addr: str
     store_port: int
     trainer_pid: int
@@ -55,6 +63,13 @@ class ObserverSpec:
     hang_exit_code: int
     report_dir: str
     run_id: str
+    incarnation: int = 0
+    """0 for the first observer of this rank; +1 for each restart by its trainer."""
+
+    @property
+    def observed(self) -> int:
+        """How many ranks are observed in the job."""
+        return self.world_size if self.layout is not None else len(self.peers)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -62,6 +77,6 @@ class ObserverSpec:
     @classmethod
     def from_json(cls, text: str) -> ObserverSpec:
         data = json.loads(text)
-        data["ranks"] = tuple(data["ranks"])
+        data["peers"] = tuple(data["peers"])
         data["fds"] = tuple(data["fds"])
         return cls(**data)

@@ -26,7 +26,7 @@ coordinator. The rule, in order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,32 @@ class RankEvidence:
     stage: int
     fingerprint: tuple[int, int, int]
     quiet_s: float
+    peer: int | None = None
+    """The partner of a pending point-to-point operation (a global rank)."""
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.rank,
+            self.step,
+            self.op_id,
+            self.stage,
+            list(self.fingerprint),
+            self.quiet_s,
+            self.peer,
+        ]
+
+    @classmethod
+    def from_json(cls, data: Sequence[Any]) -> RankEvidence:
+        rank, step, op_id, stage, fp, quiet, peer = data
+        return cls(
+            int(rank),
+            int(step),
+            int(op_id),
+            int(stage),
+            (int(fp[0]), int(fp[1]), int(fp[2])),
+            float(quiet),
+            None if peer is None else int(peer),
+        )
 
 
 @dataclass(frozen=True)
@@ -67,11 +93,38 @@ class Verdict:
     scope: Scope
     step: int
     detail: dict[str, Any] = field(default_factory=dict)
+    group: tuple[int, ...] = ()
+    """The ranks the record is about (empty: the peer group that decided it)."""
 
     @property
     def localized(self) -> bool:
         """Names culprit ranks (what the hang actions act on)."""
         return self.status is Status.ATTRIBUTED and bool(self.outliers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "failure": self.failure.value,
+            "surface": self.surface,
+            "status": self.status.value,
+            "outliers": list(self.outliers),
+            "scope": self.scope.value,
+            "step": self.step,
+            "detail": self.detail,
+            "group": list(self.group),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(
+            Failure(data["failure"]),
+            str(data["surface"]),
+            Status(data["status"]),
+            tuple(int(r) for r in data["outliers"]),
+            Scope(data["scope"]),
+            int(data["step"]),
+            dict(data["detail"]),
+            tuple(int(r) for r in data["group"]),
+        )
 
 
 def stall_failure(stage: int) -> tuple[Failure, str]:

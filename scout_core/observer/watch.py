@@ -11,8 +11,16 @@ sets ``bell/<n>``; every waiter wakes, and the round runs.
 An observer's clock starts at its trainer's first publish: setting up a model and
 its groups may legitimately take longer than any hang timeout. The observer that
 rang may ring again one timeout later; after a verdict nobody rings again until its
-rank makes progress. Without a group to compare with (its peers never joined, or
-the store is gone) it says so in one record per silent episode.
+rank makes progress (a job under a verdict is being handled or torn down, and must
+not produce new attributions meanwhile).
+
+[When the store is gone]
+The store host lives beside the lowest observed rank and dies with that rank's
+trainer. An observer that loses the store (and whose own trainer is alive, and which
+has no verdict yet) keeps watching; if its trainer then stays silent past the
+timeout, that silence corroborates the loss, and the observers name the store host's
+rank in one record (written by the second-lowest observed rank, handed to every
+trainer through the verdict path), with the real times elapsed.
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ import contextlib
 import time
 
 from scout_core.observer.core import ObserverBase
+from scout_core.observer.escalation import escalate
 from scout_core.observer.record import Stage
-from scout_core.records.evidence import VERDICT_SCHEMA, Record
-from scout_core.vocabulary import Failure, Mode, Scope, Status
+from scout_core.observer.store_host import ring
+from scout_core.observer.verdict import Verdict
+from scout_core.vocabulary import Failure, Scope, Status
 
 __all__ = ["SilenceWatch"]
 
@@ -69,37 +79,33 @@ class SilenceWatch(ObserverBase):
                 return
             self.rang_at = now
             n = self.next_round
-        if self.group is None:
-            self._local_verdict(step)
+            lost = self.store_lost_at
+        if lost is not None:
+            self._store_gone_verdict(now, lost, step)
             return
         with contextlib.suppress(RuntimeError, OSError):  # the doorbell reports a lost store
-            self.ops.set(f"bell/{n}", str(self.spec.rank))
+            ring(self.ops, n, str(self.spec.rank))
 
-    def _local_verdict(self, step: int) -> None:
-        """No group to compare with: say so, once per silent episode."""
+    def _store_gone_verdict(self, now: float, lost_at: float, step: int) -> None:
+        """Silent after the store went away: name the store host's rank, once."""
         with self.lock:
             self.episode_verdict = True
+            quiet = now - self.quiet_since
         s = self.spec
-        reason = (
-            f"observers of ranks {list(self.unresponsive)} unresponsive"
-            if self.unresponsive
-            else "this observer could not reach its store"
+        observed = self.observed_ranks()
+        host, speaker = observed[0], observed[1] if len(observed) > 1 else observed[0]
+        verdict = Verdict(
+            Failure.HANG,
+            "observer",
+            Status.ATTRIBUTED,
+            (host,),
+            Scope.RANK,
+            step,
+            {
+                "reason": f"the observers' store, which lives beside rank {host}'s trainer, went "
+                f"away {now - lost_at:.1f} s ago and rank {s.rank} has been silent for "
+                f"{quiet:.1f} s: rank {host}'s trainer or host is gone",
+            },
+            group=tuple(sorted({host, *self.peers})),
         )
-        self.writer.write(
-            Record(
-                schema=VERDICT_SCHEMA,
-                run_id=s.run_id,
-                step=step,
-                surface="progress",
-                mode=Mode.EXACT,
-                status=Status.INCONCLUSIVE,
-                failure=Failure.HANG,
-                group=(s.rank,),
-                scope=Scope.RANK,
-                detail={
-                    "reason": f"rank {s.rank} silent past its timeout; cannot compare: {reason}"
-                },
-            )
-        )
-
-    # -- doorbell and rounds -----------------------------------------------------------
+        escalate(self, [(verdict, speaker)])

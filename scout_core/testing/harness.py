@@ -125,8 +125,9 @@ def run_ranks(
     ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT`` (a free loopback port whose successor is free too) are set in each
     rank's environment, as torchrun sets them, plus ``SCOUT_TEST_RANK_DIR``, a scratch
-    folder shared by the ranks of this call. ``on_start`` is called in the harness once
-    every rank is launched (fault tests use it to signal a rank).
+    folder shared by the ranks of this call; ``env`` is applied last, so it may set
+    ``MASTER_PORT`` itself (two jobs on adjacent ports). ``on_start`` is called in the
+    harness once every rank is launched (fault tests use it to signal a rank).
 
     Raises :class:`RankFailedError` if a rank fails, :class:`RanksTimeoutError` after
     ``timeout_s``. Either way every rank has been killed before it returns.
@@ -159,7 +160,6 @@ def run_ranks(
             spec_path.write_text(json.dumps(spec))
             log_path = scratch / f"log-{rank}.txt"
             child_env = dict(os.environ)
-            child_env.update(env or {})
             child_env.update(
                 {
                     "RANK": str(rank),
@@ -167,12 +167,14 @@ def run_ranks(
                     "LOCAL_RANK": str(rank),
                     "LOCAL_WORLD_SIZE": str(world_size),
                     "SCOUT_TEST_RANK_DIR": str(scratch),
-                    # torchrun's variables, so code that derives addresses from them (the
-                    # hang observer's store sits at MASTER_PORT + 1) works as under torchrun.
+                    # torchrun's variables, so code that derives addresses from them works
+                    # as under torchrun (MASTER_PORT + 1 is kept free for code that used to
+                    # put a store there).
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(master_port),
                 }
             )
+            child_env.update(env or {})  # may override MASTER_ADDR / MASTER_PORT
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
                     [sys.executable, str(_WORKER), str(spec_path)],

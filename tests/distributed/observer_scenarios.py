@@ -309,17 +309,24 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
 
 
-def missing_peer(port: int, report_dir: str) -> dict[str, Any]:
-    """Observe ranks 0..world (one more than exist): that peer's observer never joins."""
+def broken_observer(report_dir: str, broken: int) -> dict[str, Any]:
+    """``scout.enable``'s observer start where rank ``broken``'s observer dies at once."""
     import torch.distributed as dist
 
     from scout_core import observer
+    from scout_core.observer import handle
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = _config(port, report_dir, observer_join_timeout_s=3.0)
-    handle = observer.start(cfg, rank=rank, world_size=world + 1, ranks=range(world + 1))
-    state = handle.stats().state.name
-    handle.publisher.advance_step()
-    time.sleep(HANG_S + 1.5)  # a stall the observer cannot compare
-    handle.close()
-    return {"state": state}
+    if rank == broken:  # this rank's observer is a process that exits with 3 at once
+
+        def spawn_dying(args: Any, pass_fds: Any) -> Any:
+            return handle_spawn(["-c", "import sys; sys.exit(3)"], pass_fds)
+
+        handle_spawn = handle.spawn
+        handle.spawn = spawn_dying  # type: ignore[assignment]
+    start = time.monotonic()
+    try:
+        observer.start(_config(0, report_dir, observer_port=None), rank=rank, world_size=world)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "elapsed": time.monotonic() - start}
+    return {"error": None, "elapsed": time.monotonic() - start}

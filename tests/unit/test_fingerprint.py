@@ -20,7 +20,7 @@ class Sink:
     def __init__(self) -> None:
         self.events: list[object] = []
 
-    def enter_collective(self, fp: tuple[int, int, int]) -> None:
+    def enter_collective(self, fp: tuple[int, int, int], peer: int | None = None) -> None:
         self.events.append(fp)
 
     def exit_collective(self) -> None:

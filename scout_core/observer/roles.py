@@ -1,0 +1,164 @@
+"""Group roles: the group word of a fingerprint, equal on equivalent ranks, and its members.
+
+[Why roles, not ranks]
+The observers compare a rank only with its *equivalent* ranks: its peer group
+(:meth:`~scout_core.topology.mesh.MeshLayout.peer_group`: the same pipeline stage, the
+same position in its TP/CP/EP groups, a different data replica). Those ranks issue the
+same collectives on *different* process groups: under DP x TP, rank 0 all-reduces on
+its TP group (0, 1) while its replica peer rank 2 all-reduces on (2, 3). Hashing the
+group's global ranks would make every healthy pair of peers look like a protocol
+mismatch. So, with a layout, a group is described by its **role** (the mesh axes its
+members span) and its **position** (its coordinates on the other axes, the peer axes
+left out): both TP groups above are "axis t, at s = p = c = e = 0".
+
+[The group word]
+The second fingerprint word packs that description into 63 bits::
+
+    bits 0..47   a 48-bit blake2b of the description
+    bits 48..53  the axes the group spans (bit i: AXES[i]), for an aligned group
+    bits 54..55  the kind: 0 no layout (hash of the global ranks, comparing the
+                 world), 1 an aligned group (exactly the ranks that differ from a
+                 member only on its axes), 2 point-to-point, 3 any other group
+
+A point-to-point operation is described by its partner's address, peer axes
+relative to this rank (a stage-0 rank sending to "the stage-1 rank of my replica"
+looks like every other stage-0 replica); the partner's global rank itself travels in
+the progress record's ``PEER`` word. From the kind, the axes and the layout an observer
+recovers the members of a pending collective (:func:`collective_members`), which is how
+a rank waiting for a partner outside its peer group is told apart from the partner it
+waits for (:mod:`.resolve`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scout_core.topology.mesh import AXES, Axis, MeshLayout
+
+__all__ = [
+    "KIND_ALIGNED",
+    "KIND_OTHER",
+    "KIND_P2P",
+    "KIND_PLAIN",
+    "GroupRoles",
+    "collective_members",
+    "decode_group_word",
+    "plain_group_word",
+]
+
+KIND_PLAIN, KIND_ALIGNED, KIND_P2P, KIND_OTHER = 0, 1, 2, 3
+_HASH_BITS = 48
+_HASH_MASK = (1 << _HASH_BITS) - 1
+_AXES_SHIFT = 48
+_KIND_SHIFT = 54
+_KIND_NAMES = {KIND_PLAIN: "ranks", KIND_ALIGNED: "axes", KIND_P2P: "p2p", KIND_OTHER: "other"}
+
+
+def _hash48(text: str) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _HASH_MASK
+
+
+def _word(kind: int, axes: int, text: str) -> int:
+    return (kind << _KIND_SHIFT) | (axes << _AXES_SHIFT) | _hash48(text)
+
+
+def plain_group_word(ranks: Sequence[int]) -> int:
+    """The group word without a layout: a hash of the group's global ranks (kind 0)."""
+    return _word(KIND_PLAIN, 0, ",".join(map(str, ranks)))
+
+
+def decode_group_word(word: int) -> tuple[int, tuple[Axis, ...]]:
+    """(kind, axes spanned) of a group word; the axes are empty unless aligned."""
+    w = int(word) & ((1 << 64) - 1)
+    kind = (w >> _KIND_SHIFT) & 0b11
+    mask = (w >> _AXES_SHIFT) & 0b111111
+    return kind, tuple(a for i, a in enumerate(AXES) if mask >> i & 1)
+
+
+def describe_group_word(word: int) -> str:
+    """``"t"``, ``"d+t"``, ``"p2p"``, ``"other"`` or ``"ranks"``: for evidence records."""
+    kind, axes = decode_group_word(word)
+    if kind == KIND_ALIGNED:
+        return "+".join(a.value for a in axes) or "self"
+    return _KIND_NAMES[kind]
+
+
+@dataclass(frozen=True)
+class GroupRoles:
+    """Role-and-position descriptions of groups, seen from ``rank`` of ``layout``."""
+
+    layout: MeshLayout
+    rank: int
+
+    @property
+    def peer_axes(self) -> tuple[Axis, ...]:
+        """The axes this rank's peers differ on (``d``, or ``s`` without replicas)."""
+        return self.layout.axes_for("peer")
+
+    def _relative(self, member: int) -> tuple[int, ...]:
+        """``member``'s address, peer-axis coordinates taken relative to this rank's."""
+        mine = self.layout.address(self.rank)
+        addr = self.layout.address(member)
+        peer = set(self.peer_axes)
+        return tuple(
+            (addr.get(a) - mine.get(a)) % self.layout.size(a) if a in peer else addr.get(a)
+            for a in AXES
+        )
+
+    def group_word(self, ranks: Sequence[int]) -> int:
+        """The group word of a collective over the global ``ranks`` (module note)."""
+        layout = self.layout
+        try:
+            addrs = [layout.address(r).as_tuple() for r in ranks]
+        except ValueError:  # a rank outside the layout: describe it by its ranks
+            return _word(KIND_OTHER, 0, "ranks:" + ",".join(map(str, sorted(ranks))))
+        if not addrs:
+            return _word(KIND_OTHER, 0, "empty")
+        spans = [i for i in range(len(AXES)) if len({a[i] for a in addrs}) > 1]
+        fixed = addrs[0]
+        size = 1
+        for i in spans:
+            size *= layout.sizes[i]
+        aligned = len(set(addrs)) == len(addrs) == size and all(
+            a[i] == fixed[i] for a in addrs for i in range(len(AXES)) if i not in spans
+        )
+        if aligned:
+            peer = {AXES.index(a) for a in self.peer_axes}
+            position = [
+                f"{AXES[i].value}={fixed[i]}"
+                for i in range(len(AXES))
+                if i not in spans and i not in peer
+            ]
+            mask = sum(1 << i for i in spans)
+            text = "aligned:" + "+".join(AXES[i].value for i in spans) + "@" + ",".join(position)
+            return _word(KIND_ALIGNED, mask, text)
+        canon = sorted(self._relative(r) for r in ranks)
+        return _word(KIND_OTHER, 0, "other:" + repr(canon))
+
+    def p2p_word(self, peer: int) -> int:
+        """The group word of a send or receive with global rank ``peer``."""
+        try:
+            rel = self._relative(peer)
+        except ValueError:
+            return _word(KIND_P2P, 0, f"p2p-outside:{peer}")
+        return _word(KIND_P2P, 0, "p2p:" + repr(rel))
+
+
+def collective_members(
+    layout: MeshLayout, rank: int, word: int, peer: int | None
+) -> tuple[int, ...] | None:
+    """The global ranks taking part in ``rank``'s pending operation, or None if unknown.
+
+    An aligned group: every rank that differs from ``rank`` only on the group's axes.
+    Point-to-point: ``rank`` and ``peer`` (the record's ``PEER`` word). Anything else
+    (no layout, an irregular group, batched point-to-point) is unknown.
+    """
+    kind, axes = decode_group_word(word)
+    if kind == KIND_ALIGNED and axes:
+        return layout.group_along(rank, axes)
+    if kind == KIND_P2P and peer is not None and peer != rank:
+        return tuple(sorted((rank, peer)))
+    return None

@@ -1,0 +1,104 @@
+"""Start SCOUT's helper processes from one thread that lives as long as the trainer.
+
+[Why a spawner thread]
+The observer and the observers' store host die with their trainer through the
+parent-death signal (``PR_SET_PDEATHSIG``), which Linux ties to the *thread* that
+created the child, not to the process: a process started from a short-lived thread
+(``scout.enable`` called from a setup thread that then returns) is killed the moment
+that thread exits. So every helper is started by :func:`spawn` on one daemon thread
+of this module, created on first use and never ending before the process does.
+Daemon threads are not joined at interpreter exit, so the helpers also outlive the
+interpreter's shutdown sequence until the process itself is gone.
+
+[The spec descriptor]
+A helper is told everything as one JSON object. It travels in an anonymous
+``memfd`` (an unlinked temporary file where ``memfd_create`` is missing) whose
+descriptor the child inherits, not on the command line: a layout with a rank grid
+can exceed the kernel's limit on one argument.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+__all__ = ["read_spec_fd", "spawn", "spec_fd"]
+
+_requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+
+
+class _Spawner:
+    """The one spawner thread of this process (started on first use)."""
+
+    lock = threading.Lock()
+    thread: threading.Thread | None = None
+
+
+def _serve() -> None:
+    while True:
+        fn, future = _requests.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # handed to the caller, who re-raises it
+            future.set_exception(exc)
+
+
+def _on_spawner_thread(fn: Callable[[], Any]) -> Any:
+    with _Spawner.lock:
+        if _Spawner.thread is None or not _Spawner.thread.is_alive():
+            _Spawner.thread = threading.Thread(target=_serve, name="scout-spawner", daemon=True)
+            _Spawner.thread.start()
+    future: Future[Any] = Future()
+    _requests.put((fn, future))
+    return future.result()
+
+
+def spawn(args: Sequence[str], pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+    """``python <args>`` in its own session, started on the spawner thread (module note)."""
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            pass_fds=tuple(pass_fds),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    proc: subprocess.Popen[bytes] = _on_spawner_thread(start)
+    return proc
+
+
+def spec_fd(text: str) -> int:
+    """A descriptor holding ``text`` (close it after the child started)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("scout-spec", os.MFD_CLOEXEC)
+    else:  # pragma: no cover - non-Linux
+        fd, path = tempfile.mkstemp(prefix="scout-spec-")
+        os.unlink(path)
+    data = text.encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def read_spec_fd(fd: int) -> str:
+    """What :func:`spec_fd` wrote (the child's side); closes the descriptor."""
+    chunks = []
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
