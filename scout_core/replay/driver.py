@@ -117,6 +117,7 @@ class ReplayDriver:
             },
             recipes=config.recipes,
             variants=len(config.variants),
+            spread=config.spread_recipes,
         )
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         self.runner = LayerRunner(

@@ -13,6 +13,9 @@ because their inputs are:
 * a ``t_M`` outlier counts toward ``straggler`` only if it is slower than the
   median by at least ``straggler_min_excess_s`` and ``straggler_min_ratio``, and
   the verdict needs ``straggler_rounds`` consecutive such rounds for the same rank
+  *of the same timing series* (:attr:`~scout_core.replay.schedule.Recipe.series`:
+  the rotating hidden layers form one series, the embedding, the LM head each
+  another), so recipes that run in between neither confirm nor clear a streak
   (timing on a shared machine is noisy; a fleet-wide slowdown is never flagged);
 * a ``t_gather`` outlier under the same guards marks the communication group it
   measured slow (each replica peer gathers on a *different* shard or TP group, so
@@ -26,8 +29,8 @@ because their inputs are:
   stalls both its ends (a Gloo send waits for the matching receive), so the
   group's broadcast time is the *second-longest* peer interval: one process
   descheduled by the OS does not move it. It is compared with the median of the
-  group's own recent clean rounds of the same recipe kind; ``straggler_rounds``
-  consecutive rounds that exceed it by ``straggler_min_excess_s`` and
+  group's own recent clean rounds of the same series; ``straggler_rounds``
+  consecutive rounds of that series that exceed it by ``straggler_min_excess_s`` and
   ``straggler_min_ratio`` give a group-scoped ``comm_straggler`` naming the group,
   not a rank.
 
@@ -80,9 +83,9 @@ class VerdictMaker:
         self.min_ratio = min_ratio
         self.comm_group_of = comm_group_of
         self.peer_kind = peer_kind
-        self._streak: dict[tuple[str, int], int] = {}
+        self._streak: dict[tuple[str, str, int], int] = {}
         self._bcast_base: dict[tuple[str, tuple[int, ...]], deque[float]] = {}
-        self._bcast_streak: dict[tuple[int, ...], int] = {}
+        self._bcast_streak: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def _slow_record(
         self,
@@ -262,10 +265,19 @@ class VerdictMaker:
         ]
         return slow, median
 
-    def _confirm(self, kind: str, result: C3Result, slow: Sequence[int]) -> list[int]:
+    def _confirm(
+        self, leaf: str, outcome: RoundOutcome, result: C3Result, slow: Sequence[int]
+    ) -> list[int]:
+        """Ranks slow in ``rounds`` consecutive rounds of this recipe's timing series.
+
+        Streaks are kept per timing surface and per series (:attr:`Recipe.series`): a
+        hidden layer's rounds never confirm or clear the embedding's, so a delay in the
+        hidden layers only is confirmed after ``rounds`` hidden rounds whatever else ran
+        in between, and one slow step across several recipes confirms nothing."""
         confirmed = []
+        series = outcome.recipe.series
         for r in result.ranks:
-            key = (kind, r)
+            key = (leaf, series, r)
             self._streak[key] = self._streak.get(key, 0) + 1 if r in slow else 0
             if self._streak[key] >= self.rounds:
                 confirmed.append(r)
@@ -275,7 +287,7 @@ class VerdictMaker:
         if result.status is Status.INCONCLUSIVE:
             return []  # a timing that went missing neither confirms nor clears a streak
         slow, median = self._slow(result)
-        confirmed = self._confirm("t_M", result, slow)
+        confirmed = self._confirm("t_M", outcome, result, slow)
         if not confirmed or (attribution_scope(len(result.ranks)) is not Scope.RANK):
             return []
         detail = {"median_s": median, "rounds": self.rounds}
@@ -301,7 +313,7 @@ class VerdictMaker:
             if result.status is Status.INCONCLUSIVE:
                 continue
             slow, median = self._slow(result)
-            confirmed = self._confirm(leaf, result, slow)
+            confirmed = self._confirm(leaf, outcome, result, slow)
             timings[leaf] = {"median_s": median, "evidence": list(result.evidence)}
             for r in confirmed:
                 found = self.comm_group_of(leaf, r) if self.comm_group_of else None
@@ -349,9 +361,8 @@ class VerdictMaker:
             return []  # a timing went missing: neither confirms nor clears
         value = values[-2]
         group = tuple(result.ranks)
-        base = self._bcast_base.setdefault(
-            (outcome.recipe.kind, group), deque(maxlen=_BASELINE_WINDOW)
-        )
+        series = (outcome.recipe.series, group)
+        base = self._bcast_base.setdefault(series, deque(maxlen=_BASELINE_WINDOW))
         slow = False
         median = 0.0
         if len(base) >= _BASELINE_MIN:
@@ -361,7 +372,7 @@ class VerdictMaker:
             )
         if not slow:
             base.append(value)  # only clean rounds form the baseline: a slow link stays visible
-        streak = self._bcast_streak[group] = self._bcast_streak.get(group, 0) + 1 if slow else 0
+        streak = self._bcast_streak[series] = self._bcast_streak.get(series, 0) + 1 if slow else 0
         if streak < self.rounds:
             return []
         diagnosis = diagnose([SlowGroup(self.peer_kind, group)], self.hosts)
