@@ -154,7 +154,7 @@ class CheckpointCoordinator:
                 )
             return BoundaryResult(decision)
 
-        snap = self.memory.capture(step, extra)
+        snap = self.memory.capture(step, extra, rotating=decision.action is Action.ROTATE)
         gate.apply(decision)
         self.record("capture", step, step, detail={**detail, "q": gate.q})
         if decision.action is Action.ROTATE:
