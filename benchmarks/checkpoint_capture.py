@@ -85,6 +85,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         step()
     sync()
     times: dict[str, list[float]] = {"plain": [], "gated": [], "boundary": [], "capture": []}
+    held: list[int] = []
     for block in range(2 * (args.steps // args.interval)):
         scout_on = block % 2 == 1  # alternate blocks: neither phase always runs warmer
         for i in range(args.interval):
@@ -98,17 +99,38 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
                 result = coord.on_boundary(n, Outcome.CLEAN, n % catalog, extra=extra)
                 times["boundary"].append(time.monotonic() - b0)
                 times["capture"].append(result.capture_s)
+                held.append(_held(coord.memory))
             sync()
             times["gated" if scout_on else "plain"].append(time.monotonic() - t0)
     coord.close()
     snap = coord.memory.latest
+    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    state += sum(
+        v.numel() * v.element_size()
+        for st in opt.state.values()
+        for v in st.values()
+        if isinstance(v, torch.Tensor)
+    )
     return {
         "device": device,
         "params": sum(p.numel() for p in model.parameters()),
         "snapshot_bytes": 0 if snap is None else snap.nbytes(),
+        "state_bytes": state,
+        "held_bytes_peak": max(held, default=0),
+        "held_bytes_end": held[-1] if held else 0,
         "catalog_size": catalog,
         **times,
     }
+
+
+def _held(memory: Any) -> int:
+    """Host bytes the gate holds: its distinct generations (and, where the checkout has
+    one, its buffer pool: ``held_bytes``)."""
+    held = getattr(memory, "held_bytes", None)
+    if callable(held):
+        return int(held())
+    snaps = {id(g): g for g in (memory.latest, memory.candidate, memory.verified) if g}
+    return sum(int(g.nbytes()) for g in snaps.values())
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,6 +152,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": m["device"],
         "params": m["params"],
         "snapshot_bytes": m["snapshot_bytes"],
+        # Host memory the gate holds on this rank, and as a multiple of the live model +
+        # optimizer state (one generation is ~1x; latest, candidate and verified ~3x).
+        "state_bytes": m["state_bytes"],
+        "held_bytes_peak": m["held_bytes_peak"],
+        "held_over_state_peak": m["held_bytes_peak"] / max(1, m["state_bytes"]),
+        "held_over_state_end": m["held_bytes_end"] / max(1, m["state_bytes"]),
         "interval": args.interval,
         "catalog_size": m["catalog_size"],
         "boundaries": len(boundary),

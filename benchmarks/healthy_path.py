@@ -1,29 +1,64 @@
 """Healthy-path overhead of replay at the default cadence, printed as JSON.
 
-    python benchmarks/healthy_path.py [--ranks 2] [--steps 200] [--layers 12]
+    python benchmarks/healthy_path.py [--ranks 2] [--steps 200] [--layers 12 32 64]
+        [--repeats 3] [--device cpu|cuda]
 
-Two identical copies of a 12-layer transformer-style model train side by side in
-one job (DDP over Gloo on CPU), one with SCOUT enabled at the default cadence
-(hidden layer, embedding, LM head and optimizer every 20 steps, variants
-0.1x/x/10x) and one without; their steps are interleaved so both see the same
-machine load. The JSON reports the measured step-time overhead ratio, the
-paper's amortised estimate V/(I*N) (hidden-layer replay only), their ratio, and the
-overhead split into due steps (where replay runs) and healthy-path steps (where
-only SCOUT's hooks run). With 12 layers the estimate itself is 1.25% at the
-default V=3, I=20; the <= 0.5% goal needs N >= 30 layers (``--layers 32``).
+Two identical copies of a transformer-style model (``--layers`` blocks of
+self-attention plus MLP) train side by side in one job (DDP over Gloo), one with
+SCOUT enabled at the default cadence (every recipe every 20 steps, variants
+0.1x/x/10x, the checkpoint gate on as ``enable`` wires it) and one without; their
+steps are interleaved so both see the same machine load. Each model size runs
+``--repeats`` times (fresh processes) and every figure is the median of the runs.
+
+Per model it prints:
+
+* ``overhead``: measured step-time overhead (sum of on / sum of off - 1);
+* the estimates: the paper's ``V/(I*N)`` (hidden-layer replay only), the same from
+  measured FLOP shares, and ``with_extras``, which adds the embedding, LM head and
+  optimizer recipes at their own compute share (FLOPs of the module's forward and
+  backward as ``torch.utils.flop_counter`` counts them, times the variants its inputs
+  allow; the optimizer slice at its share of the optimizer step);
+* ``measured_over_estimate`` against both;
+* ``idle_overhead``: the overhead of steps with no replay due (measured ratio), and
+  ``idle_scout_us``: the time SCOUT's step hooks take on such a step, measured
+  directly (the ratio is below the timing noise of a shared machine, this is not);
+* ``due``: the overhead of steps with replay due, and their breakdown (median per
+  due step): ``boundary_ms`` (all of SCOUT's work at the boundary), ``collectives_ms``
+  and ``collectives`` (count: readiness, payload broadcast, result exchange, gate
+  combine), ``gate_capture_ms`` and ``replay_compute_ms`` (the rest: the replayed
+  module calls, signing, packing);
+* ``load_avg``: the 1-minute load average before and after each run.
+
+The instrumentation lives here only (wrappers around ``torch.distributed`` and the
+gate's capture, two optimizer hooks around SCOUT's), so the same script measures
+any checkout: run it with ``PYTHONPATH`` at another tree to get its figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+_COLLECTIVES = (
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "isend",
+    "irecv",
+)
 
 
 class Block(nn.Module):
@@ -57,7 +92,76 @@ class Model(nn.Module):
         return self.head(self.norm(x))
 
 
-def bench_rank(steps: int, layers: int, report_dir: str) -> dict[str, Any]:
+class _Probe:
+    """Benchmark-only instrumentation: time spent in SCOUT's boundary, its collectives
+    and the gate's capture, per step."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.start = 0.0
+        self.step: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.step = {"boundary": 0.0, "coll": 0.0, "coll_n": 0.0, "capture": 0.0}
+
+    def wrap_collectives(self) -> None:
+        import torch.distributed as dist
+
+        for name in _COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                setattr(dist, name, self._timed(fn, "coll"))
+
+    def wrap_capture(self) -> None:
+        from scout_core.checkpoint.memory import InMemoryCheckpoints
+
+        InMemoryCheckpoints.capture = self._timed(  # type: ignore[method-assign]
+            InMemoryCheckpoints.capture, "capture", count=False
+        )
+
+    def _timed(self, fn: Callable[..., Any], key: str, *, count: bool = True) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.inside:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step[key] += time.perf_counter() - t0
+                if count:
+                    self.step[key + "_n"] += 1
+
+        return timed
+
+    def enter(self, *_: Any) -> None:
+        self.inside = True
+        self.start = time.perf_counter()
+
+    def leave(self, *_: Any) -> None:
+        self.step["boundary"] += time.perf_counter() - self.start
+        self.inside = False
+
+
+def _flop_shares(model: nn.Module, tokens: torch.Tensor, vocab: int) -> dict[str, float]:
+    """Each module's share of one training step's FLOPs (forward and backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    counts = {k: float(sum(v.values())) for k, v in counter.get_flop_counts().items()}
+    total = counts.get("Global", 0.0) or 1.0
+    layers = [v for k, v in counts.items() if k.startswith("Model.layers.") and k.count(".") == 2]
+    return {
+        "layer": statistics.fmean(layers) / total,
+        "embedding": counts.get("Model.embed", 0.0) / total,
+        "lm_head": counts.get("Model.head", 0.0) / total,
+    }
+
+
+def bench_rank(steps: int, layers: int, report_dir: str, device: str) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -65,66 +169,195 @@ def bench_rank(steps: int, layers: int, report_dir: str) -> dict[str, Any]:
     from scout_core.integration.torch_plugin import enable_torch
 
     rank = dist.get_rank()
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else None
     vocab, dim = 256, 128
+    probe = _Probe()
+    probe.wrap_collectives()
+    probe.wrap_capture()
     pairs = []
     for _ in range(2):
         torch.manual_seed(0)
-        ddp = DistributedDataParallel(Model(vocab, dim, layers, heads=4))
+        model = Model(vocab, dim, layers, heads=4).to(dev or "cpu")
+        ddp = DistributedDataParallel(model)
         pairs.append((ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3)))
+    probe_tokens = torch.randint(0, vocab, (8, 65), generator=torch.Generator().manual_seed(1))
+    shares = _flop_shares(pairs[1][0].module, probe_tokens.to(dev or "cpu"), vocab)
+    on_opt = pairs[0][1]
+    on_opt.register_step_post_hook(probe.enter)  # before SCOUT's hooks: runs first
     cfg = Config(report_dir=report_dir, run_id="bench", observer=False)
-    session = enable_torch(pairs[0][0], pairs[0][1], cfg)
-    log: list[Any] = []
-    session.on_boundary(lambda boundary: log.extend(boundary.rounds))
+    session = enable_torch(pairs[0][0], on_opt, cfg)
+    on_opt.register_step_post_hook(probe.leave)  # after SCOUT's: the boundary is between
+    due: list[bool] = []
+    session.on_boundary(lambda boundary: due.append(bool(boundary.due)))
+    off_opt_s: list[float] = []
+    mark = [0.0]
+    pairs[1][1].register_step_pre_hook(lambda *_: mark.__setitem__(0, time.perf_counter()))
+    pairs[1][1].register_step_post_hook(lambda *_: off_opt_s.append(time.perf_counter() - mark[0]))
+    times, scout = _train(pairs, probe, steps, vocab, dev)
+    sched = session.replay.schedule if session.replay is not None else None
+    opt_share = statistics.median(off_opt_s) / statistics.median(times["off"])
+    params = sum(p.numel() for p in pairs[0][0].parameters())
+    verdicts = len(session.verdicts)
+    session.close()
+    return {
+        "times": times,
+        "scout": scout,
+        "due": due,
+        "verdicts": verdicts,
+        "estimate": _estimates(
+            cfg, layers=layers, shares=shares, opt_share=opt_share, params=params, sched=sched
+        ),
+    }
+
+
+def _train(
+    pairs: list[Any], probe: _Probe, steps: int, vocab: int, dev: torch.device | None
+) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
+    """Train both models side by side, interleaved step by step; their step times."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
     times: dict[str, list[float]] = {"on": [], "off": []}
+    scout: list[dict[str, float]] = []
+
+    def sync() -> None:
+        if dev is not None:
+            torch.cuda.synchronize()
+
     for step in range(steps):
         gen = torch.Generator().manual_seed(step * 100 + rank)
-        tokens = torch.randint(0, vocab, (8, 65), generator=gen)
+        tokens = torch.randint(0, vocab, (8, 65), generator=gen).to(dev or "cpu")
         for label, (model, opt) in zip(("on", "off"), pairs, strict=True):
+            probe.reset()
             dist.barrier()
+            sync()
             t0 = time.perf_counter()
             logits = model(tokens[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            sync()
             times[label].append(time.perf_counter() - t0)
-    rounds = len(log)
-    flagged = len(session.verdicts)
-    estimate = session_estimate(cfg, layers)
-    session.close()
-    return {"times": times, "rounds": rounds, "flagged": flagged, "estimate": estimate}
+            if label == "on":
+                scout.append(dict(probe.step))
+    return times, scout
 
 
-def session_estimate(cfg: Any, layers: int) -> float:
-    from scout_core.replay.schedule import Schedule
+def _estimates(
+    cfg: Any,
+    *,
+    layers: int,
+    shares: dict[str, float],
+    opt_share: float,
+    params: int,
+    sched: Any,
+) -> dict[str, float]:
+    """V/(I*N) and its FLOP-share versions, with and without the extra recipes."""
+    v = len(cfg.variants)
+    recipes = set(cfg.recipes)
+    hidden = v / (cfg.replay_interval * layers) if "hidden" in recipes else 0.0
+    hidden_flops = v * shares["layer"] / cfg.replay_interval if "hidden" in recipes else 0.0
+    extras = 0.0
+    if "embedding" in recipes:  # integer token inputs: one variant (no scaling)
+        extras += shares["embedding"] / cfg.embedding_interval
+    if "lm_head" in recipes:
+        extras += v * shares["lm_head"] / cfg.lm_head_interval
+    if "optimizer" in recipes:
+        extras += min(1.0, cfg.optimizer_slice / params) * opt_share / cfg.optimizer_interval
+    return {
+        "paper_v_over_i_n": hidden,
+        "hidden_flops": hidden_flops,
+        "with_extras": hidden_flops + extras,
+        "layer_flop_share": shares["layer"],
+        "lm_head_flop_share": shares["lm_head"],
+        "optimizer_time_share": opt_share,
+        "spread": bool(getattr(sched, "spread", False)),
+    }
 
-    sched = Schedule(
-        layers=[str(i) for i in range(layers)],
-        embedding=None,
-        lm_head=None,
-        optimizer=False,
-        intervals={"hidden": cfg.replay_interval},
-        recipes=("hidden",),
-        variants=len(cfg.variants),
-    )
-    return sched.overhead_estimate()
 
+def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
+    steps = len(results[0]["times"]["on"])
+    idx = range(warm, steps)
+    due_flags = results[0]["due"]
 
-def _due_overhead(results: list[dict[str, Any]], warm: int, steps: int) -> dict[str, float]:
-    """Overhead split into due steps (replay runs) and the healthy path (nothing due).
+    def slowest(label: str, i: int) -> float:
+        return max(r["times"][label][i] for r in results)
 
-    The default cadence (every 20 steps) makes steps 19, 39, ... due; the rest only
-    pay the hooks, which must be near-free.
-    """
-    due = [i for i in range(warm, steps) if (i + 1) % 20 == 0]
-    idle = [i for i in range(warm, steps) if (i + 1) % 20 != 0]
-
-    def ratio(idx: list[int]) -> float:
-        on = sum(max(r["times"]["on"][i] for r in results) for i in idx)
-        off = sum(max(r["times"]["off"][i] for r in results) for i in idx)
+    def ratio(sel: list[int]) -> float:
+        on = sum(slowest("on", i) for i in sel)
+        off = sum(slowest("off", i) for i in sel)
         return on / off - 1.0 if off else 0.0
 
-    return {"due_steps": ratio(due), "healthy_path_steps": ratio(idle)}
+    due = [i for i in idx if due_flags[i]]
+    idle = [i for i in idx if not due_flags[i]]
+    overhead = ratio(list(idx))
+    est = results[0]["estimate"]
+    mine = results[0]["scout"]
+
+    def med(key: str, sel: list[int], scale: float = 1e3) -> float:
+        return scale * statistics.median(mine[i][key] for i in sel) if sel else 0.0
+
+    breakdown = {
+        "boundary_ms": med("boundary", due),
+        "collectives_ms": med("coll", due),
+        "collectives": med("coll_n", due, 1.0),
+        "gate_capture_ms": med("capture", due),
+        "replay_compute_ms": (
+            1e3
+            * statistics.median(
+                mine[i]["boundary"] - mine[i]["coll"] - mine[i]["capture"] for i in due
+            )
+            if due
+            else 0.0
+        ),
+    }
+    return {
+        "steps_measured": len(idx),
+        "due_steps": len(due),
+        "step_time_off_ms": 1e3 * statistics.median(slowest("off", i) for i in idx),
+        "overhead": overhead,
+        "estimate": est,
+        "measured_over_estimate": overhead / est["with_extras"] if est["with_extras"] else None,
+        "measured_over_paper_estimate": (
+            overhead / est["paper_v_over_i_n"] if est["paper_v_over_i_n"] else None
+        ),
+        "idle_overhead": ratio(idle),
+        "idle_scout_us": med("boundary", idle, 1e6),
+        "idle_scout_share": (
+            statistics.median(mine[i]["boundary"] for i in idle)
+            / statistics.median(slowest("off", i) for i in idle)
+            if idle
+            else 0.0
+        ),
+        "due": {"overhead": ratio(due), **breakdown},
+        "verdicts": results[0]["verdicts"],
+    }
+
+
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Field-wise median of the runs' summaries (nested dicts too)."""
+    out: dict[str, Any] = {}
+    for key, first in runs[0].items():
+        values = [r[key] for r in runs]
+        if isinstance(first, dict):
+            out[key] = _median_of(values)
+        elif isinstance(first, bool) or first is None:
+            out[key] = first
+        elif isinstance(first, int | float):
+            out[key] = statistics.median(v for v in values if v is not None)
+        else:
+            out[key] = first
+    return out
+
+
+def _load() -> float | None:
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,37 +368,35 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--layers", type=int, nargs="+", default=[12])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warm", type=int, default=10)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
-    report = tempfile.mkdtemp(prefix="scout-bench-")
-    # Ranks import this file by name: the script's folder is on sys.path.
-    results = run_ranks(
-        "healthy_path:bench_rank",
-        args.ranks,
-        args=(args.steps, args.layers, report),
-        timeout_s=1800,
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    warm = 10
-    on = [max(r["times"]["on"][i] for r in results) for i in range(warm, args.steps)]
-    off = [max(r["times"]["off"][i] for r in results) for i in range(warm, args.steps)]
-    total_on, total_off = sum(on), sum(off)
-    out = {
+    out: dict[str, Any] = {
         "ranks": args.ranks,
-        "layers": args.layers,
-        "steps_measured": len(on),
-        "step_time_off_ms": 1000 * statistics.median(off),
-        "step_time_on_ms": 1000 * statistics.median(on),
-        "overhead_ratio": total_on / total_off - 1.0,
-        "estimate_v_over_i_n": results[0]["estimate"],
-        # How far the measurement is from the paper's hidden-layer estimate; > 1 means
-        # the other recipes (embedding, LM head, optimizer slice), C3 exchanges and
-        # hooks cost more than the estimate counts.
-        "measured_over_estimate": (total_on / total_off - 1.0) / results[0]["estimate"],
-        "due_step_overhead_ratio": _due_overhead(results, warm, args.steps),
-        "replay_rounds": results[0]["rounds"],
-        "verdicts": results[0]["flagged"],
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "device": args.device,
+        "threads_per_rank": 1,
+        "models": {},
     }
+    for layers in args.layers:
+        runs = []
+        for _ in range(args.repeats):
+            report = tempfile.mkdtemp(prefix="scout-bench-")
+            before = _load()
+            results = run_ranks(
+                "healthy_path:bench_rank",
+                args.ranks,
+                args=(args.steps, layers, report, args.device),
+                timeout_s=3600,
+                env={"OMP_NUM_THREADS": "1"},
+            )
+            summary = _summarise(results, args.warm)
+            summary["load_avg"] = [before, _load()]
+            runs.append(summary)
+        out["models"][str(layers)] = {"median": _median_of(runs), "runs": runs}
     print(json.dumps(out, indent=2))
     return 0
 

@@ -163,7 +163,7 @@ class CheckpointCoordinator:
                 )
             return BoundaryResult(decision)
 
-        snap = self.memory.capture(step, extra)
+        snap = self.memory.capture(step, extra, rotating=decision.action is Action.ROTATE)
         gate.apply(decision)
         # A routine capture only moves ``latest``: no record (a long run would write one
         # fsynced line per boundary). Cycle closes, drops and retrievals are recorded.

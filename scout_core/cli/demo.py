@@ -143,11 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sdc = [v for v in verdicts if v["failure"] == "sdc" and v["outliers"] == [sdc_rank]]
     slow = [v for v in verdicts if v["failure"] == "straggler" and v["outliers"] == [slow_rank]]
     other = [v for v in verdicts if v not in sdc and v not in slow]
-    ok = bool(sdc) and bool(slow) and not other
+    # Replay runs a hidden layer every step, and a straggler needs straggler_rounds (2)
+    # consecutive slow hidden rounds: slow at steps s, s+1, s+2 is reported at s+1 and s+2,
+    # whatever other recipes ran in between.
+    expected = [args.slow_step + 1, args.slow_step + 2]
+    on_time = sorted(v["step"] for v in slow) == expected
+    ok = bool(sdc) and on_time and not other
     print(
         f"\nSDC localized to rank {sdc_rank}: {'yes' if sdc else 'NO'}; "
-        f"straggler localized to rank {slow_rank}: {'yes' if slow else 'NO'}; "
-        f"other flags: {len(other)}"
+        f"straggler localized to rank {slow_rank} at steps {expected}: "
+        f"{'yes' if on_time else 'NO'}; other flags: {len(other)}"
     )
     print(f"evidence records: {report}   (render with: scout report {report})")
     return 0 if ok else 1

@@ -80,6 +80,13 @@ class Config:
     """Replay the optimizer update on one slice every this many optimizer steps
     (1..1,000,000). Switch the recipe off through ``recipes``, not with 0."""
 
+    spread_recipes: bool = True
+    """Give each recipe its own phase within its interval, so that no step runs more
+    than one recipe unless the intervals leave no free step (with the default
+    intervals of 20: the optimizer at steps 4, 24 ..., the LM head at 9, the
+    embedding at 14, a hidden layer at 19). ``false`` runs recipes of equal interval
+    on the same step."""
+
     recipes: tuple[str, ...] = RECIPES
     """Replay recipes to run, any of ``hidden``, ``embedding``, ``lm_head``,
     ``optimizer`` (no repeats). An empty list turns numerical replay off and leaves

@@ -6,42 +6,50 @@ change when a single bit anywhere changes. Tensors live on the accelerator and c
 be large, so the work is split in two (paper §5):
 
 * :func:`fold` runs on the tensor's own device and reduces its bytes to at most
-  :data:`MAX_FOLD_WORDS` 64-bit words (an int64 tensor on that device);
+  :data:`MAX_FOLD_WORDS` 64-bit words (an int64 tensor on that device, holding
+  1024 32-bit lanes);
 * :func:`finalize` runs on the CPU and mixes those words with the dtype and shape
   into the signature.
 
 [Definition of the fold]
-View the tensor's bytes (C order, native little-endian) as 64-bit words ``x_p``,
-the last word zero-padded, and lay them out in rows of 512: ``p = 512*i + j``. Row
-``i`` has an odd multiplier ``r_i = splitmix64((i + 1) * GOLDEN) | 1``. Fold word
-``j`` is ``sum_i r_i * x_(512 i + j) mod 2**64``, for ``j < min(512, words)``.
+View the tensor's bytes (C order, native little-endian) as 32-bit lanes ``y_p``,
+the last lane zero-padded, and lay them out in rows of 1024 lanes (4 KiB):
+``p = 1024*i + j``. Row ``i`` has an odd 32-bit multiplier ``r_i``, the low 32 bits
+of ``splitmix64((i + 1) * GOLDEN) | 1``. Lane ``j`` of the fold is
+``sum_i r_i * y_(1024 i + j) mod 2**32``, for ``j < min(1024, lanes)``; the lanes,
+zero-padded to an even count, are read back as ``min(512, ceil(nbytes / 8))``
+little-endian 64-bit words.
 
-* Every single-bit flip is caught: flipping bit ``k`` of ``x_p`` moves exactly one
-  fold word by ``±2**k * r_i``, which is never ``0 mod 2**64`` because ``r_i`` is odd;
+* Every single-bit flip is caught: flipping bit ``k`` of ``y_p`` moves exactly one
+  lane by ``±2**k * r_i``, which is never ``0 mod 2**32`` because ``r_i`` is odd;
   :func:`finalize` then maps a change in any one word to a change of the signature
   (each of its steps is a bijection).
-* Position matters: words in one row land in different fold words; words in one
+* Position matters: lanes in one row land in different fold lanes; lanes in one
   column are weighted by different pseudo-random multipliers, so swapping or
   transposing data changes the signature unless a rare coincidence cancels it.
 * Limit of a linear fold: several changes can cancel. For low bits that takes a
-  coincidence of about 2**-64, but a multiplier cannot spread a high bit: flipping
-  bit ``k`` moves a word by ``2**k * r``, which keeps only ``64 - k`` bits of ``r``.
-  Flipping bit 63 moves any word by exactly ``2**63``, so two bit-63 flips in one
-  column (words 4 KiB apart, e.g. the signs of two fp64 values) cancel, and so does
-  swapping two such words that differ only in bit 63. Catching those needs a
+  coincidence of about 2**-32, but a multiplier cannot spread a high bit: flipping
+  bit ``k`` moves a lane by ``2**k * r``, which keeps only ``32 - k`` bits of ``r``.
+  Flipping bit 31 moves any lane by exactly ``2**31``, so two bit-31 flips in one
+  column (lanes 4 KiB apart, e.g. the signs of two fp32 values) cancel, and so does
+  swapping two such lanes that differ only in bit 31. Catching those needs a
   non-linear step per element (about twice the cost); single-bit faults, the SDC
   model, are always caught.
-* Integer addition mod ``2**64`` is associative and commutative, so any chunking,
-  reduction order or device computes the same words: the definition is
+* Integer addition mod ``2**32`` is associative and commutative, so any chunking,
+  reduction order or device computes the same lanes: the definition is
   device-independent, and only the chunk size differs between devices.
 
-[Why chunks of rows]
-A one-pass fold over memory is the goal (issue 2: at least half the throughput of
-``torch.sum`` on the same tensor). ``(x * r).sum(0)`` materialises a full-size int64
-product and reads memory three times; an int64 matrix-vector product runs one
-thread without vector units. Multiplying a cache-sized block of rows into a
-preallocated buffer (``torch.mul(..., out=)``) and reducing it while it is still in
-cache reads the tensor once. ``benchmarks/signature_throughput.py`` measures it.
+[Why 32-bit lanes, and chunks of rows]
+A one-pass fold over memory is the goal (issue 15: at least half the throughput of
+``torch.sum`` on the same tensor, with one CPU thread too). PyTorch's 32-bit
+integer multiply runs about 2.5x faster on the CPU than its 64-bit one (which has
+no single vector instruction on most CPUs), and the 64-bit fold reached only 0.38x
+``torch.sum`` at one thread; 32-bit lanes keep every single-bit guarantee and trade
+the cancellation odds of multi-bit faults from 2**-64 to 2**-32. ``(y * r).sum(0)``
+would materialise a full-size product and read memory three times; multiplying a
+cache-sized block of rows into a preallocated buffer (``torch.mul(..., out=)``) and
+reducing it while it is still in cache reads the tensor once.
+``benchmarks/signature_throughput.py`` measures it.
 """
 
 from __future__ import annotations
@@ -66,7 +74,10 @@ MAX_FOLD_WORDS = 512
 """Most 64-bit words :func:`fold` leaves on the device (one row of the layout)."""
 
 _WORD_BYTES = 8
-_ROW_BYTES = MAX_FOLD_WORDS * _WORD_BYTES
+_LANE_BYTES = 4
+_LANES = 2 * MAX_FOLD_WORDS
+_ROW_BYTES = _LANES * _LANE_BYTES
+_MASK32 = (1 << 32) - 1
 _MASK = (1 << 64) - 1
 
 # splitmix64 constants (Steele, Lea, Flood 2014): the golden-ratio increment and the
@@ -79,11 +90,14 @@ _SEED_MANY = 0x3A7C4E9D12F6B085  # start of a sequence's chain
 _TAG_TENSOR = 1
 _TAG_NONE = 2
 
-# Rows per chunk. On the CPU 1024 rows (4 MiB) keep the product buffer in the
-# last-level cache while the reduction reads it back; an accelerator has no such
-# cache to protect and pays per launch, so it takes larger chunks, bounded to keep
-# the temporary small next to training memory. Any value gives the same words.
-_CPU_CHUNK_ROWS = 1024
+# Rows per chunk. On one CPU thread 128 rows (512 KiB) keep the product buffer in
+# the core's own cache while the reduction reads it back. With several threads each
+# chunk is two parallel kernels, each waiting for every worker thread, so fewer and
+# larger chunks (4 MiB, the last-level cache) win, above all on a busy machine. An
+# accelerator pays per launch, so it takes larger chunks still, bounded to keep the
+# temporary small next to training memory. Any value gives the same lanes.
+_CPU_CHUNK_ROWS = 128
+_CPU_PARALLEL_CHUNK_ROWS = 1024
 _DEVICE_CHUNK_ROWS = 16384
 
 
@@ -134,7 +148,7 @@ class _Multipliers:
     """Row multipliers ``r_i`` per device, grown by doubling and reused across calls.
 
     They are made on the CPU, so every device gets bit-identical values, then copied
-    once to the device; they take 1/512 of the largest tensor folded there.
+    once to the device; they take 1/1024 of the largest tensor folded there.
     """
 
     def __init__(self) -> None:
@@ -149,7 +163,9 @@ class _Multipliers:
                 while cap < rows:
                     cap *= 2
                 index = torch.arange(1, cap + 1, dtype=torch.int64)
-                mult = torch.bitwise_or(_mix64_tensor(index * to_int64(_GOLDEN)), 1)
+                mixed = torch.bitwise_or(_mix64_tensor(index * to_int64(_GOLDEN)), 1)
+                low = torch.bitwise_and(mixed, _MASK32)  # the odd low 32 bits, as int32
+                mult = torch.where(low >= 1 << 31, low - (1 << 32), low).to(torch.int32)
                 have = mult.reshape(cap, 1).to(device)
                 self._by_device[device] = have
             return have[:rows]
@@ -177,28 +193,28 @@ def _byte_view(t: Tensor) -> Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _as_words(data: Tensor) -> Tensor:
-    """int64 view of a 1-D uint8 tensor whose length is a multiple of 8."""
-    if data.storage_offset() % _WORD_BYTES:
-        data = data.clone()  # a view starting mid-word cannot be reinterpreted in place
-    return data.view(torch.int64)
+def _as_lanes(data: Tensor) -> Tensor:
+    """int32 view of a 1-D uint8 tensor whose length is a multiple of 4."""
+    if data.storage_offset() % _LANE_BYTES:
+        data = data.clone()  # a view starting mid-lane cannot be reinterpreted in place
+    return data.view(torch.int32)
 
 
-def _fold_rows(words: Tensor, mult: Tensor, chunk_rows: int) -> Tensor:
-    """``(words * mult).sum(0)`` mod 2**64 without a full-size temporary."""
-    rows = words.shape[0]
+def _fold_rows(lanes: Tensor, mult: Tensor, chunk_rows: int) -> Tensor:
+    """``(lanes * mult).sum(0)`` mod 2**32 without a full-size temporary."""
+    rows = lanes.shape[0]
     if rows <= chunk_rows:
-        return (words * mult).sum(0)
+        return (lanes * mult).sum(0, dtype=torch.int32)
     n_chunks = -(-rows // chunk_rows)
-    buf = torch.empty((chunk_rows, MAX_FOLD_WORDS), dtype=torch.int64, device=words.device)
-    partial = torch.empty((n_chunks, MAX_FOLD_WORDS), dtype=torch.int64, device=words.device)
+    buf = torch.empty((chunk_rows, _LANES), dtype=torch.int32, device=lanes.device)
+    partial = torch.empty((n_chunks, _LANES), dtype=torch.int32, device=lanes.device)
     for c in range(n_chunks):
         lo = c * chunk_rows
         hi = min(lo + chunk_rows, rows)
         out = buf[: hi - lo]
-        torch.mul(words[lo:hi], mult[lo:hi], out=out)
-        torch.sum(out, 0, out=partial[c])
-    return partial.sum(0)
+        torch.mul(lanes[lo:hi], mult[lo:hi], out=out)
+        torch.sum(out, 0, dtype=torch.int32, out=partial[c])
+    return partial.sum(0, dtype=torch.int32)
 
 
 def _fold(t: Tensor, chunk_rows: int) -> Tensor:
@@ -211,25 +227,28 @@ def _fold(t: Tensor, chunk_rows: int) -> Tensor:
     full_rows, rest = divmod(nbytes, _ROW_BYTES)
     mult = _MULTIPLIERS.get(full_rows + (1 if rest else 0), device)
     if full_rows:
-        body = _as_words(data[: full_rows * _ROW_BYTES]).view(full_rows, MAX_FOLD_WORDS)
+        body = _as_lanes(data[: full_rows * _ROW_BYTES]).view(full_rows, _LANES)
         acc = _fold_rows(body, mult[:full_rows], chunk_rows)
     else:
-        acc = torch.zeros(width, dtype=torch.int64, device=device)
+        acc = torch.zeros(_LANES, dtype=torch.int32, device=device)
     if rest:
         # The last, partial row: copied (< 4 KiB) into a zeroed row so the padding
-        # words are 0 and contribute nothing.
+        # lanes are 0 and contribute nothing.
         tail = torch.zeros(_ROW_BYTES, dtype=torch.uint8, device=device)
         tail[:rest] = data[full_rows * _ROW_BYTES :]
-        acc = acc + tail.view(torch.int64)[:width] * mult[full_rows]
-    return acc
+        acc = acc + tail.view(torch.int32) * mult[full_rows]
+    return acc[: 2 * width].contiguous().view(torch.int64)
 
 
 def _chunk_rows(device: torch.device) -> int:
-    return _CPU_CHUNK_ROWS if device.type == "cpu" else _DEVICE_CHUNK_ROWS
+    if device.type != "cpu":
+        return _DEVICE_CHUNK_ROWS
+    return _CPU_CHUNK_ROWS if torch.get_num_threads() == 1 else _CPU_PARALLEL_CHUNK_ROWS
 
 
 def fold(t: Tensor) -> Tensor:
-    """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``.
+    """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``
+    (the fold's 32-bit lanes, two per word).
 
     The words depend only on the bytes (see the module docstring), not on the device or
     on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.

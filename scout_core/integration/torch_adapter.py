@@ -337,12 +337,17 @@ class TorchAdapter(AdapterBase):
         rows = [c.shape[0] for c in torch.empty(full, device="meta").chunk(n)]
         rows += [0] * (n - len(rows))
         width = max(rows) if rows else 0
-        moved = local.movedim(dim, 0).cpu()
-        pad = torch.zeros((width, *moved.shape[1:]), dtype=moved.dtype)
+        # A device payload group (NCCL) gathers on the device; Gloo through host memory.
+        on_device = group.payload_pg is not None and local.device.type == "cuda"
+        where = local.device if on_device else torch.device("cpu")
+        moved = local.movedim(dim, 0).to(where)
+        pad = torch.zeros((width, *moved.shape[1:]), dtype=moved.dtype, device=where)
         pad[: moved.shape[0]] = moved
-        recv = torch.empty((n * width, *moved.shape[1:]), dtype=moved.dtype)
+        recv = torch.empty((n * width, *moved.shape[1:]), dtype=moved.dtype, device=where)
         taps.sleep_injected("shard" if axis is Axis.S else "tp")
-        dist.all_gather_into_tensor(recv, pad.contiguous(), group=group.pg)
+        pg = group.payload_pg if on_device else group.pg
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(recv, pad.contiguous(), group=pg)
         by_coord = sorted(range(n), key=lambda j: self._layout.address(group.ranks[j]).get(axis))
         pieces = [recv[j * width : j * width + rows[k]] for k, j in enumerate(by_coord)]
         return torch.cat(pieces, 0).movedim(0, dim).to(local.device)

@@ -6,9 +6,9 @@ grad, and the RNG states just before the call (so dropout replays the same
 masks); a tensor hook on each output records the gradient flowing back into it,
 which backward replay feeds to ``autograd.grad``. Only tensors are cloned, because
 only they must outlive the step (activations are freed or overwritten after
-backward); everything else is kept by reference. Hooks stay registered for the
-whole run but return at once unless the module is armed for the current
-iteration, so the healthy path costs one Python call per sampled module.
+backward); everything else is kept by reference. Hooks are registered only on the
+modules armed for the current iteration and removed when the next iteration is
+armed, so an iteration where nothing is due runs no SCOUT code in any forward.
 
 With :meth:`Capturer.keep_last` on (the checkpoint gate turns it on), the last
 complete capture taken of each module is kept (:meth:`Capturer.last`), so a
@@ -114,24 +114,35 @@ class Capturer:
 
     def __init__(self, refs: Iterable[ModuleRef], rng_streams: Sequence[RngStream]) -> None:
         self._rng = list(rng_streams)
+        self._modules = {ref.path: ref.module for ref in refs}
         self._armed: set[str] = set()
         self._step = 0
         self._captures: dict[str, Capture] = {}
         self._keep = False
         self._last: dict[str, Capture] = {}
         self.replaying = False
-        self._handles: list[RemovableHandle] = []
-        for ref in refs:
-            self._handles.append(
-                ref.module.register_forward_pre_hook(self._pre(ref.path), with_kwargs=True)
-            )
-            self._handles.append(ref.module.register_forward_hook(self._post(ref.path)))
+        self._handles: dict[str, tuple[RemovableHandle, RemovableHandle]] = {}
 
     def arm(self, step: int, paths: Iterable[str]) -> None:
-        """Capture ``paths`` during iteration ``step``; drops older captures."""
+        """Capture ``paths`` during iteration ``step``; drops older captures. Hooks are
+        added on the modules newly armed and removed from those no longer armed."""
         self._step = step
         self._armed = set(paths)
         self._captures = {}
+        for path in [p for p in self._handles if p not in self._armed]:
+            for handle in self._handles.pop(path):
+                handle.remove()
+        for path in self._armed - self._handles.keys():
+            module = self._modules[path]
+            self._handles[path] = (
+                module.register_forward_pre_hook(self._pre(path), with_kwargs=True),
+                module.register_forward_hook(self._post(path)),
+            )
+
+    @property
+    def hooked(self) -> tuple[str, ...]:
+        """The module paths that carry capture hooks right now."""
+        return tuple(sorted(self._handles))
 
     @property
     def armed(self) -> bool:
@@ -158,8 +169,9 @@ class Capturer:
         return self._last.get(path)
 
     def close(self) -> None:
-        for h in self._handles:
-            h.remove()
+        for handles in self._handles.values():
+            for h in handles:
+                h.remove()
         self._handles.clear()
         self._captures = {}
         self._last = {}
@@ -167,12 +179,7 @@ class Capturer:
 
     def _pre(self, path: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if (
-                path not in self._armed
-                or self.replaying
-                or path in self._captures
-                or not torch.is_grad_enabled()
-            ):
+            if self.replaying or path in self._captures or not torch.is_grad_enabled():
                 return
             if taps.capture_vetoed(path):
                 return

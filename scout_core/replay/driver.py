@@ -33,16 +33,19 @@ import torch
 import torch.distributed as dist
 
 from scout_core.config import Config
+from scout_core.decision.agreement import any_flag
 from scout_core.decision.c3 import Surface, exchange
 from scout_core.decision.signature import signature_many
-from scout_core.errors import UnsupportedSetupError
+from scout_core.errors import ConfigError, UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.records.evidence import EvidenceWriter, Record
 from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
 from scout_core.replay.capture import Capturer
+from scout_core.replay.control import ControlFlow
 from scout_core.replay.optimizer import OptimizerReplay, local_tensor
 from scout_core.replay.runner import LayerRunner, RoundOutcome
 from scout_core.replay.schedule import EMBEDDING, HIDDEN, LM_HEAD, OPTIMIZER, Recipe, Schedule
+from scout_core.replay.scope import check_cublas_workspace
 from scout_core.replay.verdicts import VerdictMaker
 from scout_core.topology.groups import PeerGroup, create_peer_groups, diagnostic_group
 from scout_core.topology.mesh import Axis, MeshLayout
@@ -75,20 +78,9 @@ class ReplayDriver:
         self.writer = writer
         self._on_verdict = on_verdict
         layout = adapter.layout()
-        rank = adapter.rank()
-        kinds = ["peer"]
         fsdp = layout.size(Axis.S) > 1
         tp = layout.size(Axis.T) > 1
-        if fsdp and layout.size(Axis.D) > 1:
-            kinds.append("shard")
-        if tp:
-            kinds.append("t")  # TP shards are gathered on SCOUT's own TP group
-        # Context/sequence and expert partners exchange activations inside a replayed
-        # block (all-to-all on SCOUT's copies of their groups), so readiness must hold
-        # across those groups too, or a ready group would wait on an unready partner.
-        kinds.extend(k for k, axis in (("c", Axis.C), ("e", Axis.E)) if layout.size(axis) > 1)
-        groups = create_peer_groups(layout, rank, kinds)
-        self.hosts = exchange_hosts(layout)
+        groups, self.hosts = _make_groups(adapter, config)
         self.peers: PeerGroup = groups["peer"]
         adapter.bind_groups(groups)
         self.optimizers = list(adapter.optimizers())
@@ -117,8 +109,14 @@ class ReplayDriver:
             },
             recipes=config.recipes,
             variants=len(config.variants),
+            spread=config.spread_recipes,
         )
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
+        marker = embedding or (layers[0] if layers else lm_head)
+        self.control = ControlFlow(
+            marker.module if marker is not None else None,
+            replaying=lambda: self.capturer.replaying,
+        )
         self.runner = LayerRunner(
             peers=self.peers,
             modules=refs,
@@ -127,6 +125,7 @@ class ReplayDriver:
             materialize=adapter.materialize,
             variants=config.variants,
             kappa=config.kappa,
+            layout=layout,
             deterministic=config.deterministic,
             threads=config.replay_threads,
             gathered=fsdp or tp,
@@ -164,6 +163,7 @@ class ReplayDriver:
         """This rank's most recent round outcomes, oldest first (bounded)."""
         self.events = BoundaryEvents()
         self._step = 0
+        self._warned_extra = False
         self.clock = StepClock(
             self.optimizers,
             list(adapter.steps_per_iteration()),
@@ -171,6 +171,7 @@ class ReplayDriver:
             boundary=self._boundary,
         )
         self.capturer.arm(0, self.schedule.modules_due(0))
+        self.runner.announce()
         log.info(
             "scout: replay on %s group %s, catalog K=%d, estimated overhead V/(I*N)=%.4f%%",
             self.peers.kind,
@@ -196,11 +197,13 @@ class ReplayDriver:
         """Training continues with iteration ``step`` (after a restore); re-arms capture."""
         self._step = step
         self.clock.reset()
+        self.control.take()
         due = self.schedule.modules_due(step) if self.schedule.any_due(step) else ()
         self.capturer.arm(step, due)
 
     def close(self) -> None:
         self.clock.close()
+        self.control.close()
         self.capturer.close()
         self.adapter.close()
 
@@ -209,7 +212,7 @@ class ReplayDriver:
 
     def _pre_step(self, which: int) -> None:
         step = self._step
-        if self.peer_size < 2 or not self.schedule.any_due(step):
+        if self.peer_size < 2 or not self.schedule.any_due(step) or not self.control.iterating:
             return
         for recipe in self.schedule.due(step, optimizer_slices=self.opt.slices()):
             if recipe.kind == OPTIMIZER:
@@ -217,6 +220,18 @@ class ReplayDriver:
 
     def _boundary(self) -> None:
         step = self._step
+        if self.control.boundary():
+            # An optimizer step without a training forward since the last one: no new
+            # iteration. The clock stays, so this rank enters replay collectives at the
+            # same iterations as its peers; the next round reports the extra step.
+            if not self._warned_extra:
+                log.warning(
+                    "scout: an optimizer step without a training forward since the previous "
+                    "one (an extra step); the step clock stays at iteration %d",
+                    step,
+                )
+                self._warned_extra = True
+            return
         due, rounds = _NO_RECIPES, _NO_ROUNDS
         if self.schedule.any_due(step):
             due = tuple(self.schedule.due(step, optimizer_slices=self.opt.slices()))
@@ -231,9 +246,12 @@ class ReplayDriver:
 
     def _run(self, due: Sequence[Recipe], step: int) -> list[RoundOutcome]:
         out: list[RoundOutcome] = []
+        counts = self.control.take()
         for recipe in due:
             outcome = (
-                self.opt.run(step) if recipe.kind == OPTIMIZER else self.runner.run(recipe, step)
+                self.opt.run(step, counts=counts)
+                if recipe.kind == OPTIMIZER
+                else self.runner.run(recipe, step, counts=counts)
             )
             if outcome is None:
                 continue
@@ -292,15 +310,61 @@ class ReplayDriver:
         return RoundOutcome(recipe, step, self.peers.ranks, True, results)
 
 
-def exchange_hosts(layout: MeshLayout) -> dict[int, str]:
+def _make_groups(
+    adapter: FrameworkAdapter, config: Config
+) -> tuple[dict[str, PeerGroup], dict[int, str]]:
+    """SCOUT's diagnostic groups for this layout and every rank's host. Collective.
+
+    Refuses (:class:`ConfigError`, on every rank together) deterministic replay on
+    CUDA that cuBLAS could not honour (:func:`.scope.check_cublas_workspace`).
+    """
+    layout = adapter.layout()
+    kinds = ["peer"]
+    if layout.size(Axis.S) > 1 and layout.size(Axis.D) > 1:
+        kinds.append("shard")
+    if layout.size(Axis.T) > 1:
+        kinds.append("t")  # TP shards are gathered on SCOUT's own TP group
+    # Context/sequence and expert partners exchange activations inside a replayed
+    # block (all-to-all on SCOUT's copies of their groups), so readiness must hold
+    # across those groups too, or a ready group would wait on an unready partner.
+    kinds.extend(k for k, axis in (("c", Axis.C), ("e", Axis.E)) if layout.size(axis) > 1)
+    job = diagnostic_group(list(layout.ranks))
+    hosts = exchange_hosts(layout, job)
+    on_cuda = _on_cuda(adapter)
+    refusal = check_cublas_workspace(uses_cuda=on_cuda, deterministic=config.deterministic)
+    if any_flag(refusal is not None, job):  # every rank refuses together
+        raise ConfigError(refusal or "another rank cannot run deterministic CUDA replay")
+    payload = _payload_backend(on_cuda)
+    return create_peer_groups(layout, adapter.rank(), kinds, payload_backend=payload), hosts
+
+
+def _on_cuda(adapter: FrameworkAdapter) -> bool:
+    """Whether the replayed modules' parameters live on a CUDA device."""
+    for ref in adapter.repeated_layers():
+        for p in ref.module.parameters():
+            return p.device.type == "cuda"
+    return False
+
+
+def _payload_backend(on_cuda: bool) -> str | None:
+    """NCCL payload groups when the job itself trains over NCCL on CUDA (one device per
+    rank); else None: payloads travel through host memory on the Gloo groups (ranks
+    that share one GPU over Gloo, and every CPU job)."""
+    if not (on_cuda and dist.is_nccl_available()):
+        return None
+    return "nccl" if "nccl" in str(dist.get_backend()).lower() else None
+
+
+def exchange_hosts(layout: MeshLayout, group: dist.ProcessGroup | None = None) -> dict[int, str]:
     """Every rank's host name, exchanged as fixed-width bytes on a diagnostic group."""
     ranks = list(layout.ranks)
-    group = diagnostic_group(ranks)
+    group = diagnostic_group(ranks) if group is None else group
     name = socket.gethostname().encode()[:64]
     mine = torch.zeros(64, dtype=torch.uint8)
     mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
     out = torch.empty(64 * len(ranks), dtype=torch.uint8)
-    dist.all_gather_into_tensor(out, mine, group=group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, mine, group=group)
     rows = out.view(len(ranks), 64).tolist()
     return {
         r: bytes(b for b in row if b).decode(errors="replace")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +42,9 @@ import torch
 
 from scout_core.decision.c3 import Surface, exchange
 from scout_core.integration.adapter import Ownership
+from scout_core.replay import control
 from scout_core.replay.packing import pack, sign, unpack
-from scout_core.replay.runner import RoundOutcome, timed_broadcast
+from scout_core.replay.runner import RoundOutcome, payload_device, timed_broadcast
 from scout_core.replay.schedule import OPTIMIZER, Recipe
 from scout_core.topology.groups import PeerGroup
 from scout_core.vocabulary import Mode, Status
@@ -170,18 +170,26 @@ class OptimizerReplay:
 
     # -- after the step -------------------------------------------------------------------
 
-    def run(self, step: int) -> RoundOutcome | None:
-        """Replay and compare the snapshot taken before this step; None when skipped."""
+    def run(self, step: int, *, counts: control.Counts | None = None) -> RoundOutcome | None:
+        """Replay and compare the snapshot taken before this step; None when skipped.
+        ``counts`` are this rank's control-flow counts since the last round."""
         if not self.supported:
             return None
         pieces, self._pieces = self._pieces, None
         recipe = Recipe(OPTIMIZER, None, self._index)
         ready = exchange(
-            [Surface("optimizer/ready", Mode.EXACT, self._digest(pieces, step))],
+            [
+                Surface("optimizer/ready", Mode.EXACT, self._digest(pieces, step)),
+                *control.surfaces("optimizer", counts),
+            ],
             group=self.peers.pg,
             ranks=self.peers.ranks,
             kappa=self.kappa,
         )
+        if control.diverged("optimizer", ready):
+            return RoundOutcome(
+                recipe, step, self.peers.ranks, False, dict(ready), "control flow diverged"
+            )
         if ready["optimizer/ready"].status is not Status.AGREE or pieces is None:
             return RoundOutcome(
                 recipe, step, self.peers.ranks, False, dict(ready), "optimizer snapshot differs"
@@ -189,9 +197,7 @@ class OptimizerReplay:
         own_before = sign(self._flat(pieces))
         after = self._after()
         src = self.peers.ranks[step % len(self.peers.ranks)]
-        t0 = time.monotonic()
-        received = self._broadcast(pieces, src)
-        t_bcast = time.monotonic() - t0
+        received, t_bcast = self._broadcast(pieces, src)
         try:
             update: int | None = sign(self._replay(received))
         except Exception as exc:  # evidence goes missing; peers read inconclusive
@@ -253,17 +259,17 @@ class OptimizerReplay:
                     out.append(local_tensor(v).detach().reshape(-1)[flat])
         return out
 
-    def _broadcast(self, pieces: list[_Piece], src: int) -> list[_Piece]:
+    def _broadcast(self, pieces: list[_Piece], src: int) -> tuple[list[_Piece], float]:
         flat = self._flat(pieces)
-        buf = pack(flat)
-        timed_broadcast(buf, src, self.peers)
+        buf = pack(flat, device=payload_device(self.peers, flat))
+        t_bcast = timed_broadcast(buf, src, self.peers)
         got = iter(unpack(buf, flat))
         out: list[_Piece] = []
         for pc in pieces:
             param, grad = next(got), next(got)
             slots = {k: next(got) for k in sorted(pc.slots)}
             out.append(_Piece(pc.optimizer, pc.group, param, grad, slots))
-        return out
+        return out, t_bcast
 
     def _replay(self, pieces: list[_Piece]) -> list[torch.Tensor]:
         """Apply each piece's optimizer class to copies of the slice; the updated values."""

@@ -3,8 +3,9 @@
 Replay moves tensors between peers and compares what they computed. Both must be
 cheap on the steps where replay runs:
 
-* :func:`pack` / :func:`unpack` turn a list of tensors into one CPU ``uint8``
-  buffer and back, so one broadcast carries a whole recipe's inputs (no pickle);
+* :func:`pack` / :func:`unpack` turn a list of tensors into one ``uint8`` buffer
+  (host memory, or the device for a device payload group) and back, so one
+  broadcast carries a whole recipe's inputs (no pickle);
 * :func:`sign` is :func:`scout_core.decision.signature.signature_many` over a surface's
   tensors with consecutive tensors of one dtype and device concatenated first. A
   layer's parameter gradients are dozens of small tensors, and a signature's fixed
@@ -24,10 +25,12 @@ from scout_core.decision.signature import signature_many
 __all__ = ["pack", "sign", "unpack"]
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Concatenate tensors' bytes into one CPU ``uint8`` buffer (one broadcast, no pickle)."""
-    parts = [t.detach().contiguous().cpu().reshape(-1).view(torch.uint8) for t in tensors]
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+def pack(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
+    """Concatenate tensors' bytes into one ``uint8`` buffer on ``device`` (default: host
+    memory for Gloo; a CUDA device for an NCCL payload group): one broadcast, no pickle."""
+    where = torch.device("cpu") if device is None else device
+    parts = [t.detach().contiguous().to(where).reshape(-1).view(torch.uint8) for t in tensors]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=where)
 
 
 def unpack(buf: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:

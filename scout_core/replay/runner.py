@@ -4,7 +4,9 @@ At the boundary after a due optimizer step every peer of a comparison group runs
 the same sequence, so the collectives always match:
 
 1. **Readiness C3** (exact): a digest of recipe, capture step, tensor metadata,
-   requires-grad masks and software stack, plus the thread count. A peer that
+   requires-grad masks and software stack, plus the thread count and the
+   control-flow counts (:mod:`.control`: extra optimizer steps and micro-batches
+   since the last round; peers that disagree diverged in control flow). A peer that
    missed the capture contributes nothing, which makes the round *inconclusive*
    on every peer, and everyone returns before any recipe collective: a missing
    capture can never strand peers inside a broadcast. When the parameter gather
@@ -13,17 +15,25 @@ the same sequence, so the collectives always match:
    that is not ready can never strand a shard or TP partner inside a gather.
 2. The source peer (rotating with the step) **broadcasts** its captured inputs,
    the incoming output gradients and its pre-forward RNG states as one byte buffer
-   (timed: ``t_bcast``, the peer group's own communication).
+   (timed: ``t_bcast``, the peer group's own communication), on the peer group's
+   payload group when it has one (NCCL on CUDA: the buffer stays on the device),
+   else on its Gloo group through host memory.
 3. Under FSDP or TP the parameters are **gathered** on the diagnostic shard or TP
    group (timed: ``t_gather``); each replica peer first signs its local shards.
 4. For each input variant (``0.1x, x, 10x``) the module runs on copies
-   (parameters, buffers, inputs) under scoped deterministic mode with the agreed
-   thread count and the source's RNG (timed: ``t_M``), and ``autograd.grad`` from
-   the broadcast output gradient yields input and parameter gradients without
-   touching any live ``.grad``.
+   (:mod:`.compute`; timed: ``t_M``, on CUDA until the device finished). A layer
+   with an instance-level ``forward`` runs on the live module with the replay
+   parameters bound, where that cannot reach a training collective, and is not run
+   where it could (:mod:`.overrides`).
 5. **One exchange** carries exact signatures of what was received, the
-   materialised parameters, outputs, input gradients and parameter gradients, and
-   the statistical timings; each keeps its own bitmap.
+   materialised parameters, outputs, input gradients and parameter gradients, the
+   statistical timings and the peer's gap code (:mod:`.gaps`: why a surface it
+   could not produce is missing); each keeps its own bitmap.
+
+Three collectives per round on the peer group (readiness, broadcast, result
+exchange), plus one all-reduce per gather group that crosses replica groups and
+one all-gather per sharded parameter under FSDP or TP; none on a step where
+nothing is due.
 6. Each peer restores its own RNG streams, thread count and deterministic flag.
 
 A replay that raises on some peer (an unsupported op, an OOM) contributes no
@@ -35,9 +45,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,22 +56,21 @@ from torch import nn
 
 from scout_core.decision.agreement import all_ok as all_ready
 from scout_core.decision.c3 import C3Result, Surface, exchange
+from scout_core.errors import ConfigError
 from scout_core.integration.adapter import ModuleRef, RngStream
-from scout_core.replay import taps
-from scout_core.replay.capture import Capture, Capturer, unflatten
+from scout_core.replay import control, taps
+from scout_core.replay.capture import Capture, Capturer
+from scout_core.replay.compute import Call, Inputs, replay_module
+from scout_core.replay.gaps import Gap
+from scout_core.replay.overrides import instance_forwards, live_call_hazard
 from scout_core.replay.packing import pack, sign, unpack
 from scout_core.replay.schedule import Recipe
+from scout_core.replay.scope import Interval
 from scout_core.topology.groups import PeerGroup
+from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Mode, Status
 
-__all__ = [
-    "LayerRunner",
-    "RoundOutcome",
-    "deterministic_scope",
-    "pack",
-    "timed_broadcast",
-    "unpack",
-]
+__all__ = ["LayerRunner", "RoundOutcome", "payload_device", "timed_broadcast"]
 
 log = logging.getLogger("scout.replay")
 
@@ -85,35 +93,6 @@ class RoundOutcome:
     """The global rank that broadcast the replay inputs."""
 
 
-@contextmanager
-def deterministic_scope(enabled: bool, threads: int) -> Iterator[None]:
-    """Deterministic algorithms and a pinned intra-op thread count, restored on exit."""
-    prev_det = torch.are_deterministic_algorithms_enabled()
-    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    prev_threads = torch.get_num_threads()
-    try:
-        if enabled and not prev_det:
-            torch.use_deterministic_algorithms(True)
-        if threads != prev_threads:
-            torch.set_num_threads(threads)
-        yield
-    finally:
-        if enabled and not prev_det:
-            torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
-        if torch.get_num_threads() != prev_threads:
-            torch.set_num_threads(prev_threads)
-
-
-@contextmanager
-def _rng_scope(streams: Sequence[RngStream]) -> Iterator[None]:
-    saved = [(s, s.get()) for s in streams]
-    try:
-        yield
-    finally:
-        for s, state in saved:
-            s.set(state)
-
-
 def _leaf_meta(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return ["T", str(x.dtype), list(x.shape)]
@@ -128,7 +107,6 @@ def _digest(obj: Any) -> int:
 
 
 Materialize = Callable[[ModuleRef], AbstractContextManager[Mapping[str, torch.Tensor]]]
-ModuleCall = Callable[[nn.Module, dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any]], Any]
 
 
 def functional_call(
@@ -136,6 +114,33 @@ def functional_call(
 ) -> Any:
     """Run ``module`` with ``state`` bound in place of its parameters and buffers."""
     return torch.func.functional_call(module, state, args, kwargs)
+
+
+def payload_device(peers: PeerGroup, like: Sequence[torch.Tensor]) -> torch.device:
+    """Where a payload buffer lives: the tensors' CUDA device when the peer group has a
+    device payload group (NCCL), else host memory for Gloo."""
+    if peers.payload_pg is not None:
+        for t in like:
+            if t.device.type == "cuda":
+                return t.device
+    return torch.device("cpu")
+
+
+def timed_broadcast(buf: torch.Tensor, src: int, peers: PeerGroup) -> float:
+    """Broadcast ``buf`` from ``src`` on the peer group; returns ``t_bcast`` in seconds.
+
+    The payload group carries device buffers (NCCL), the Gloo group host buffers; the
+    interval ends when the device has the data. An injected slow link
+    (:func:`scout_core.replay.taps.add_comm_delay`, kind of the peer group) stalls
+    this rank inside the interval before it enters the broadcast, as a slow NIC on
+    this rank would.
+    """
+    pg = peers.payload_pg if buf.device.type != "cpu" and peers.payload_pg else peers.pg
+    timer = Interval(buf.device)
+    with timer.timing():
+        taps.sleep_injected(peers.kind)
+        dist.broadcast(buf, src=src, group=pg)
+    return timer.seconds
 
 
 class LayerRunner:
@@ -151,10 +156,11 @@ class LayerRunner:
         materialize: Materialize,
         variants: Sequence[float],
         kappa: float,
+        layout: MeshLayout,
         deterministic: bool = True,
         threads: int | None = None,
         gathered: bool = False,
-        call: ModuleCall = functional_call,
+        call: Call = functional_call,
         local_shards: Callable[[ModuleRef], Sequence[torch.Tensor]] | None = None,
         closure: Sequence[PeerGroup] = (),
     ) -> None:
@@ -165,6 +171,7 @@ class LayerRunner:
         self.materialize = materialize
         self.variants = tuple(variants)
         self.kappa = kappa
+        self.layout = layout
         self.deterministic = deterministic
         self.threads = threads
         self.gathered = gathered
@@ -172,17 +179,26 @@ class LayerRunner:
         self.local_shards = local_shards
         self.closure = tuple(closure)
         """Gather groups that cross replica groups: readiness is AND-ed over them."""
+        self.overrides: dict[str, str | None] = {}
+        """Layers with an instance-level ``forward`` seen so far, and the hazard that keeps
+        them from being replayed (``None``: replayed on the live module)."""
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
 
     # -- the round ------------------------------------------------------------------------
 
     def run(
-        self, recipe: Recipe, step: int, *, capture: Capture | bool | None = True
+        self,
+        recipe: Recipe,
+        step: int,
+        *,
+        capture: Capture | bool | None = True,
+        counts: control.Counts | None = None,
     ) -> RoundOutcome:
         """One round of ``recipe`` at ``step``. Collective over the peer group.
 
         ``capture`` is this iteration's capture (``True``: take it from the capturer),
         or an explicit one (a kept capture for the full-catalog sweep; None: none).
+        ``counts`` are this rank's control-flow counts since the last round.
         """
         assert recipe.path is not None
         ref = self.modules[recipe.path]
@@ -191,29 +207,34 @@ class LayerRunner:
         else:
             cap = capture if isinstance(capture, Capture) else None
         group = self.peers.ranks
-        ready = self._readiness(recipe, step, ref, cap)
+        ready = self._readiness(recipe, step, ref, cap, counts)
         meta = ready[f"{recipe.name}/ready"]
-        ok = meta.status is Status.AGREE and cap is not None
+        split = control.diverged(recipe.name, ready)
+        ok = meta.status is Status.AGREE and cap is not None and not split
         # Every rank takes part in the AND, ready or not, before anyone returns.
         all_ok = all_ready(ok, [g.pg for g in self.closure]) if self.closure else ok
         if ok and not all_ok:
             reason = "a gather partner's replica group is not ready"
             return RoundOutcome(recipe, step, group, False, dict(ready), reason)
         if not ok or cap is None:
-            reason = "capture missing on some peer" if None in meta.evidence else "peers differ"
+            if split:
+                reason = "control flow diverged"
+            elif None in meta.evidence:
+                reason = "capture missing on some peer"
+            else:
+                reason = "peers differ"
             return RoundOutcome(recipe, step, group, False, dict(ready), reason)
         threads = self.threads or int(
             min(int(e) for e in ready[f"{recipe.name}/threads"].evidence if isinstance(e, int))
         )
         src = group[step % len(group)]
-        t0 = time.monotonic()
-        received = self._broadcast(cap, src)
-        t_bcast = time.monotonic() - t0
+        received, t_bcast = self._broadcast(cap, src)
         values = self._replay(ref, cap, received, threads)
         names = SURFACES if self.local_shards is None else ("shard", *SURFACES)
         surfaces = [
             Surface(f"{recipe.name}/{name}", Mode.EXACT, values.get(name)) for name in names
         ]
+        surfaces.append(Surface(f"{recipe.name}/gap", Mode.EXACT, values.get("gap", 0)))
         surfaces.append(Surface(f"{recipe.name}/t_M", Mode.STATISTICAL, values.get("t_M")))
         surfaces.append(Surface(f"{recipe.name}/t_bcast", Mode.STATISTICAL, t_bcast))
         if self.gathered:
@@ -224,11 +245,19 @@ class LayerRunner:
         return RoundOutcome(recipe, step, group, True, {**ready, **results}, source=src)
 
     def _readiness(
-        self, recipe: Recipe, step: int, ref: ModuleRef, cap: Capture | None
+        self,
+        recipe: Recipe,
+        step: int,
+        ref: ModuleRef,
+        cap: Capture | None,
+        counts: control.Counts | None,
     ) -> dict[str, C3Result]:
         digest: int | None = None
         if cap is not None:
-            params = [[n, str(p.dtype), list(p.shape)] for n, p in ref.module.named_parameters()]
+            params = [
+                [n, str(p.dtype), list(p.shape), p.requires_grad]
+                for n, p in ref.module.named_parameters()
+            ]
             digest = _digest(
                 {
                     "recipe": recipe.name,
@@ -247,20 +276,22 @@ class LayerRunner:
         surfaces = [
             Surface(f"{recipe.name}/ready", Mode.EXACT, digest),
             Surface(f"{recipe.name}/threads", Mode.EXACT, self.threads or torch.get_num_threads()),
+            *control.surfaces(recipe.name, counts),
         ]
         return exchange(surfaces, group=self.peers.pg, ranks=self.peers.ranks, kappa=self.kappa)
 
-    def _broadcast(
-        self, cap: Capture, src: int
-    ) -> tuple[list[Any], list[torch.Tensor | None], dict[str, torch.Tensor]]:
+    def _broadcast(self, cap: Capture, src: int) -> tuple[Inputs, float]:
         tensors = [x for x in cap.leaves if isinstance(x, torch.Tensor)]
         grads = [g for g in cap.grads if g is not None]
         rng_names = sorted(cap.rng)
         like = tensors + grads + [cap.rng[k] for k in rng_names]
-        buf = pack(like) if dist.get_rank() == src else None
-        if buf is None:
-            buf = torch.empty(sum(t.numel() * t.element_size() for t in like), dtype=torch.uint8)
-        timed_broadcast(buf, src, self.peers)
+        device = payload_device(self.peers, like)
+        if dist.get_rank() == src:
+            buf = pack(like, device=device)
+        else:
+            size = sum(t.numel() * t.element_size() for t in like)
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
+        t_bcast = timed_broadcast(buf, src, self.peers)
         got = unpack(buf, like)
         it = iter(got[: len(tensors)])
         leaves = [next(it) if isinstance(x, torch.Tensor) else x for x in cap.leaves]
@@ -269,128 +300,102 @@ class LayerRunner:
             next(git) if g is not None else None for g in cap.grads
         ]
         rng = dict(zip(rng_names, got[len(tensors) + len(grads) :], strict=True))
-        return leaves, grads_out, rng
+        return Inputs(leaves, grads_out, rng), t_bcast
 
-    def _replay(
-        self,
-        ref: ModuleRef,
-        cap: Capture,
-        received: tuple[list[Any], list[torch.Tensor | None], dict[str, torch.Tensor]],
-        threads: int,
-    ) -> dict[str, Any]:
-        leaves, grads, rng = received
+    def _replay(self, ref: ModuleRef, cap: Capture, got: Inputs, threads: int) -> dict[str, Any]:
         values: dict[str, Any] = {}
         values["received"] = sign(
-            [x for x in leaves if isinstance(x, torch.Tensor)]
-            + list(grads)
-            + [rng[k] for k in sorted(rng)]
+            [x for x in got.leaves if isinstance(x, torch.Tensor)]
+            + list(got.grads)
+            + [got.rng[k] for k in sorted(got.rng)]
         )
         if self.local_shards is not None:
             values["shard"] = sign(self.local_shards(ref))
         try:
-            t0 = time.monotonic()
-            with self.materialize(ref) as full:
+            timer = Interval()
+            with timer.timing(), self.materialize(ref) as full:
                 params = dict(full)
             if self.gathered:
-                values["t_gather"] = time.monotonic() - t0
+                values["t_gather"] = timer.seconds
             values["params"] = sign(params[k] for k in sorted(params))
-            computed = self._compute(
-                ref, cap, leaves=leaves, grads=grads, rng=rng, params=params, threads=threads
-            )
+            call = self._call_for(ref)
+            if call is None:
+                values["gap"] = int(Gap.TRAINING_COLLECTIVE)
+                return values
+            self.capturer.replaying = True
+            try:
+                computed = replay_module(
+                    ref.module,
+                    cap,
+                    got,
+                    params,
+                    call=call,
+                    variants=self.variants,
+                    rng=self.rng,
+                    deterministic=self.deterministic,
+                    threads=threads,
+                )
+            finally:
+                self.capturer.replaying = False
+        except ConfigError as exc:  # a refusal (cuBLAS workspace): loud, never routine
+            log.error("scout: replay of %s refused on this rank: %s", ref.path, exc)
+            values["gap"] = int(Gap.RAISED)
+            return values
         except Exception as exc:  # evidence goes missing; peers read inconclusive
             log.warning("scout: replay of %s failed on this rank: %s", ref.path, exc)
+            values["gap"] = int(Gap.RAISED)
             return values
         values.update(computed)
         return values
 
-    def _compute(
-        self,
-        ref: ModuleRef,
-        cap: Capture,
-        *,
-        leaves: list[Any],
-        grads: list[torch.Tensor | None],
-        rng: dict[str, torch.Tensor],
-        params: dict[str, torch.Tensor],
-        threads: int,
-    ) -> dict[str, Any]:
-        module = ref.module
-        named = dict(module.named_parameters())
-        # TP attributes (DDP's TP transform) are not registered: their copy carries the flag.
-        weights = {
-            k: v.detach().requires_grad_(named[k].requires_grad if k in named else v.requires_grad)
-            for k, v in params.items()
-        }
-        streams = [s for s in self.rng if s.name in rng]
-        floating = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in leaves)
-        variants = self.variants if floating else self.variants[:1]
-        outs: list[torch.Tensor] = []
-        in_grads: list[torch.Tensor | None] = []
-        p_grads: list[torch.Tensor | None] = []
-        elapsed = 0.0
-        self.capturer.replaying = True
-        try:
-            with _rng_scope(self.rng), deterministic_scope(self.deterministic, threads):
-                for v in variants:
-                    for s in streams:
-                        s.set(rng[s.name])
-                    xs = [
-                        _variant(x, v, rg) for x, rg in zip(leaves, cap.requires_grad, strict=True)
-                    ]
-                    args, kwargs = unflatten(xs, cap.spec)
-                    state: dict[str, torch.Tensor] = dict(weights)
-                    state.update({k: b.clone() for k, b in module.named_buffers()})
-                    t0 = time.monotonic()
-                    out = self.call(module, state, tuple(args), dict(kwargs))
-                    out_leaves = [t for t in _tensors(out)]
-                    outs.extend(out_leaves)
-                    pairs = [
-                        (o, g)
-                        for o, g in zip(out_leaves, grads, strict=False)
-                        if g is not None and o.requires_grad
-                    ]
-                    wrt = [x for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
-                    n_in = len(wrt)
-                    wrt += [w for w in weights.values() if w.requires_grad]
-                    if pairs and wrt:
-                        got = torch.autograd.grad(
-                            [o for o, _ in pairs],
-                            wrt,
-                            grad_outputs=[g for _, g in pairs],
-                            allow_unused=True,
-                        )
-                        in_grads.extend(got[:n_in])
-                        p_grads.extend(got[n_in:])
-                    elapsed += time.monotonic() - t0
-        finally:
-            self.capturer.replaying = False
-        return {
-            "forward": sign(o.detach() for o in outs),
-            "input_grad": sign(in_grads),
-            "param_grad": sign(p_grads),
-            "t_M": elapsed,
-        }
+    def announce(self) -> dict[str, str | None]:
+        """Find the layers with an instance-level ``forward`` now and say once, in one
+        line each way, which are replayed through it and which read inconclusive."""
+        safe: list[tuple[str, str | None]] = []
+        unsafe: list[tuple[str, str | None]] = []
+        for path, ref in self.modules.items():
+            if path in self.overrides or not instance_forwards(ref.module):
+                continue
+            hazard = self.overrides[path] = live_call_hazard(ref.module, self.layout)
+            (safe if hazard is None else unsafe).append((path, hazard))
+        if safe:
+            log.warning(
+                "scout: %s have an instance-level forward; replay runs it on the live module "
+                "with the replay parameters bound",
+                ", ".join(p for p, _ in safe),
+            )
+        if unsafe:
+            log.warning(
+                "scout: %s have an instance-level forward that replay cannot run without "
+                "possibly reaching a training collective (%s); their rounds read inconclusive",
+                ", ".join(p for p, _ in unsafe),
+                unsafe[0][1],
+            )
+        return dict(self.overrides)
 
-
-def timed_broadcast(buf: torch.Tensor, src: int, peers: PeerGroup) -> None:
-    """Broadcast ``buf`` from ``src`` on the peer group: the interval ``t_bcast`` times.
-
-    An injected slow link (:func:`scout_core.replay.taps.add_comm_delay`, kind of the
-    peer group) stalls this rank inside the interval before it enters the broadcast,
-    as a slow NIC on this rank would.
-    """
-    taps.sleep_injected(peers.kind)
-    dist.broadcast(buf, src=src, group=peers.payload_pg or peers.pg)
-
-
-def _variant(x: Any, scale: float, requires_grad: bool) -> Any:
-    if not isinstance(x, torch.Tensor):
-        return x
-    y = x * scale if (scale != 1.0 and x.is_floating_point()) else x.clone()
-    return y.detach().requires_grad_(requires_grad and y.is_floating_point())
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    from scout_core.replay.capture import flatten
-
-    return [t for t in flatten(out)[0] if isinstance(t, torch.Tensor)]
+    def _call_for(self, ref: ModuleRef) -> Call | None:
+        """How to run ``ref``: the adapter's call, the live module when a user replaced its
+        ``forward`` on the instance and that is safe, or ``None`` when it is not."""
+        found = instance_forwards(ref.module)
+        if not found:
+            return self.call
+        if ref.path not in self.overrides:
+            hazard = live_call_hazard(ref.module, self.layout)
+            self.overrides[ref.path] = hazard
+            where = ", ".join(f"{ref.path}.{p}" if p else ref.path for p in found)
+            if hazard is None:
+                log.warning(
+                    "scout: %s has an instance-level forward (%s); replay runs it on the live "
+                    "module with the replay parameters bound",
+                    ref.path,
+                    where,
+                )
+            else:
+                log.warning(
+                    "scout: %s has an instance-level forward (%s) and %s: replaying it could "
+                    "reach a training collective, so its rounds read inconclusive",
+                    ref.path,
+                    where,
+                    hazard,
+                )
+        return functional_call if self.overrides[ref.path] is None else None

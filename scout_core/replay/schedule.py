@@ -1,31 +1,66 @@
 """When each replay recipe runs, which layer it samples, and the recipe catalog.
 
 Replay must cost a small, predictable fraction of training and still cover the
-whole model over time. Each recipe (hidden layer, embedding, LM head, optimizer
-update) has its own interval ``I``; the hidden-layer recipe rotates through the
-repeated layers, one per due step, and the optimizer recipe rotates its slice over
-the parameters. Everything here is a pure function of the step number, so every
-rank decides the same recipes at the same step without talking to anyone; the
-readiness C3 then only has to confirm that every peer actually captured them.
+whole model over time. Each recipe kind (hidden layer, embedding, LM head,
+optimizer update, and kinds a plugin adds) is a *track* with its own interval
+``I``; the hidden-layer track rotates through the repeated layers, one per due
+step, and the optimizer track rotates its slice over the parameters. Everything
+here is a pure function of the step number, so every rank decides the same
+recipes at the same step without talking to anyone; the readiness C3 then only
+has to confirm that every peer actually captured them.
+
+[Phases: one recipe per due step]
+A track is due at step ``s`` when ``s % I == phase``. The hidden track keeps phase
+``I - 1`` (due at steps ``I-1, 2I-1, ...``). With ``spread`` on (the default) every
+other track gets its own phase, spaced evenly over its interval and chosen so that
+it never meets an earlier track: two tracks of intervals ``a`` and ``b`` meet at
+some step exactly when their phases agree modulo ``gcd(a, b)``. So with the
+default intervals (all 20) the hidden layer, embedding, LM head and optimizer run
+at steps 19, 14, 9 and 4 of every 20, one each, and a due step costs one recipe.
+Only intervals that leave no free phase (all 1, say) make a step run several.
+With ``spread`` off every track has phase ``I - 1`` (recipes of equal interval
+share a step).
 
 The *catalog* lists every distinct check once: each rotated hidden layer, the
-embedding, the LM head and the optimizer. Its size ``K`` is what the checkpoint
-gate calls one recipe cycle (a clean check of one layer says nothing about
-another). The amortised overhead estimate ``V/(I·N)`` (paper §6) is logged when
-SCOUT starts.
+embedding, the LM head, the optimizer and every target of an added track. Its size
+``K`` is what the checkpoint gate calls one recipe cycle (a clean check of one
+layer says nothing about another). The amortised overhead estimate ``V/(I·N)``
+(paper §6) is logged when SCOUT starts.
+
+[Adding a recipe kind]
+``Schedule(..., tracks=[Track("router", 20, ("layers.0.router", ...))])`` adds a
+kind after the dense ones: it gets a phase by the same rule, its targets enter the
+catalog, and :meth:`Schedule.due` yields its recipes (``path`` is the target,
+``index`` its position). A kind whose targets are interchangeable (so one timing
+series compares them all, as for hidden layers) goes into :data:`ROTATING`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["HIDDEN", "EMBEDDING", "LM_HEAD", "OPTIMIZER", "Recipe", "Schedule"]
+__all__ = [
+    "EMBEDDING",
+    "HIDDEN",
+    "LM_HEAD",
+    "OPTIMIZER",
+    "ROTATING",
+    "Recipe",
+    "Schedule",
+    "Track",
+]
 
 HIDDEN = "hidden"
 EMBEDDING = "embedding"
 LM_HEAD = "lm_head"
 OPTIMIZER = "optimizer"
+
+ROTATING: set[str] = {HIDDEN}
+"""Recipe kinds that rotate over interchangeable modules (same shapes, same work): their
+rounds form one timing series, so a straggler streak runs across the rotation. Every
+other kind keeps one series per target module."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +68,7 @@ class Recipe:
     """One check: a recipe kind and what it targets."""
 
     kind: str
-    """``hidden``, ``embedding``, ``lm_head`` or ``optimizer``."""
+    """``hidden``, ``embedding``, ``lm_head``, ``optimizer`` or an added track's kind."""
     path: str | None
     """Module path for layer recipes; ``None`` for the optimizer."""
     index: int = 0
@@ -43,6 +78,54 @@ class Recipe:
     def name(self) -> str:
         """Surface prefix in evidence: ``layer/<path>`` or ``optimizer``."""
         return "optimizer" if self.path is None else f"layer/{self.path}"
+
+    @property
+    def series(self) -> str:
+        """The timing series this recipe's rounds belong to: straggler streaks and
+        broadcast baselines are kept per series, so rounds of another recipe never
+        confirm or clear them (:data:`ROTATING` kinds share one series per kind)."""
+        if self.kind in ROTATING or self.path is None:
+            return self.kind
+        return f"{self.kind}:{self.path}"
+
+
+@dataclass(frozen=True)
+class Track:
+    """One recipe kind in the schedule: its interval and what it rotates over."""
+
+    kind: str
+    interval: int
+    targets: tuple[str | None, ...]
+    """Module paths in rotation order (``(None,)`` for the optimizer's slices)."""
+
+
+def place_phases(intervals: Sequence[int], *, spread: bool = True) -> list[int]:
+    """A phase per track (see the module doc): the first keeps ``I - 1``; with ``spread``
+    each later one takes the free phase nearest its evenly spaced ideal, or the ideal
+    itself when the intervals leave none free."""
+    phases: list[int] = []
+    m = len(intervals)
+    for j, interval in enumerate(intervals):
+        last = interval - 1
+        if not spread or j == 0:
+            phases.append(last)
+            continue
+        ideal = (last - (j * interval) // m) % interval
+
+        def meets(p: int, interval: int = interval) -> int:
+            return sum(
+                (p - q) % math.gcd(interval, other) == 0
+                for q, other in zip(phases, intervals, strict=False)
+            )
+
+        # Nearest to the ideal among the phases meeting the fewest earlier tracks (none,
+        # when the intervals leave one free).
+        order = sorted(
+            range(interval),
+            key=lambda p: (meets(p), min((p - ideal) % interval, (ideal - p) % interval)),
+        )
+        phases.append(order[0])
+    return phases
 
 
 class Schedule:
@@ -58,6 +141,8 @@ class Schedule:
         intervals: Mapping[str, int],
         recipes: Sequence[str],
         variants: int,
+        spread: bool = True,
+        tracks: Sequence[Track] = (),
     ) -> None:
         self.layers = tuple(layers)
         self.embedding = embedding if EMBEDDING in recipes else None
@@ -71,26 +156,40 @@ class Schedule:
             k: int(intervals.get(k, 1)) for k in (HIDDEN, EMBEDDING, LM_HEAD, OPTIMIZER)
         }
         self.variants = max(1, int(variants))
-        on = {
-            HIDDEN: self.hidden,
-            EMBEDDING: self.embedding is not None,
-            LM_HEAD: self.lm_head is not None,
-            OPTIMIZER: self.optimizer,
-        }
-        self._every = tuple(sorted({self.intervals[k] for k, active in on.items() if active}))
+        self.spread = spread
+        active: list[Track] = []
+        if self.hidden:
+            active.append(Track(HIDDEN, self.intervals[HIDDEN], self.layers))
+        if self.embedding is not None:
+            active.append(Track(EMBEDDING, self.intervals[EMBEDDING], (self.embedding,)))
+        if self.lm_head is not None:
+            active.append(Track(LM_HEAD, self.intervals[LM_HEAD], (self.lm_head,)))
+        if self.optimizer:
+            active.append(Track(OPTIMIZER, self.intervals[OPTIMIZER], (None,)))
+        for track in tracks:
+            if track.interval < 1 or not track.targets:
+                raise ValueError(f"track {track.kind!r} needs an interval >= 1 and targets")
+            if any(t.kind == track.kind for t in active):
+                raise ValueError(f"recipe kind {track.kind!r} is scheduled twice")
+            active.append(track)
+            self.intervals[track.kind] = track.interval
+        self.tracks = tuple(active)
+        self.phases = dict(
+            zip(
+                (t.kind for t in active),
+                place_phases([t.interval for t in active], spread=spread),
+                strict=True,
+            )
+        )
+        self._every = tuple(sorted({(t.interval, self.phases[t.kind]) for t in active}))
 
     @property
     def catalog(self) -> tuple[Recipe, ...]:
-        """Every distinct check once, in catalog order (layers, embedding, LM head, optimizer)."""
+        """Every distinct check once, in catalog order (layers, embedding, LM head,
+        optimizer, then added tracks)."""
         out: list[Recipe] = []
-        if self.hidden:
-            out.extend(Recipe(HIDDEN, p, i) for i, p in enumerate(self.layers))
-        if self.embedding is not None:
-            out.append(Recipe(EMBEDDING, self.embedding))
-        if self.lm_head is not None:
-            out.append(Recipe(LM_HEAD, self.lm_head))
-        if self.optimizer:
-            out.append(Recipe(OPTIMIZER, None))
+        for track in self.tracks:
+            out.extend(Recipe(track.kind, p, i) for i, p in enumerate(track.targets))
         return tuple(out)
 
     @property
@@ -100,32 +199,27 @@ class Schedule:
 
     def _round(self, kind: str, step: int) -> int | None:
         """The 0-based round of ``kind`` due at ``step``, or None when it is not due."""
-        interval = self.intervals[kind]
-        if (step + 1) % interval != 0:
+        interval, phase = self.intervals[kind], self.phases[kind]
+        if step % interval != phase:
             return None
-        return (step + 1) // interval - 1
+        return (step - phase) // interval
 
     def any_due(self, step: int) -> bool:
         """Whether any recipe is due at ``step``: the healthy path's only per-step check."""
-        n = step + 1
-        return any(n % i == 0 for i in self._every)
+        return any(step % i == p for i, p in self._every)
 
     def due(self, step: int, *, optimizer_slices: int = 1) -> list[Recipe]:
         """The recipes due at the replay boundary of iteration ``step`` (0-based)."""
         out: list[Recipe] = []
-        if self.hidden:
-            r = self._round(HIDDEN, step)
-            if r is not None:
-                i = r % len(self.layers)
-                out.append(Recipe(HIDDEN, self.layers[i], i))
-        if self.embedding is not None and self._round(EMBEDDING, step) is not None:
-            out.append(Recipe(EMBEDDING, self.embedding))
-        if self.lm_head is not None and self._round(LM_HEAD, step) is not None:
-            out.append(Recipe(LM_HEAD, self.lm_head))
-        if self.optimizer:
-            r = self._round(OPTIMIZER, step)
-            if r is not None:
+        for track in self.tracks:
+            r = self._round(track.kind, step)
+            if r is None:
+                continue
+            if track.kind == OPTIMIZER:
                 out.append(Recipe(OPTIMIZER, None, r % max(1, optimizer_slices)))
+            else:
+                i = r % len(track.targets)
+                out.append(Recipe(track.kind, track.targets[i], i))
         return out
 
     def modules_due(self, step: int) -> set[str]:
@@ -137,3 +231,9 @@ class Schedule:
         if not self.hidden:
             return 0.0
         return self.variants / (self.intervals[HIDDEN] * len(self.layers))
+
+    def most_per_step(self, horizon: int | None = None) -> int:
+        """The most recipes any step runs (over one period of the tracks, or ``horizon``)."""
+        period = math.lcm(*(t.interval for t in self.tracks)) if self.tracks else 1
+        steps = min(period + max(self.phases.values(), default=0), horizon or 10**6)
+        return max((len(self.due(s)) for s in range(steps)), default=0)

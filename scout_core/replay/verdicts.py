@@ -13,6 +13,9 @@ because their inputs are:
 * a ``t_M`` outlier counts toward ``straggler`` only if it is slower than the
   median by at least ``straggler_min_excess_s`` and ``straggler_min_ratio``, and
   the verdict needs ``straggler_rounds`` consecutive such rounds for the same rank
+  *of the same timing series* (:attr:`~scout_core.replay.schedule.Recipe.series`:
+  the rotating hidden layers form one series, the embedding, the LM head each
+  another), so recipes that run in between neither confirm nor clear a streak
   (timing on a shared machine is noisy; a fleet-wide slowdown is never flagged);
 * a ``t_gather`` outlier under the same guards marks the communication group it
   measured slow (each replica peer gathers on a *different* shard or TP group, so
@@ -26,8 +29,8 @@ because their inputs are:
   stalls both its ends (a Gloo send waits for the matching receive), so the
   group's broadcast time is the *second-longest* peer interval: one process
   descheduled by the OS does not move it. It is compared with the median of the
-  group's own recent clean rounds of the same recipe kind; ``straggler_rounds``
-  consecutive rounds that exceed it by ``straggler_min_excess_s`` and
+  group's own recent clean rounds of the same series; ``straggler_rounds``
+  consecutive rounds of that series that exceed it by ``straggler_min_excess_s`` and
   ``straggler_min_ratio`` give a group-scoped ``comm_straggler`` naming the group,
   not a rank.
 
@@ -36,115 +39,30 @@ Agreeing rounds produce no record.
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
 from scout_core.decision.c3 import C3Result
-from scout_core.decision.diagnosis import SlowGroup, diagnose
-from scout_core.records.evidence import VERDICT_SCHEMA, Record
+from scout_core.records.evidence import Record
+from scout_core.replay import control, gaps
 from scout_core.replay.runner import RoundOutcome
+from scout_core.replay.timing import TIMING_COMPUTE, Judge
 from scout_core.topology.mesh import attribution_scope
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = ["VerdictMaker"]
 
-_TIMING_COMPUTE = ("t_M",)
-_TIMING_COMM = ("t_gather",)
-_TIMING_GROUP = "t_bcast"
-_BASELINE_WINDOW = 16
-"""Clean rounds of a group's broadcast time kept as its baseline (median)."""
-_BASELINE_MIN = 2
-"""Clean rounds needed before a group's broadcast time is judged at all."""
+_NOT_COMPARED = ("/ready", "/threads", "/received", "/gap", "/steps", "/micro")
+"""Surfaces that are no numerical result of the replay: never an SDC."""
 
 
-class VerdictMaker:
-    """Stateful across rounds only for the straggler confirmation counters."""
-
-    def __init__(
-        self,
-        *,
-        run_id: str,
-        hosts: Mapping[int, str],
-        rounds: int,
-        min_excess_s: float,
-        min_ratio: float,
-        comm_group_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
-        peer_kind: str = "peer",
-    ) -> None:
-        self.run_id = run_id
-        self.hosts = dict(hosts)
-        self.rounds = rounds
-        self.min_excess_s = min_excess_s
-        self.min_ratio = min_ratio
-        self.comm_group_of = comm_group_of
-        self.peer_kind = peer_kind
-        self._streak: dict[tuple[str, int], int] = {}
-        self._bcast_base: dict[tuple[str, tuple[int, ...]], deque[float]] = {}
-        self._bcast_streak: dict[tuple[int, ...], int] = {}
-
-    def _slow_record(
-        self,
-        outcome: RoundOutcome,
-        result: C3Result,
-        *,
-        failure: Failure,
-        outliers: Sequence[int],
-        scope: Scope,
-        detail: Mapping[str, Any],
-    ) -> Record:
-        """A timing surface's attribution: a straggler, or a slow group's broadcast."""
-        return self._record(
-            outcome,
-            result,
-            surface=result.surface,
-            mode=Mode.STATISTICAL,
-            status=Status.ATTRIBUTED,
-            failure=failure,
-            outliers=outliers,
-            scope=scope,
-            detail=detail,
-        )
-
-    def _record(
-        self,
-        outcome: RoundOutcome,
-        result: C3Result | None,
-        *,
-        surface: str,
-        mode: Mode,
-        status: Status,
-        failure: Failure | None,
-        outliers: Sequence[int] = (),
-        scope: Scope | None,
-        group: Sequence[int] | None = None,
-        detail: Mapping[str, Any] | None = None,
-    ) -> Record:
-        info: dict[str, Any] = {"recipe": outcome.recipe.kind}
-        if outcome.recipe.path is not None:
-            info["module"] = outcome.recipe.path
-        if result is not None:
-            info["evidence"] = [f"{e:016x}" if isinstance(e, int) else e for e in result.evidence]
-        info.update(detail or {})
-        return Record(
-            schema=VERDICT_SCHEMA,
-            run_id=self.run_id,
-            step=outcome.step,
-            surface=surface,
-            mode=mode,
-            status=status,
-            failure=failure,
-            group=tuple(outcome.group if group is None else group),
-            outliers=tuple(outliers),
-            scope=scope,
-            hosts=tuple(sorted({self.hosts.get(r, "?") for r in outliers})),
-            detail=info,
-        )
+class VerdictMaker(Judge):
+    """Turns each round into records; stateful across rounds only for the timing rules'
+    streaks and baselines (:class:`~scout_core.replay.timing.Judge`)."""
 
     def judge(self, outcome: RoundOutcome) -> list[Record]:
         """Records for one round (empty when every surface agrees)."""
         name = outcome.recipe.name
+        split = control.diverged(name, outcome.results)
+        if not outcome.ready and split:
+            return [self._divergence(outcome, result) for result in split]
         if not outcome.ready:
             ready = outcome.results.get(f"{name}/ready")
             odd = list(ready.outliers) if ready is not None else []
@@ -203,17 +121,61 @@ class VerdictMaker:
                 )
             ]
         records: list[Record] = []
+        gaps = self._gaps(outcome)
+        records.extend(gaps)
         for key, result in outcome.results.items():
             leaf = key.rsplit("/", 1)[-1]
-            if key.endswith(("/ready", "/threads", "/received")):
+            if key.endswith(_NOT_COMPARED):
                 continue
             if result.mode is Mode.EXACT:
-                records.extend(self._exact(outcome, result))
-            elif leaf in _TIMING_COMPUTE:
+                found = self._exact(outcome, result)
+                # The gap record already says why evidence is missing and from whom.
+                records.extend(r for r in found if not (gaps and r.status is Status.INCONCLUSIVE))
+            elif leaf in TIMING_COMPUTE:
                 records.extend(self._straggler(outcome, result))
         records.extend(self._comm(outcome))
         records.extend(self._group_comm(outcome))
         return records
+
+    def _divergence(self, outcome: RoundOutcome, result: C3Result) -> Record:
+        """A control-flow divergence (:mod:`.control`): the peers disagree on how many
+        optimizer steps or micro-batches they ran; the outlier is named when C3 can."""
+        attributed = result.status is Status.ATTRIBUTED
+        return self._record(
+            outcome,
+            result,
+            surface=result.surface,
+            mode=Mode.EXACT,
+            status=Status.ATTRIBUTED if attributed else Status.INCONCLUSIVE,
+            failure=Failure.PROTOCOL_MISMATCH,
+            outliers=result.outliers if attributed else (),
+            scope=(attribution_scope(len(result.ranks)) or Scope.GROUP)
+            if attributed
+            else Scope.GROUP,
+            detail={"reason": "control-flow divergence", **control.describe(result)},
+        )
+
+    def _gaps(self, outcome: RoundOutcome) -> list[Record]:
+        """One inconclusive record naming the peers whose evidence is missing, and why."""
+        result = outcome.results.get(f"{outcome.recipe.name}/gap")
+        if result is None:
+            return []
+        codes = {r: e for r, e in zip(result.ranks, result.evidence, strict=True)}
+        missing = gaps.describe({r: c if isinstance(c, int) else -1 for r, c in codes.items()})
+        if not missing:
+            return []
+        return [
+            self._record(
+                outcome,
+                result,
+                surface=result.surface,
+                mode=Mode.EXACT,
+                status=Status.INCONCLUSIVE,
+                failure=None,
+                scope=Scope.GROUP,
+                detail={"reason": "evidence missing on some peer", "missing": missing},
+            )
+        ]
 
     def _exact(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
         if result.status is Status.AGREE:
@@ -244,143 +206,5 @@ class VerdictMaker:
                 failure=None if missing else Failure.SDC,
                 scope=Scope.GROUP,
                 detail={"reason": reason},
-            )
-        ]
-
-    def _slow(self, result: C3Result) -> tuple[list[int], float]:
-        """Ranks whose timing is an outlier *and* passes the excess and ratio guards."""
-        values = [e for e in result.evidence if isinstance(e, float)]
-        if result.status is not Status.ATTRIBUTED or len(values) != len(result.ranks):
-            return [], 0.0
-        median = statistics.median(values)
-        slow = [
-            r
-            for r, bit, t in zip(result.ranks, result.bitmap, values, strict=True)
-            if bit
-            and t - median >= self.min_excess_s
-            and (median <= 0 or t / median >= self.min_ratio)
-        ]
-        return slow, median
-
-    def _confirm(self, kind: str, result: C3Result, slow: Sequence[int]) -> list[int]:
-        confirmed = []
-        for r in result.ranks:
-            key = (kind, r)
-            self._streak[key] = self._streak.get(key, 0) + 1 if r in slow else 0
-            if self._streak[key] >= self.rounds:
-                confirmed.append(r)
-        return confirmed
-
-    def _straggler(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
-        if result.status is Status.INCONCLUSIVE:
-            return []  # a timing that went missing neither confirms nor clears a streak
-        slow, median = self._slow(result)
-        confirmed = self._confirm("t_M", result, slow)
-        if not confirmed or (attribution_scope(len(result.ranks)) is not Scope.RANK):
-            return []
-        detail = {"median_s": median, "rounds": self.rounds}
-        return [
-            self._slow_record(
-                outcome,
-                result,
-                failure=Failure.STRAGGLER,
-                outliers=confirmed,
-                scope=Scope.RANK,
-                detail=detail,
-            )
-        ]
-
-    def _comm(self, outcome: RoundOutcome) -> list[Record]:
-        slow_groups: list[SlowGroup] = []
-        timings: dict[str, Any] = {}
-        base: C3Result | None = None
-        for key, result in outcome.results.items():
-            leaf = key.rsplit("/", 1)[-1]
-            if result.mode is not Mode.STATISTICAL or not leaf.startswith(_TIMING_COMM):
-                continue
-            if result.status is Status.INCONCLUSIVE:
-                continue
-            slow, median = self._slow(result)
-            confirmed = self._confirm(leaf, result, slow)
-            timings[leaf] = {"median_s": median, "evidence": list(result.evidence)}
-            for r in confirmed:
-                found = self.comm_group_of(leaf, r) if self.comm_group_of else None
-                if found is not None:
-                    slow_groups.append(SlowGroup(found[0], found[1]))
-                    base = result
-        if not slow_groups:
-            return []
-        diagnosis = diagnose(slow_groups, self.hosts)
-        assert diagnosis is not None
-        members = tuple(sorted({r for g in diagnosis.groups for r in g.ranks}))
-        kinds = {g.kind for g in diagnosis.groups}
-        scope = (
-            Scope.MACHINE if diagnosis.scope is Scope.MACHINE and len(kinds) > 1 else Scope.GROUP
-        )
-        if diagnosis.scope is Scope.JOB:
-            scope = Scope.JOB
-        return [
-            self._record(
-                outcome,
-                base,
-                surface=base.surface if base is not None else f"{outcome.recipe.name}/t_comm",
-                mode=Mode.STATISTICAL,
-                status=Status.ATTRIBUTED,
-                failure=Failure.COMM_STRAGGLER,
-                outliers=members,
-                group=members,
-                scope=scope,
-                detail={
-                    "diagnosis": diagnosis.kind.value,
-                    "explanation": diagnosis.explanation,
-                    "slow_groups": [[g.kind, list(g.ranks)] for g in diagnosis.groups],
-                    "timings": timings,
-                },
-            )
-        ]
-
-    def _group_comm(self, outcome: RoundOutcome) -> list[Record]:
-        """The peer group's broadcast time against its own recent clean rounds."""
-        result = outcome.results.get(f"{outcome.recipe.name}/{_TIMING_GROUP}")
-        if result is None or len(result.ranks) < 2:
-            return []
-        values = sorted(e for e in result.evidence if isinstance(e, float))
-        if len(values) != len(result.ranks):
-            return []  # a timing went missing: neither confirms nor clears
-        value = values[-2]
-        group = tuple(result.ranks)
-        base = self._bcast_base.setdefault(
-            (outcome.recipe.kind, group), deque(maxlen=_BASELINE_WINDOW)
-        )
-        slow = False
-        median = 0.0
-        if len(base) >= _BASELINE_MIN:
-            median = statistics.median(base)
-            slow = value - median >= self.min_excess_s and (
-                median <= 0 or value / median >= self.min_ratio
-            )
-        if not slow:
-            base.append(value)  # only clean rounds form the baseline: a slow link stays visible
-        streak = self._bcast_streak[group] = self._bcast_streak.get(group, 0) + 1 if slow else 0
-        if streak < self.rounds:
-            return []
-        diagnosis = diagnose([SlowGroup(self.peer_kind, group)], self.hosts)
-        assert diagnosis is not None
-        detail = {
-            "diagnosis": diagnosis.kind.value,
-            "explanation": diagnosis.explanation,
-            "source": outcome.source,
-            "t_bcast_s": value,
-            "baseline_median_s": median,
-            "rounds": streak,
-        }
-        return [
-            self._slow_record(
-                outcome,
-                result,
-                failure=Failure.COMM_STRAGGLER,
-                outliers=group,
-                scope=Scope.GROUP,
-                detail=detail,
             )
         ]

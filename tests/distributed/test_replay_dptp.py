@@ -142,3 +142,27 @@ def test_dptp_training_is_bitwise_identical_with_scout_on() -> None:
         assert res["rounds"] == 5 * 4
         assert res["verdicts"] == []
         assert res["on"] == res["off"]
+
+
+@pytest.mark.timeout(250)
+def test_dptp_compute_straggler_with_the_default_config() -> None:
+    # Every recipe on, all intervals 2: hidden layer k at step 2k + 1, the embedding and
+    # LM head at even steps. The hidden layers' straggler streak is its own.
+    faults = [
+        {
+            "rank": 5,
+            "step": s,
+            "kind": "delay",
+            "target": f"layers.{(s - 1) // 2 % 4}",
+            "seconds": 0.2,
+        }
+        for s in (3, 5, 7)
+    ]
+    cfg = dict.fromkeys(
+        ("replay_interval", "embedding_interval", "lm_head_interval", "optimizer_interval"), 2
+    )
+    results = _run(faults, steps=9, cfg=cfg)
+    assert {(v[0], v[3], v[4], v[5]) for v in _all(results)} == {
+        (5, "straggler", (5,), "rank"),
+        (7, "straggler", (5,), "rank"),
+    }

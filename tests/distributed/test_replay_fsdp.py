@@ -186,3 +186,25 @@ def test_fsdp_output_corruption_names_the_rank() -> None:
 def test_fsdp_clean_run_reports_nothing() -> None:
     results = _run("fsdp", 4, [], steps=30)
     assert _all(results) == set()
+
+
+@pytest.mark.timeout(250)
+def test_hsdp_compute_straggler_with_the_default_config() -> None:
+    faults = [
+        {
+            "rank": 4,
+            "step": s,
+            "kind": "delay",
+            "target": f"layers.{(s - 1) // 2 % 4}",
+            "seconds": 0.2,
+        }
+        for s in (3, 5, 7)
+    ]
+    cfg = dict.fromkeys(
+        ("replay_interval", "embedding_interval", "lm_head_interval", "optimizer_interval"), 2
+    )
+    results = _run("hsdp", 6, faults, steps=9, cfg=cfg)
+    assert {(v[0], v[3], v[4]) for v in _all(results)} == {
+        (5, "straggler", (4,)),
+        (7, "straggler", (4,)),
+    }

@@ -29,6 +29,7 @@ EXPECTED_DEFAULTS = {
     "embedding_interval": 20,
     "lm_head_interval": 20,
     "optimizer_interval": 20,
+    "spread_recipes": True,
     "recipes": ("hidden", "embedding", "lm_head", "optimizer"),
     "variants": (0.1, 1.0, 10.0),
     "optimizer_slice": 65536,

@@ -114,3 +114,121 @@ def test_compute_straggler_needs_consecutive_rounds_and_names_the_rank() -> None
 
     assert judged(0) == []  # one round is not enough
     assert judged(1) == [("straggler", (2,))]
+
+
+def _timing_round(recipe: Recipe, step: int, slow_rank: int | None) -> RoundOutcome:
+    times = [0.010, 0.011, 0.012, 0.010]
+    if slow_rank is not None:
+        times[GROUP.index(slow_rank)] = 0.3
+    t_m = C3Result(
+        surface=f"{recipe.name}/t_M",
+        mode=Mode.STATISTICAL,
+        status=Status.ATTRIBUTED if slow_rank is not None else Status.AGREE,
+        bitmap=tuple(r == slow_rank for r in GROUP),
+        evidence=tuple(times),
+        ranks=GROUP,
+    )
+    return RoundOutcome(recipe, step, GROUP, True, {t_m.surface: t_m}, source=0)
+
+
+def _stragglers(maker: VerdictMaker, outcome: RoundOutcome) -> list[tuple[int, tuple[int, ...]]]:
+    return [(r.step, tuple(r.outliers)) for r in maker.judge(outcome) if r.failure]
+
+
+def test_hidden_only_delay_is_confirmed_across_other_recipes() -> None:
+    """Issue 10 item 1: the embedding and LM-head rounds between two hidden rounds
+    neither confirm nor clear the hidden layers' streak."""
+    maker = _maker()
+    embed, head = Recipe("embedding", "embed"), Recipe("lm_head", "head")
+    seen = []
+    for step in range(3):
+        hidden = Recipe(HIDDEN, f"layers.{step}", step)
+        seen += _stragglers(maker, _timing_round(hidden, step, slow_rank=2))
+        seen += _stragglers(maker, _timing_round(embed, step, slow_rank=None))
+        seen += _stragglers(maker, _timing_round(head, step, slow_rank=None))
+    assert seen == [(1, (2,)), (2, (2,))]  # exactly after straggler_rounds=2 hidden rounds
+
+
+def test_one_slow_step_across_recipes_is_not_a_straggler() -> None:
+    maker = _maker()
+    step = 5
+    hidden = Recipe(HIDDEN, "layers.1", 1)
+    assert _stragglers(maker, _timing_round(hidden, step, slow_rank=2)) == []
+    assert _stragglers(maker, _timing_round(Recipe("embedding", "embed"), step, 2)) == []
+    assert _stragglers(maker, _timing_round(Recipe("lm_head", "head"), step, 2)) == []
+    assert _stragglers(maker, _timing_round(hidden, step + 1, slow_rank=None)) == []
+
+
+def test_series_keys() -> None:
+    assert Recipe(HIDDEN, "layers.0", 0).series == Recipe(HIDDEN, "layers.3", 3).series
+    assert Recipe("embedding", "embed").series != Recipe("lm_head", "head").series
+    assert Recipe("optimizer", None, 7).series == "optimizer"
+
+
+def test_default_cadence_spreads_one_recipe_per_due_step() -> None:
+    sched = Schedule(
+        layers=[f"layers.{i}" for i in range(12)],
+        embedding="embed",
+        lm_head="head",
+        optimizer=True,
+        intervals={"hidden": 20, "embedding": 20, "lm_head": 20, "optimizer": 20},
+        recipes=("hidden", "embedding", "lm_head", "optimizer"),
+        variants=3,
+    )
+    assert sched.most_per_step() == 1
+    assert {s: [r.kind for r in sched.due(s)] for s in range(20) if sched.due(s)} == {
+        4: ["optimizer"],
+        9: ["lm_head"],
+        14: ["embedding"],
+        19: ["hidden"],
+    }
+    # The hidden layer keeps its rotation: layer k at step 20k + 19.
+    assert [r.path for r in sched.due(59)] == ["layers.2"]
+
+
+def test_spread_off_and_dense_intervals_share_steps() -> None:
+    common = {
+        "layers": ["a", "b"],
+        "embedding": "e",
+        "lm_head": "h",
+        "optimizer": True,
+        "recipes": ("hidden", "embedding", "lm_head", "optimizer"),
+        "variants": 3,
+    }
+    off = Schedule(
+        **common,
+        intervals=dict.fromkeys(("hidden", "embedding", "lm_head", "optimizer"), 20),
+        spread=False,
+    )  # type: ignore[arg-type]
+    assert len(off.due(19)) == 4 and off.most_per_step() == 4
+    two = Schedule(
+        **common, intervals=dict.fromkeys(("hidden", "embedding", "lm_head", "optimizer"), 2)
+    )  # type: ignore[arg-type]
+    # Two free phases for four recipes: two per step, never more.
+    assert two.most_per_step() == 2
+    assert [r.kind for r in two.due(1)] == ["hidden", "optimizer"]
+    assert [r.kind for r in two.due(2)] == ["embedding", "lm_head"]
+
+
+def test_an_added_track_gets_its_own_phase_and_catalog_entries() -> None:
+    from scout_core.replay.schedule import Track
+
+    sched = Schedule(
+        layers=["a", "b"],
+        embedding=None,
+        lm_head=None,
+        optimizer=False,
+        intervals={"hidden": 10},
+        recipes=("hidden",),
+        variants=3,
+        tracks=[Track("router", 10, ("a.router", "b.router"))],
+    )
+    assert [r.name for r in sched.catalog] == [
+        "layer/a",
+        "layer/b",
+        "layer/a.router",
+        "layer/b.router",
+    ]
+    assert sched.most_per_step() == 1
+    routers = [(s, r.path) for s in range(30) for r in sched.due(s) if r.kind == "router"]
+    assert [p for _, p in routers] == ["a.router", "b.router", "a.router"]

@@ -1,0 +1,75 @@
+"""Why a peer has no replay evidence for a surface: reason codes that travel with the round.
+
+A surface a peer could not produce must never be compared as a value. The peer
+passes ``None`` for it (C3 then reads that surface *inconclusive* on every peer,
+fail closed), and one more exact surface of the round, ``<recipe>/gap``, carries
+*why* as a small code, so the record names the reason and the peer instead of a
+bare "evidence missing". The gap surface is never an SDC: a nonzero code says
+which peer lacks evidence, not that its arithmetic is wrong.
+
+:func:`evidence` is the one rule for "empty": a surface whose list of tensors is
+empty, or holds only ``None``, while the round expected something (the module
+returned no tensor; parameters that require grad received no gradient at all;
+inputs that require grad received none) has no evidence. That is what a replay
+through the wrong module looks like (an instance ``forward`` closing over the live
+module ignores the replay's parameters, so their gradients never arrive), and
+comparing the constant signature of an empty list would blame that peer for SDC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from enum import IntEnum
+
+import torch
+
+from scout_core.replay.packing import sign
+
+__all__ = ["Gap", "describe", "evidence"]
+
+
+class Gap(IntEnum):
+    """Reason codes, first one found wins (0: this peer has all its evidence)."""
+
+    NONE = 0
+    RAISED = 1
+    """The replayed call raised on this peer (an unsupported op, out of memory)."""
+    TRAINING_COLLECTIVE = 2
+    """The layer has an instance-level ``forward`` and a parallel layout: running it
+    could reach a training collective, so it was not replayed."""
+    NO_OUTPUTS = 3
+    """The replayed call returned no tensor."""
+    NO_PARAM_GRADS = 4
+    """Parameters that require grad received no gradient from the replayed call."""
+    NO_INPUT_GRADS = 5
+    """Inputs that require grad received no gradient from the replayed call."""
+
+
+_TEXT = {
+    Gap.RAISED: "the replayed call raised",
+    Gap.TRAINING_COLLECTIVE: "its instance-level forward could reach a training collective "
+    "(not replayed)",
+    Gap.NO_OUTPUTS: "the replayed call returned no tensor",
+    Gap.NO_PARAM_GRADS: "the replay produced no parameter gradients (param_grad)",
+    Gap.NO_INPUT_GRADS: "the replay produced no input gradients (input_grad)",
+}
+
+
+def describe(codes: Mapping[int, int]) -> dict[str, str]:
+    """``{rank: reason}`` for the ranks whose gap code is nonzero (unknown codes named)."""
+    out: dict[str, str] = {}
+    for rank, code in sorted(codes.items()):
+        if code:
+            try:
+                out[str(rank)] = _TEXT[Gap(code)]
+            except ValueError:
+                out[str(rank)] = f"gap code {code}"
+    return out
+
+
+def evidence(tensors: Iterable[torch.Tensor | None], *, expected: bool) -> int | None:
+    """The surface's signature, or ``None`` when it is empty although ``expected``."""
+    items: Sequence[torch.Tensor | None] = list(tensors)
+    if expected and all(t is None for t in items):
+        return None
+    return sign(items)

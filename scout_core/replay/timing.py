@@ -1,0 +1,263 @@
+"""Record building and the timing rules of replay verdicts: stragglers and slow links.
+
+:class:`Judge` is the base of :class:`~scout_core.replay.verdicts.VerdictMaker`: it
+builds ``scout.verdict/1`` records from round outcomes and holds the only state
+across rounds, the timing rules' streaks and baselines (the rules themselves are
+described in :mod:`scout_core.replay.verdicts`). Streaks and baselines are kept per
+timing *series* (:attr:`~scout_core.replay.schedule.Recipe.series`), so one
+recipe's rounds never confirm or clear another's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from scout_core.decision.c3 import C3Result
+from scout_core.decision.diagnosis import SlowGroup, diagnose
+from scout_core.records.evidence import VERDICT_SCHEMA, Record
+from scout_core.replay.runner import RoundOutcome
+from scout_core.topology.mesh import attribution_scope
+from scout_core.vocabulary import Failure, Mode, Scope, Status
+
+__all__ = ["Judge"]
+
+TIMING_COMPUTE = ("t_M",)
+TIMING_COMM = ("t_gather",)
+TIMING_GROUP = "t_bcast"
+_BASELINE_WINDOW = 16
+"""Clean rounds of a group's broadcast time kept as its baseline (median)."""
+_BASELINE_MIN = 2
+"""Clean rounds needed before a group's broadcast time is judged at all."""
+
+
+class Judge:
+    """Builds records; keeps the timing rules' streaks and baselines across rounds."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        hosts: Mapping[int, str],
+        rounds: int,
+        min_excess_s: float,
+        min_ratio: float,
+        comm_group_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
+        peer_kind: str = "peer",
+    ) -> None:
+        self.run_id = run_id
+        self.hosts = dict(hosts)
+        self.rounds = rounds
+        self.min_excess_s = min_excess_s
+        self.min_ratio = min_ratio
+        self.comm_group_of = comm_group_of
+        self.peer_kind = peer_kind
+        self._streak: dict[tuple[str, str, int], int] = {}
+        self._bcast_base: dict[tuple[str, tuple[int, ...]], deque[float]] = {}
+        self._bcast_streak: dict[tuple[str, tuple[int, ...]], int] = {}
+
+    def _slow_record(
+        self,
+        outcome: RoundOutcome,
+        result: C3Result,
+        *,
+        failure: Failure,
+        outliers: Sequence[int],
+        scope: Scope,
+        detail: Mapping[str, Any],
+    ) -> Record:
+        """A timing surface's attribution: a straggler, or a slow group's broadcast."""
+        return self._record(
+            outcome,
+            result,
+            surface=result.surface,
+            mode=Mode.STATISTICAL,
+            status=Status.ATTRIBUTED,
+            failure=failure,
+            outliers=outliers,
+            scope=scope,
+            detail=detail,
+        )
+
+    def _record(
+        self,
+        outcome: RoundOutcome,
+        result: C3Result | None,
+        *,
+        surface: str,
+        mode: Mode,
+        status: Status,
+        failure: Failure | None,
+        outliers: Sequence[int] = (),
+        scope: Scope | None,
+        group: Sequence[int] | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> Record:
+        info: dict[str, Any] = {"recipe": outcome.recipe.kind}
+        if outcome.recipe.path is not None:
+            info["module"] = outcome.recipe.path
+        if result is not None:
+            info["evidence"] = [f"{e:016x}" if isinstance(e, int) else e for e in result.evidence]
+        info.update(detail or {})
+        return Record(
+            schema=VERDICT_SCHEMA,
+            run_id=self.run_id,
+            step=outcome.step,
+            surface=surface,
+            mode=mode,
+            status=status,
+            failure=failure,
+            group=tuple(outcome.group if group is None else group),
+            outliers=tuple(outliers),
+            scope=scope,
+            hosts=tuple(sorted({self.hosts.get(r, "?") for r in outliers})),
+            detail=info,
+        )
+
+    def _slow(self, result: C3Result) -> tuple[list[int], float]:
+        """Ranks whose timing is an outlier *and* passes the excess and ratio guards."""
+        values = [e for e in result.evidence if isinstance(e, float)]
+        if result.status is not Status.ATTRIBUTED or len(values) != len(result.ranks):
+            return [], 0.0
+        median = statistics.median(values)
+        slow = [
+            r
+            for r, bit, t in zip(result.ranks, result.bitmap, values, strict=True)
+            if bit
+            and t - median >= self.min_excess_s
+            and (median <= 0 or t / median >= self.min_ratio)
+        ]
+        return slow, median
+
+    def _confirm(
+        self, leaf: str, outcome: RoundOutcome, result: C3Result, slow: Sequence[int]
+    ) -> list[int]:
+        """Ranks slow in ``rounds`` consecutive rounds of this recipe's timing series.
+
+        Streaks are kept per timing surface and per series (:attr:`Recipe.series`): a
+        hidden layer's rounds never confirm or clear the embedding's, so a delay in the
+        hidden layers only is confirmed after ``rounds`` hidden rounds whatever else ran
+        in between, and one slow step across several recipes confirms nothing."""
+        confirmed = []
+        series = outcome.recipe.series
+        for r in result.ranks:
+            key = (leaf, series, r)
+            self._streak[key] = self._streak.get(key, 0) + 1 if r in slow else 0
+            if self._streak[key] >= self.rounds:
+                confirmed.append(r)
+        return confirmed
+
+    def _straggler(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
+        if result.status is Status.INCONCLUSIVE:
+            return []  # a timing that went missing neither confirms nor clears a streak
+        slow, median = self._slow(result)
+        confirmed = self._confirm("t_M", outcome, result, slow)
+        if not confirmed or (attribution_scope(len(result.ranks)) is not Scope.RANK):
+            return []
+        detail = {"median_s": median, "rounds": self.rounds}
+        return [
+            self._slow_record(
+                outcome,
+                result,
+                failure=Failure.STRAGGLER,
+                outliers=confirmed,
+                scope=Scope.RANK,
+                detail=detail,
+            )
+        ]
+
+    def _comm(self, outcome: RoundOutcome) -> list[Record]:
+        slow_groups: list[SlowGroup] = []
+        timings: dict[str, Any] = {}
+        base: C3Result | None = None
+        for key, result in outcome.results.items():
+            leaf = key.rsplit("/", 1)[-1]
+            if result.mode is not Mode.STATISTICAL or not leaf.startswith(TIMING_COMM):
+                continue
+            if result.status is Status.INCONCLUSIVE:
+                continue
+            slow, median = self._slow(result)
+            confirmed = self._confirm(leaf, outcome, result, slow)
+            timings[leaf] = {"median_s": median, "evidence": list(result.evidence)}
+            for r in confirmed:
+                found = self.comm_group_of(leaf, r) if self.comm_group_of else None
+                if found is not None:
+                    slow_groups.append(SlowGroup(found[0], found[1]))
+                    base = result
+        if not slow_groups:
+            return []
+        diagnosis = diagnose(slow_groups, self.hosts)
+        assert diagnosis is not None
+        members = tuple(sorted({r for g in diagnosis.groups for r in g.ranks}))
+        kinds = {g.kind for g in diagnosis.groups}
+        scope = (
+            Scope.MACHINE if diagnosis.scope is Scope.MACHINE and len(kinds) > 1 else Scope.GROUP
+        )
+        if diagnosis.scope is Scope.JOB:
+            scope = Scope.JOB
+        return [
+            self._record(
+                outcome,
+                base,
+                surface=base.surface if base is not None else f"{outcome.recipe.name}/t_comm",
+                mode=Mode.STATISTICAL,
+                status=Status.ATTRIBUTED,
+                failure=Failure.COMM_STRAGGLER,
+                outliers=members,
+                group=members,
+                scope=scope,
+                detail={
+                    "diagnosis": diagnosis.kind.value,
+                    "explanation": diagnosis.explanation,
+                    "slow_groups": [[g.kind, list(g.ranks)] for g in diagnosis.groups],
+                    "timings": timings,
+                },
+            )
+        ]
+
+    def _group_comm(self, outcome: RoundOutcome) -> list[Record]:
+        """The peer group's broadcast time against its own recent clean rounds."""
+        result = outcome.results.get(f"{outcome.recipe.name}/{TIMING_GROUP}")
+        if result is None or len(result.ranks) < 2:
+            return []
+        values = sorted(e for e in result.evidence if isinstance(e, float))
+        if len(values) != len(result.ranks):
+            return []  # a timing went missing: neither confirms nor clears
+        value = values[-2]
+        group = tuple(result.ranks)
+        series = (outcome.recipe.series, group)
+        base = self._bcast_base.setdefault(series, deque(maxlen=_BASELINE_WINDOW))
+        slow = False
+        median = 0.0
+        if len(base) >= _BASELINE_MIN:
+            median = statistics.median(base)
+            slow = value - median >= self.min_excess_s and (
+                median <= 0 or value / median >= self.min_ratio
+            )
+        if not slow:
+            base.append(value)  # only clean rounds form the baseline: a slow link stays visible
+        streak = self._bcast_streak[series] = self._bcast_streak.get(series, 0) + 1 if slow else 0
+        if streak < self.rounds:
+            return []
+        diagnosis = diagnose([SlowGroup(self.peer_kind, group)], self.hosts)
+        assert diagnosis is not None
+        detail = {
+            "diagnosis": diagnosis.kind.value,
+            "explanation": diagnosis.explanation,
+            "source": outcome.source,
+            "t_bcast_s": value,
+            "baseline_median_s": median,
+            "rounds": streak,
+        }
+        return [
+            self._slow_record(
+                outcome,
+                result,
+                failure=Failure.COMM_STRAGGLER,
+                outliers=group,
+                scope=Scope.GROUP,
+                detail=detail,
+            )
+        ]

@@ -1,0 +1,158 @@
+"""Replay under unusual control flow, in real multi-rank jobs (Gloo, CPU).
+
+* Instance-level ``forward`` overrides (issue 10 item 2): on DDP a slow wrapper is a
+  straggler and nothing else; under DP x TP the overridden layers are named at
+  ``enable``, read inconclusive, and the job finishes.
+* Asymmetric steps (issue 16 item 11): an extra ``optimizer.step()`` or a missing
+  micro-batch on one rank is a control-flow divergence naming it, never a deadlock.
+* Collective counts (issue 15): one replay round, and a step where nothing is due.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scout_core.testing.harness import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+ENV = {"OMP_NUM_THREADS": "1"}
+EVERY_STEP = {
+    "replay_interval": 1,
+    "embedding_interval": 1,
+    "lm_head_interval": 1,
+    "optimizer_interval": 1,
+}
+EVERY_OTHER_STEP = dict.fromkeys(EVERY_STEP, 2)
+
+
+def _verdicts(results: list[Any]) -> set[tuple[Any, ...]]:
+    return {
+        (v["step"], v["surface"], v["status"], v["failure"], tuple(v["outliers"]), v["scope"])
+        for res in results
+        for v in res["verdicts"]
+    }
+
+
+@pytest.mark.timeout(300)
+def test_ddp_slow_instance_forward_is_a_straggler_only() -> None:
+    # Issue 10 item 2's reproduction: after enable, rank 2 wraps every block's forward
+    # in a 50 ms sleep. Replay runs the wrapper on the live module with the replay
+    # parameters bound, so rank 2 is slow and computes exactly what its peers do.
+    from control_scenarios import override
+
+    results = run_ranks(
+        override,
+        5,
+        args=("ddp", 2, "slow", False, 6),
+        kwargs={"cfg": EVERY_STEP},
+        timeout_s=250,
+        env=ENV,
+    )
+    verdicts = _verdicts(results)
+    assert verdicts, "the slow wrapper was not seen"
+    assert {(v[3], v[4], v[5]) for v in verdicts} == {("straggler", (2,), "rank")}
+    assert all(v[1].startswith("layer/layers.") and v[1].endswith("/t_M") for v in verdicts)
+    assert min(v[0] for v in verdicts) == 1  # two consecutive hidden rounds: steps 0 and 1
+    assert results[2]["overrides"] == {f"layers.{i}": None for i in range(4)}
+
+
+@pytest.mark.timeout(300)
+def test_dptp_forward_override_finishes_and_blames_nobody_else() -> None:
+    # DP x TP 3x2: rank 3 adds 1e-3 to every block's output through an instance-level
+    # forward, installed before enable. Running it from replay would reach the training
+    # TP group; SCOUT names the layers at enable and reads their rounds inconclusive.
+    from control_scenarios import override
+
+    results = run_ranks(
+        override,
+        6,
+        args=("dptp", 3, "add", True, 4),
+        kwargs={"cfg": EVERY_STEP},
+        timeout_s=250,
+        env=ENV,
+    )
+    assert all(res["rounds"] == 4 * 4 for res in results)  # every round ran, none hung
+    named = results[3]["overrides"]
+    assert set(named) == {f"layers.{i}" for i in range(4)}
+    assert all("tensor parallelism" in str(why) for why in named.values())
+    said = [line for line in results[3]["logs"] if "instance-level forward" in line]
+    assert len(said) == 1 and all(f"layers.{i}" in said[0] for i in range(4))
+    verdicts = _verdicts(results)
+    assert all(v[4] in ((), (3,)) for v in verdicts), verdicts  # nobody else is named
+    gaps = {v for v in verdicts if v[1].endswith("/gap")}
+    assert {v[1] for v in gaps} == {f"layer/layers.{i}/gap" for i in range(4)}
+    assert all(v[2] == "inconclusive" and v[3] is None and v[5] == "group" for v in gaps)
+    detail = next(
+        v["detail"] for res in results for v in res["verdicts"] if v["surface"].endswith("/gap")
+    )
+    assert "3" in detail["missing"] and "training collective" in detail["missing"]["3"]
+
+
+@pytest.mark.timeout(300)
+def test_extra_optimizer_step_is_a_divergence_not_a_deadlock() -> None:
+    # Rank 2 takes one extra optimizer.step() at step 3 (no forward in between). Counting
+    # optimizer steps it would be one iteration ahead and enter replay collectives its
+    # peers never join; the clock sees no training forward, stays, and the readiness of
+    # the next round (step 4) reports the extra step before any payload collective.
+    from control_scenarios import asymmetric
+
+    results = run_ranks(
+        asymmetric, 4, args=("step", 2, 3, 8, EVERY_OTHER_STEP), timeout_s=200, env=ENV
+    )
+    assert [res["clock"] for res in results] == [8] * 4
+    verdicts = _verdicts(results)
+    split = {v for v in verdicts if v[3] == "protocol_mismatch"}
+    assert split and min(v[0] for v in split) == 4
+    assert {(v[1].rsplit("/", 1)[-1], v[2], v[4], v[5]) for v in split} == {
+        ("steps", "attributed", (2,), "rank")
+    }
+    # Its extra update makes rank 2's state differ from then on: named, nobody else.
+    assert all(v[4] == (2,) for v in verdicts)
+    first = next(v for res in results for v in res["verdicts"] if v["surface"].endswith("/steps"))
+    assert first["detail"]["counts"] == {"0": 0, "1": 0, "2": 1, "3": 0}
+
+
+@pytest.mark.timeout(300)
+def test_fewer_micro_batches_are_a_divergence() -> None:
+    from control_scenarios import asymmetric
+
+    results = run_ranks(
+        asymmetric, 4, args=("micro", 1, 2, 5, EVERY_OTHER_STEP), timeout_s=200, env=ENV
+    )
+    verdicts = _verdicts(results)
+    assert verdicts
+    assert {(v[0], v[2], v[3], v[4], v[5]) for v in verdicts} == {
+        (2, "attributed", "protocol_mismatch", (1,), "rank")
+    }
+    assert {v[1] for v in verdicts} == {"layer/embed/micro", "layer/head/micro"}
+
+
+@pytest.mark.timeout(300)
+def test_collectives_of_one_round_and_of_an_idle_step() -> None:
+    # Default cadence (every recipe every 20 steps, spread: optimizer at 4, LM head at 9,
+    # embedding at 14, a hidden layer at 19). A due step runs one recipe: readiness,
+    # payload broadcast and result exchange on the peer group, plus the checkpoint
+    # gate's one job-wide combine; a step where nothing is due runs no collective and
+    # carries no capture hook.
+    from control_scenarios import count_collectives
+
+    (res, *_) = run_ranks(count_collectives, 4, args=(25, {}), timeout_s=200, env=ENV)
+    assert res["verdicts"] == []
+    due = {s: kinds for s, kinds in enumerate(res["due"]) if kinds}
+    assert due == {
+        4: ["optimizer"],
+        9: ["lm_head"],
+        14: ["embedding"],
+        19: ["hidden"],
+        24: ["optimizer"],
+    }
+    round_calls = ["all_gather_single", "broadcast", "all_gather_single", "all_reduce"]
+    for step, calls in enumerate(res["calls"]):
+        assert calls == (round_calls if step in due else []), (step, calls)
+    # Capture hooks exist only during an iteration whose layer recipe is due.
+    hooked = {s + 1: paths for s, paths in enumerate(res["hooked"]) if paths}
+    assert hooked == {9: ["head"], 14: ["embed"], 19: ["layers.0"]}
+    assert res["hooked"][-1] == []
