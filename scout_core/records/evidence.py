@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 
 from scout_core.errors import EvidenceError
+from scout_core.records.console import log_attribution
 from scout_core.records.reading import RANK_FILE, ReadProblem, Report, load_report
 from scout_core.records.record import (
     ACTIONS,
@@ -101,6 +102,7 @@ class EvidenceWriter:
                 view = view[written:]
             if self._fsync:
                 os.fsync(self._fd)
+        log_attribution(record, self.rank)
 
     def write_group(self, record: Record) -> bool:
         """Write a group's record if this rank is the group's lowest global rank.
