@@ -4,7 +4,10 @@ Records go to files that a person opens after the fact; while the job runs, peop
 watch its console. So the rank that writes a record naming outliers also logs it, at
 WARNING, on this module's logger (``scout_core.records.console``)::
 
-    scout[rank 0]: straggler rank 2 at step 7 on layer/layers.3/t_M (rank 2: 604.0 ms vs peer median 3.8 ms (159x))
+    scout[rank 0]: straggler rank 2 at step 7 on layer/layers.3/t_M (vm): rank 2: 604.0 ms
+    vs peer median 3.8 ms (159x)
+
+(one line in the log; wrapped here)
 
 The line says who wrote it (``scout[rank R]``), what failed, who, when, where and the
 one line of evidence that ``scout report`` shows for the same record

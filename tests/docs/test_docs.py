@@ -14,15 +14,16 @@ import os
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from docs_blocks import DATA, RUN, Block, commands, extract, output_matches
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *ROOT.glob("plugins/*/README.md")])
+DOCS = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *ROOT.glob("plugins/*/README.md")]
+)
 BLOCKS = [b for p in DOCS for b in extract(p, ROOT)]
 _END = "@@scout-docs-test-end@@"
 
@@ -57,6 +58,7 @@ def _run(args: list[str], block: Block, workdir: Path) -> subprocess.CompletedPr
     try:
         return subprocess.run(
             args,
+            check=False,
             cwd=workdir,
             env=_env(workdir),
             capture_output=True,

@@ -87,7 +87,7 @@ def test_the_writer_logs_attributions_at_warning(
 def test_a_record_that_cannot_be_described_is_still_written(
     tmp_path: object, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import scout_core.records.console as console
+    from scout_core.records import console
 
     def broken(record: Record) -> str:
         raise RuntimeError("boom")
