@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -26,13 +27,14 @@ DOCS = sorted(
 )
 BLOCKS = [b for p in DOCS for b in extract(p, ROOT)]
 _END = "@@scout-docs-test-end@@"
+_INSTALLS = re.compile(r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/test\.sh")
 
 
 def _params(langs: frozenset[str]) -> list[object]:
     return [
         pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else [])
         for b in BLOCKS
-        if b.lang in langs and not b.illustration
+        if b.lang in langs and not b.illustration and not _INSTALLS.search(b.text)
     ]
 
 
@@ -41,6 +43,8 @@ def workdir(tmp_path: Path) -> Path:
     for entry in ROOT.iterdir():
         if entry.name not in (".git",):
             (tmp_path / entry.name).symlink_to(entry)
+    if not (tmp_path / ".venv").exists():  # a worktree: the docs' .venv is this interpreter's
+        (tmp_path / ".venv").symlink_to(Path(sys.prefix))
     return tmp_path
 
 
@@ -76,6 +80,9 @@ def test_every_block_is_run_or_marked() -> None:
     for block in BLOCKS:
         if block.lang in ("", "py", "python3", "shell-session", "pycon"):
             pytest.fail(f"{block.id}: say the block's language as one of {sorted(RUN | DATA)}")
+        if block.lang in RUN and not block.illustration and _INSTALLS.search(block.text):
+            # Run here, it would change the environment the tests themselves run in.
+            pytest.fail(f"{block.id}: an install command; mark the block as an illustration")
 
 
 @pytest.mark.parametrize("block", _params(frozenset({"python"})))
