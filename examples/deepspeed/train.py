@@ -16,8 +16,8 @@ from a step on, using SCOUT's test injectors:
 
 * ``sdc:rank=R,step=S``: every transformer block on rank R flips the lowest
   mantissa bit of its output from step S on (a silent, persistent compute fault);
-* ``straggler:rank=R,step=S``: every block on rank R sleeps 100 ms per call for
-  four steps from step S (a slow rank).
+* ``straggler:rank=R,step=S``: every block on rank R sleeps 100 ms per call from
+  step S on (a slow rank that stays slow).
 
 Rank 0 prints every verdict; the evidence also lands in the report directory of
 the ``"scout"`` section (``scout report <dir>`` renders it).
@@ -117,7 +117,9 @@ def attach_fault(spec: dict[str, Any] | None, model: TinyGPT, opt: Any, steps: i
         for i in range(len(model.blocks)):
             when.corrupt_output(f"blocks.{i}", BitFlip(bit=0))
     else:
-        when = faults.at(rank=spec["rank"], steps=range(spec["step"], spec["step"] + 4))
+        # Slow from step S to the end, as a degraded GPU stays slow: a window of a few
+        # steps could end before two replay rounds confirm it on a busy machine.
+        when = faults.at(rank=spec["rank"], steps=range(spec["step"], steps))
         for i in range(len(model.blocks)):
             when.delay_compute(f"blocks.{i}", 0.1)
     return faults.attach(model, opt)
