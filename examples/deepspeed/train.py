@@ -16,8 +16,8 @@ from a step on, using SCOUT's test injectors:
 
 * ``sdc:rank=R,step=S``: every transformer block on rank R flips the lowest
   mantissa bit of its output from step S on (a silent, persistent compute fault);
-* ``straggler:rank=R,step=S``: every block on rank R sleeps 100 ms per call for
-  four steps from step S (a slow rank);
+* ``straggler:rank=R,step=S``: every block on rank R sleeps 100 ms per call from
+  step S on (a slow rank that stays slow);
 * ``hang:rank=R,step=S``: rank R freezes for ``hang_timeout_s`` + 5 s when step S
   starts (a hung trainer; its peers wait for it in the step's collectives). This
   switches the hang observer on (``"observer": true``, ``hang_timeout_s`` 5 s unless
@@ -123,7 +123,9 @@ def attach_fault(
         for i in range(len(model.blocks)):
             when.corrupt_output(f"blocks.{i}", BitFlip(bit=0))
     elif spec["kind"] == "straggler":
-        when = faults.at(rank=spec["rank"], steps=range(spec["step"], spec["step"] + 4))
+        # Slow from step S to the end, as a degraded GPU stays slow: a window of a few
+        # steps could end before two replay rounds confirm it on a busy machine.
+        when = faults.at(rank=spec["rank"], steps=range(spec["step"], steps))
         for i in range(len(model.blocks)):
             when.delay_compute(f"blocks.{i}", 0.1)
     else:

@@ -39,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 from scout_core.errors import EvidenceError
+from scout_core.records.console import log_attribution
 from scout_core.records.reading import RANK_FILE, ReadProblem, Report, load_report
 from scout_core.records.record import (
     ACTIONS,
@@ -117,6 +118,7 @@ class EvidenceWriter:
                 f"record run_id {record.run_id!r} does not match this writer's {self.run_id!r}"
             )
         data = (record.to_json() + "\n").encode("utf-8")
+        log_attribution(record, self.rank)  # the console line, even if the disk fails
         with self._lock:
             if self._closed:
                 raise ValueError(f"EvidenceWriter for {self.path} is closed")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scout_core.records.evidence import Record
+from scout_core.records.record import Record
 from scout_core.vocabulary import Status
 
 __all__ = ["culprit", "notable", "render_records"]

@@ -40,6 +40,7 @@ __all__ = [
     "Timeline",
     "build_timeline",
     "clock",
+    "evidence_line",
     "is_finding",
     "ttv_text",
 ]
@@ -308,3 +309,9 @@ def _evidence(record: Record, sdc: Mapping[tuple[str, int], list[str]]) -> str:
     if "reason" in d and not parts:
         parts.append(str(d["reason"]))
     return "; ".join(p for p in parts if p)
+
+
+def evidence_line(record: Record) -> str:
+    """The one line of evidence ``scout report`` shows for ``record`` on its own (an SDC
+    names only its own surface; the timeline lists every surface of the step)."""
+    return _evidence(record, {})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -29,8 +30,18 @@ def _die_with_parent(harness_pid: int) -> None:
 
 
 def _resolve(target: str) -> Any:
-    module_name, _, qualname = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    obj: Any
+    if target.startswith("file:"):  # harness.MAIN_PREFIX: a function of the user's script
+        path, _, qualname = target[len("file:") :].rpartition(":")
+        spec = importlib.util.spec_from_file_location("__scout_main__", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        obj = importlib.util.module_from_spec(spec)
+        sys.modules["__scout_main__"] = obj
+        spec.loader.exec_module(obj)
+    else:
+        module_name, _, qualname = target.partition(":")
+        obj = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj

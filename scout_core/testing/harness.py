@@ -38,6 +38,8 @@ __all__ = ["RankFailedError", "RankProcess", "RanksTimeoutError", "run_ranks"]
 
 _GRACE_AFTER_FAILURE_S = 5.0
 _WORKER = Path(__file__).with_name("_worker.py")
+MAIN_PREFIX = "file:"
+"""How a target names a function of the running script (``_worker.py`` reads it)."""
 
 
 class RankFailedError(ScoutError):
@@ -70,11 +72,17 @@ def _target_name(fn: Callable[..., Any] | str) -> str:
             raise ValueError(f"target {fn!r} must look like 'package.module:function'")
         return fn
     module, qualname = fn.__module__, fn.__qualname__
-    if "<locals>" in qualname or module == "__main__":
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if "<locals>" in qualname or (module == "__main__" and not main_file):
         raise ValueError(
             f"{qualname} must be a module-level function importable by name "
             "(ranks are fresh processes)"
         )
+    if module == "__main__":
+        # A script's own function: each rank loads the script by path under another
+        # name, as multiprocessing's spawn does, so its ``if __name__ == "__main__":``
+        # block does not run again there.
+        return f"{MAIN_PREFIX}{Path(str(main_file)).resolve()}:{qualname}"
     return f"{module}:{qualname}"
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +93,33 @@ def test_local_functions_are_refused() -> None:
 
     with pytest.raises(ValueError, match="module-level"):
         run_ranks(local, 2)
+
+
+def test_a_scripts_own_function_runs_on_every_rank(tmp_path: Path) -> None:
+    # `python script.py` with the body beside the call: ranks load the script by path
+    # (its `if __name__ == "__main__":` block runs once, in the harness), and a module
+    # next to the script imports on every rank.
+    (tmp_path / "helper_mod.py").write_text("OFFSET = 1\n")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from helper_mod import OFFSET\n"
+        "from scout_core.testing import run_ranks\n\n"
+        "def body(x: int) -> int:\n"
+        "    import torch, torch.distributed as dist\n"
+        "    t = torch.tensor([dist.get_rank() + x + OFFSET]); dist.all_reduce(t)\n"
+        "    return int(t.item())\n\n"
+        'if __name__ == "__main__":\n'
+        "    print(run_ranks(body, 3, args=(1,), timeout_s=60))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[9, 9, 9]"  # (0+1+2) + 3 * (1 + 1)

@@ -1,0 +1,83 @@
+"""The culprit in torchrun's "Root Cause": torchelastic's error file, written at terminate.
+
+With ``on_hang = "terminate"`` every trainer of the job exits with the hang exit code.
+Under torchrun (torchelastic) each worker has ``TORCHELASTIC_ERROR_FILE`` set; the
+agent reads the file of the failed worker whose error is oldest and prints it as the
+job's *Root Cause*. Without it torchrun prints ``error_file: <N/A>`` and a bare exit
+code, and the person on call learns nothing. So before exiting, the trainer logs the
+verdicts that triggered the exit and writes them into that file, in torchelastic's
+format (``{"message": {"message": ..., "extraInfo": {"py_callstack": ...,
+"timestamp": ...}}}``; the agent shows ``py_callstack`` as the failure's traceback).
+
+The file is written atomically (a temporary file then ``os.replace``), so the agent
+never reads half a file. Outside torchelastic (no variable) nothing is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scout_core.records.console import attribution_line
+from scout_core.records.record import Record
+
+__all__ = ["ERROR_FILE_ENV", "terminate_message", "write_error_file"]
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+"""The variable torchelastic sets on each worker: where the worker's error goes."""
+
+log = logging.getLogger(__name__)
+
+
+def terminate_message(verdicts: Sequence[Record], rank: int, exit_code: int) -> str:
+    """What a terminating trainer says: who SCOUT named, and why this rank exits."""
+    lines = [line for v in verdicts if (line := attribution_line(v, rank)) is not None]
+    named = "; ".join(lines) or "scout: no culprit was localized"
+    return f"SCOUT terminated the job (on_hang=terminate, exit code {exit_code}): {named}"
+
+
+def write_error_file(
+    verdicts: Sequence[Record],
+    rank: int,
+    exit_code: int,
+    env: Mapping[str, str] | None = None,
+) -> Path | None:
+    """Log the terminate message at ERROR and write torchelastic's error file, if one is set.
+
+    Returns the file written, or ``None`` outside torchelastic or when it could not be
+    written (logged; the trainer exits either way).
+    """
+    message = terminate_message(verdicts, rank, exit_code)
+    log.error("%s", message)
+    target = (os.environ if env is None else env).get(ERROR_FILE_ENV)
+    if not target:
+        return None
+    path = Path(target)
+    details = "\n".join(
+        json.dumps(v.to_dict(), sort_keys=True, separators=(",", ":")) for v in verdicts
+    )
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {
+                "py_callstack": f"{message}\nSCOUT evidence records:\n{details}\n",
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+    tmp = path.with_name(f".{path.name}.scout-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error("could not write %s=%s: %s", ERROR_FILE_ENV, target, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return None
+    return path
