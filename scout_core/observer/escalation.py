@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from scout_core.config import Config
 from scout_core.errors import ConfigError
+from scout_core.observer.elastic_error import write_error_file
 from scout_core.observer.verdict import Verdict
 from scout_core.records.evidence import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Mode
@@ -233,9 +234,14 @@ class ControlListener:
 
     def _handle(self, message: Mapping[str, Any]) -> None:
         if "terminate" in message:
+            code = int(message["terminate"])
+            # The verdicts that end the job go to the console and, under torchrun, to
+            # torchelastic's error file, so the launcher's "Root Cause" names the culprit.
+            rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+            write_error_file([v for v in self.verdicts if v.outliers][-8:], rank, code)
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(int(message["terminate"]))
+            os._exit(code)
         if "verdict" in message:
             record = Record.from_dict(message["verdict"])
             self.verdicts.append(record)

@@ -2,7 +2,7 @@
 
 * One rank calls a different collective (broadcast vs all_reduce on the same group):
   ``protocol_mismatch`` naming it, and ``on_hang = "terminate"`` ends every trainer
-  with the hang exit code.
+  with the hang exit code after writing torchelastic's error file, which names it.
 * One rank calls the same collective with a different shape (on a second group over
   the same ranks, so Gloo blocks instead of aborting on the size mismatch):
   ``protocol_mismatch`` naming it.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from observer_scenarios import free_port, scenario
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from scout_core.records.evidence import load_report
 from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
@@ -36,8 +37,12 @@ def test_different_collective_is_a_protocol_mismatch_and_terminates(tmp_path: Pa
             kwargs={"on_hang": "terminate", "hang_exit_code": 86},
             timeout_s=120,
             on_start=procs.extend,
+            env={"TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")},
         )
     assert [p.proc.returncode for p in procs] == [86] * 5
+    # What torchrun's agent prints as the Root Cause of the failed job.
+    root_cause = ProcessFailure(0, procs[0].proc.pid, 86, str(tmp_path / "error.json"))
+    assert f"protocol_mismatch rank {CULPRIT} at step" in root_cause.message["message"]
     verdicts = load_report(report).verdicts()
     assert len(verdicts) == 1, [v.to_dict() for v in verdicts]
     v = verdicts[0]
