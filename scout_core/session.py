@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VERDICTS_KEPT", "Session", "compose"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 VERDICTS_KEPT = 10_000
@@ -127,7 +127,7 @@ class Session:
             try:
                 fn()
             except Exception as exc:  # one failing closer must not keep the others open
-                log.warning("scout: error while closing: %s", exc)
+                log.warning("error while closing: %s", exc)
 
     @property
     def closed(self) -> bool:
@@ -286,12 +286,12 @@ def _gate(
     if catalog is None:
         return None
     if framework:
-        log.info("scout: gating the %s framework's own checkpoints", replay.adapter.name)
+        log.info("gating the %s framework's own checkpoints", replay.adapter.name)
         return FrameworkGate(replay, catalog, group=group, writer=writer)
     model = model_of(replay.adapter)
     if model is None:
         log.warning(
-            "scout: the %s adapter exposes no model, so the checkpoint gate is off",
+            "the %s adapter exposes no model, so the checkpoint gate is off",
             replay.adapter.name,
         )
         return None

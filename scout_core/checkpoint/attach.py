@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GateHandle", "attach_gate", "model_of", "round_outcome"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 ExtraState = Callable[[], Mapping[str, Any]]
 RestoreExtra = Callable[[dict[str, Any]], None]
@@ -112,7 +112,7 @@ class GateHandle:
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
-            log.warning("scout: replay has no peers here; the checkpoint gate never certifies")
+            log.warning("replay has no peers here; the checkpoint gate never certifies")
 
     def set_extra_state(
         self, extra_state: ExtraState | None, restore_extra: RestoreExtra | None = None
@@ -131,7 +131,7 @@ class GateHandle:
         if self.pending is not None:
             if not self._warned:
                 log.warning(
-                    "scout: the gate selected %s step %s; nothing is captured until recover()",
+                    "the gate selected %s step %s; nothing is captured until recover()",
                     self.pending.selected.value,
                     self.pending.step,
                 )
@@ -146,7 +146,7 @@ class GateHandle:
             self.pending = result.retrieval
             self._warned = False
             log.warning(
-                "scout: %s at step %d; the gate selects %s step %s (%s)",
+                "%s at step %d; the gate selects %s step %s (%s)",
                 result.decision.failure.value if result.decision.failure else "failure",
                 step,
                 result.retrieval.selected.value,

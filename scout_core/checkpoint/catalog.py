@@ -45,7 +45,7 @@ from scout_core.vocabulary import Mode, Status
 
 __all__ = ["GateCatalog", "agreed_catalog", "round_outcome"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 
 def round_outcome(round_: RoundOutcome) -> Outcome:
@@ -110,7 +110,7 @@ def agreed_catalog(
     shape = (size, [r.kind for r in recipes], sorted(driver.schedule.intervals.items()))
     if not same_value(shape, group):
         log.warning(
-            "scout: the ranks' recipe catalogs differ in shape (this rank: %s); the "
+            "the ranks' recipe catalogs differ in shape (this rank: %s); the "
             "checkpoint gate is off (replay still runs)",
             shape,
         )

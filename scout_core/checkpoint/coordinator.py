@@ -47,7 +47,7 @@ from scout_core.vocabulary import Failure
 
 __all__ = ["BoundaryResult", "CheckpointCoordinator"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ class CheckpointCoordinator:
     def _storage_skip(self, exc: CheckpointError, what: str) -> dict[str, Any]:
         """The record fields and log line of a durable write every rank agreed failed."""
         log.warning(
-            "scout: %s failed on some rank (%s); the durable copy is skipped, the gate and "
+            "%s failed on some rank (%s); the durable copy is skipped, the gate and "
             "training go on",
             what,
             exc,

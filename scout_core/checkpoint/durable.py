@@ -105,7 +105,7 @@ _TRASH_PREFIX = ".trash-"
 _FAR = 1 << 62
 _DESCRIPTIONS = frozenset({_SHARD, JSON_METADATA, ".metadata"})
 """Files of a shard that hold no tensor bytes (the bytes on disk exclude them)."""
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -343,7 +343,7 @@ class DurableStore:
         if self.coordinator:
             shutil.rmtree(tmp, ignore_errors=True)
             if tmp.exists():
-                log.warning("scout: could not remove %s after a failed checkpoint write", tmp)
+                log.warning("could not remove %s after a failed checkpoint write", tmp)
 
     def _remove_leftovers(self) -> None:
         for stale in self.root.iterdir():  # leftovers of a writer that died

@@ -79,7 +79,7 @@ from scout_core.vocabulary import Failure
 
 __all__ = ["FrameworkGate"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 
 class FrameworkGate:
@@ -113,7 +113,7 @@ class FrameworkGate:
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
-            log.warning("scout: replay has no peers here; no checkpoint is ever verified")
+            log.warning("replay has no peers here; no checkpoint is ever verified")
 
     @property
     def step(self) -> int:
@@ -151,7 +151,7 @@ class FrameworkGate:
                 detail={**detail, "phase": "select", "tag": None if pick is None else pick.tag},
             )
             log.warning(
-                "scout: %s at step %d; checkpoint saves are refused until a load restores "
+                "%s at step %d; checkpoint saves are refused until a load restores "
                 "(recover(%r) would load %s)",
                 what,
                 step,
@@ -219,7 +219,7 @@ class FrameworkGate:
                     f"the certification sidecar in {io.directory} cannot be trusted ({why}); "
                     "refusing to pick a tag from it on every rank"
                 ) from error
-            log.warning("scout: ignoring the unreadable sidecar in %s (%s)", io.directory, why)
+            log.warning("ignoring the unreadable sidecar in %s (%s)", io.directory, why)
             return False
         if where not in self._merged:
             self._merged.add(where)
@@ -243,7 +243,7 @@ class FrameworkGate:
                 error = exc
         if not all_ok(error is None, self.group):
             why = describe(error) if error is not None else "on the rank that writes it"
-            log.warning("scout: could not write the certification sidecar (%s)", why)
+            log.warning("could not write the certification sidecar (%s)", why)
             step = max(self.step, 0)
             detail = {"skipped": True, "durable": False, "storage_error": f"sidecar: {why}"}
             self._record("capture", step, step, detail=detail)
@@ -262,7 +262,7 @@ class FrameworkGate:
                 "and not recovered: the state may be corrupted"
             )
             log.warning(
-                "scout: refusing to save checkpoint %r in %s: %s; recover or load first",
+                "refusing to save checkpoint %r in %s: %s; recover or load first",
                 name,
                 io.directory,
                 reason,
@@ -280,7 +280,7 @@ class FrameworkGate:
         if not all_ok(error is None, self.group):
             why = describe(error) if error is not None else "failed on another rank"
             log.warning(
-                "scout: checkpoint %r in %s was not written (%s); skipped on every rank, "
+                "checkpoint %r in %s was not written (%s); skipped on every rank, "
                 "training goes on",
                 name,
                 io.directory,
@@ -356,7 +356,7 @@ class FrameworkGate:
             entry = self.ledger.get(io.directory, str(tag))
             role = "unknown to SCOUT" if entry is None else entry.role
             if entry is None or entry.role != "verified":
-                log.warning("scout: loading tag %r (%s) as asked; it is not verified", tag, role)
+                log.warning("loading tag %r (%s) as asked; it is not verified", tag, role)
             out = self._restore(io, entry, str(tag))
             sel = Selection.VERIFIED if role == "verified" else Selection.LATEST
             reason = f"explicit tag {tag!r} ({role})"
@@ -369,12 +369,12 @@ class FrameworkGate:
                         "verified tag: refusing to load an uncertified one (pass a tag to override)"
                     )
                 why = "no certification sidecar" if not has_sidecar else "no verified tag yet"
-                log.warning("scout: %s in %s; loading the framework's latest", why, io.directory)
+                log.warning("%s in %s; loading the framework's latest", why, io.directory)
                 out = self._restore(io, None, None)
                 sel, reason = Selection.LATEST, f"{why}: the framework's latest"
             else:
                 log.warning(
-                    "scout: loading verified tag %r (step %d) from %s instead of the "
+                    "loading verified tag %r (step %d) from %s instead of the "
                     "framework's latest: the newest tag two clean recipe cycles vouch for",
                     entry.tag,
                     entry.step,

@@ -46,7 +46,7 @@ from scout_core.vocabulary import Failure
 if TYPE_CHECKING:
     from scout_core.checkpoint.coordinator import CheckpointCoordinator
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 __all__ = ["Restored", "recover", "restore_agreed", "restore_from_disk", "default_rng_streams"]
 
@@ -141,7 +141,7 @@ def recover(
         try:
             mine = fetch_from_peer(coord.replicas.get(target), group=coord.group, ranks=coord.ranks)
         except CheckpointError as exc:  # a malformed replica: this rank falls back to disk
-            log.warning("scout: the replica a peer sent back is unusable: %s", exc)
+            log.warning("the replica a peer sent back is unusable: %s", exc)
             mine = None
         if held is None and mine is not None and mine.step == target:
             tree, source = mine.tree, "peer"

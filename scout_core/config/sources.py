@@ -59,7 +59,7 @@ NON_CONFIG_ENV: frozenset[str] = frozenset({"SCOUT_CONFIG"})
 NON_CONFIG_ENV_PREFIXES: tuple[str, ...] = ("SCOUT_TEST_", "SCOUT_INTERNAL_")
 """Prefixes reserved for the test harness and for SCOUT's own child processes; variables
 under them are never read as config, so a typo elsewhere cannot hide behind them."""
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 _warned: set[str] = set()
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -95,7 +95,7 @@ def env_overrides(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
             if var not in _warned:  # once per variable and process: from_env runs often
                 _warned.add(var)
                 log.warning(
-                    "scout: ignoring environment variable %s: %s",
+                    "ignoring environment variable %s: %s",
                     var,
                     unknown(name, valid, env=True),
                 )

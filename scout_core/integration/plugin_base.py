@@ -48,7 +48,7 @@ from scout_core.session import Session, compose
 
 __all__ = ["FrameworkPlugin"]
 
-log = logging.getLogger("scout.plugins")
+log = logging.getLogger(__name__)
 
 
 class FrameworkPlugin(ABC):
@@ -184,7 +184,7 @@ class FrameworkPlugin(ABC):
         if not cfg.enabled:
             if live is not None:
                 return live
-            log.info("scout: not attached to %s (SCOUT is disabled)", type(obj).__name__)
+            log.info("not attached to %s (SCOUT is disabled)", type(obj).__name__)
             session = Session(cfg, callback=callback)
             self._register(obj, session)
             return session

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["ENTRY_POINT_GROUP", "LoadedPlugin", "ScoutPlugin", "discover", "select_plugin"]
 
 ENTRY_POINT_GROUP = "scout.plugins"
-log = logging.getLogger("scout.plugins")
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -79,11 +79,11 @@ def discover(*, refresh: bool = False) -> list[LoadedPlugin]:
             obj = ep.load()
             plugin = obj() if isinstance(obj, type) else obj
         except Exception as exc:  # a broken plugin must not break the others
-            log.warning("scout: skipping plugin %r (%s): %s", ep.name, ep.value, exc)
+            log.warning("skipping plugin %r (%s): %s", ep.name, ep.value, exc)
             continue
         if not isinstance(plugin, ScoutPlugin):
             log.warning(
-                "scout: skipping plugin %r (%s): it lacks name/handles/enable", ep.name, ep.value
+                "skipping plugin %r (%s): it lacks name/handles/enable", ep.name, ep.value
             )
             continue
         found.append(LoadedPlugin(ep.name, plugin))
@@ -100,7 +100,7 @@ def select_plugin(
             if loaded.plugin.handles(obj):
                 return loaded
         except Exception as exc:
-            log.warning("scout: plugin %r failed in handles(): %s", loaded.name, exc)
+            log.warning("plugin %r failed in handles(): %s", loaded.name, exc)
     return None
 
 

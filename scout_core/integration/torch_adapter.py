@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchAdapter", "cpu_rng", "device_rng", "param_items"]
 
-log = logging.getLogger("scout.torch")
+log = logging.getLogger(__name__)
 
 
 def _dtensor_cls() -> type | None:

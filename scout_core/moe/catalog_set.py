@@ -34,7 +34,7 @@ __all__ = ["SET_SCHEMA", "CatalogSet", "load_or_discover"]
 SET_SCHEMA = "scout.moe.catalog-set/1"
 """Schema tag of a catalog file."""
 
-log = logging.getLogger("scout.moe")
+log = logging.getLogger(__name__)
 
 
 class CatalogSet:

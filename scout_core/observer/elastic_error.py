@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 def terminate_message(verdicts: Sequence[Record], rank: int, exit_code: int) -> str:
     """What a terminating trainer says: who SCOUT named, and why this rank exits."""
     lines = [line for v in verdicts if (line := attribution_line(v, rank)) is not None]
-    named = "; ".join(lines) or "scout: no culprit was localized"
+    named = "; ".join(lines) or "no culprit was localized"
     return f"SCOUT terminated the job (on_hang=terminate, exit code {exit_code}): {named}"
 
 

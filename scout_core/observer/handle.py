@@ -39,7 +39,7 @@ from scout_core.records.evidence import Record
 
 __all__ = ["MAX_RESTARTS", "ObserverHandle", "ObserverStats"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 3
 """Restarts of a dead observer before its rank's diagnosis is left degraded."""
@@ -123,7 +123,7 @@ class ObserverHandle:
             if self.restarts >= MAX_RESTARTS:
                 self.degraded = True
                 log.error(
-                    "scout: the hang observer of rank %d exited (%s) after %d restarts; hang "
+                    "the hang observer of rank %d exited (%s) after %d restarts; hang "
                     "diagnosis is degraded: rank %d is not compared, and never named for it",
                     rank,
                     code,
@@ -135,7 +135,7 @@ class ObserverHandle:
             self.record.set_observer_word(STATE, int(ObserverState.STARTING))
             self.restarts += 1
             log.warning(
-                "scout: the hang observer of rank %d (pid %d) exited (%s); restarting it "
+                "the hang observer of rank %d (pid %d) exited (%s); restarting it "
                 "(restart %d of %d)",
                 rank,
                 proc.pid,

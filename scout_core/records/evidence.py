@@ -69,7 +69,7 @@ __all__ = [
     "load_report",
 ]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 _LOG_EVERY = 1000
 
 # -- writing ----------------------------------------------------------------------------
@@ -148,7 +148,7 @@ class EvidenceWriter:
         self.last_error = exc
         if self.dropped % _LOG_EVERY == 1 or _LOG_EVERY == 1:
             log.warning(
-                "scout: cannot write evidence to %s (%s); %d record(s) dropped so far, "
+                "cannot write evidence to %s (%s); %d record(s) dropped so far, "
                 "training goes on",
                 self.path,
                 exc.strerror or exc,

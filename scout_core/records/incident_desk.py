@@ -39,7 +39,7 @@ from scout_core.vocabulary import Status
 
 __all__ = ["INCIDENTS_KEPT", "IncidentDesk", "coupled_partners"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 INCIDENTS_KEPT = 1000
 """Incidents a desk keeps in memory (the evidence files keep every one)."""
@@ -136,4 +136,4 @@ class IncidentDesk:
             self.incidents.append(incident)
             if self.rank == self._writer_rank:
                 self.writer.write(incident)
-                log.warning("scout: incident: %s", incident.detail["summary"])
+                log.warning("incident: %s", incident.detail["summary"])

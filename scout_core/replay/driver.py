@@ -53,7 +53,7 @@ from scout_core.vocabulary import Mode
 
 __all__ = ["ReplayDriver", "exchange_hosts"]
 
-log = logging.getLogger("scout")
+log = logging.getLogger(__name__)
 
 HISTORY = 256
 """Round outcomes the driver keeps (:attr:`ReplayDriver.history`): a long run must not grow."""
@@ -173,7 +173,7 @@ class ReplayDriver:
         self.capturer.arm(0, self.schedule.modules_due(0))
         self.runner.announce()
         log.info(
-            "scout: replay on %s group %s, catalog K=%d, estimated overhead V/(I*N)=%.4f%%",
+            "replay on %s group %s, catalog K=%d, estimated overhead V/(I*N)=%.4f%%",
             self.peers.kind,
             list(self.peers.ranks),
             self.schedule.catalog_size,
@@ -226,7 +226,7 @@ class ReplayDriver:
             # same iterations as its peers; the next round reports the extra step.
             if not self._warned_extra:
                 log.warning(
-                    "scout: an optimizer step without a training forward since the previous "
+                    "an optimizer step without a training forward since the previous "
                     "one (an extra step); the step clock stays at iteration %d",
                     step,
                 )

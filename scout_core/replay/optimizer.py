@@ -51,7 +51,7 @@ from scout_core.vocabulary import Mode, Status
 
 __all__ = ["OptimizerReplay", "local_tensor"]
 
-log = logging.getLogger("scout.replay")
+log = logging.getLogger(__name__)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ class OptimizerReplay:
         if not self.supported:
             if not self._warned:
                 log.warning(
-                    "scout: optimizer replay skipped: optimizer state is uniquely owned "
+                    "optimizer replay skipped: optimizer state is uniquely owned "
                     "(%s), so no peer holds the same state to compare with",
                     self.ownership.value,
                 )
@@ -201,7 +201,7 @@ class OptimizerReplay:
         try:
             update: int | None = sign(self._replay(received))
         except Exception as exc:  # evidence goes missing; peers read inconclusive
-            log.warning("scout: optimizer replay failed on this rank: %s", exc)
+            log.warning("optimizer replay failed on this rank: %s", exc)
             update = None
         results = exchange(
             [

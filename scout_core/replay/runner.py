@@ -72,7 +72,7 @@ from scout_core.vocabulary import Mode, Status
 
 __all__ = ["LayerRunner", "RoundOutcome", "payload_device", "timed_broadcast"]
 
-log = logging.getLogger("scout.replay")
+log = logging.getLogger(__name__)
 
 SURFACES = ("received", "params", "forward", "input_grad", "param_grad")
 """Exact surfaces of a layer recipe, in exchange order."""
@@ -338,11 +338,11 @@ class LayerRunner:
             finally:
                 self.capturer.replaying = False
         except ConfigError as exc:  # a refusal (cuBLAS workspace): loud, never routine
-            log.error("scout: replay of %s refused on this rank: %s", ref.path, exc)
+            log.error("replay of %s refused on this rank: %s", ref.path, exc)
             values["gap"] = int(Gap.RAISED)
             return values
         except Exception as exc:  # evidence goes missing; peers read inconclusive
-            log.warning("scout: replay of %s failed on this rank: %s", ref.path, exc)
+            log.warning("replay of %s failed on this rank: %s", ref.path, exc)
             values["gap"] = int(Gap.RAISED)
             return values
         values.update(computed)
@@ -360,13 +360,13 @@ class LayerRunner:
             (safe if hazard is None else unsafe).append((path, hazard))
         if safe:
             log.warning(
-                "scout: %s have an instance-level forward; replay runs it on the live module "
+                "%s have an instance-level forward; replay runs it on the live module "
                 "with the replay parameters bound",
                 ", ".join(p for p, _ in safe),
             )
         if unsafe:
             log.warning(
-                "scout: %s have an instance-level forward that replay cannot run without "
+                "%s have an instance-level forward that replay cannot run without "
                 "possibly reaching a training collective (%s); their rounds read inconclusive",
                 ", ".join(p for p, _ in unsafe),
                 unsafe[0][1],
@@ -385,14 +385,14 @@ class LayerRunner:
             where = ", ".join(f"{ref.path}.{p}" if p else ref.path for p in found)
             if hazard is None:
                 log.warning(
-                    "scout: %s has an instance-level forward (%s); replay runs it on the live "
+                    "%s has an instance-level forward (%s); replay runs it on the live "
                     "module with the replay parameters bound",
                     ref.path,
                     where,
                 )
             else:
                 log.warning(
-                    "scout: %s has an instance-level forward (%s) and %s: replaying it could "
+                    "%s has an instance-level forward (%s) and %s: replaying it could "
                     "reach a training collective, so its rounds read inconclusive",
                     ref.path,
                     where,

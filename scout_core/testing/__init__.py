@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         comm_delay,
         flip_bit,
     )
+    from scout_core.testing.launches import documented_launches, runnable
     from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
 
 __all__ = [
@@ -62,6 +63,9 @@ __all__ = [
     # comparing states
     "signature",
     "signature_many",
+    # examples' documented launch commands
+    "documented_launches",
+    "runnable",
 ]
 
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -78,6 +82,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
     "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),
     "scout_core.decision.signature": ("signature", "signature_many"),
+    "scout_core.testing.launches": ("documented_launches", "runnable"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 """Where each lazily imported name lives."""

@@ -418,7 +418,7 @@ def test_unknown_env_variables_warn_and_never_fail(
     from scout_core.config import sources
 
     sources._warned.discard(var)
-    with caplog.at_level("WARNING", logger="scout"):
+    with caplog.at_level("WARNING", logger="scout_core"):
         cfg = Config.from_env(environ={var: "x", "SCOUT_KAPPA": "7"})
         again = Config.from_env(environ={var: "x"})
     assert cfg.kappa == 7.0 and again == Config()

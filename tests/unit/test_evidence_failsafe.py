@@ -47,13 +47,13 @@ def test_unwritable_directory_drops_and_logs(
     with pytest.raises(OSError):  # the fault is real
         (blocker / "run-1").mkdir(parents=True)
     writer = EvidenceWriter(blocker, 0, run_id="run-1")
-    with caplog.at_level("WARNING", logger="scout"):
+    with caplog.at_level("WARNING", logger="scout_core"):
         assert writer.write(verdict(1)) is False
         assert writer.write_group(verdict(2)) is False
     writer.close()
     assert (writer.written, writer.dropped) == (0, 2)
     assert isinstance(writer.last_error, OSError)
-    logged = [r.getMessage() for r in caplog.records]
+    logged = [r.getMessage() for r in caplog.records if r.name == "scout_core.records.evidence"]
     assert len(logged) == 1 and "cannot write evidence" in logged[0]  # not once per record
     assert "training goes on" in logged[0]
 

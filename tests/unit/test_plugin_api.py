@@ -67,6 +67,8 @@ TESTING = {
     "check_adapter",
     "check_plugin",
     "check_checkpoint_io",
+    "documented_launches",
+    "runnable",
     "installed_plugins",
     "TinyLM",
     "Block",

@@ -55,7 +55,7 @@ def test_broken_plugins_are_logged_and_skipped(
             }
         ),
     )
-    with caplog.at_level(logging.WARNING, logger="scout.plugins"):
+    with caplog.at_level(logging.WARNING, logger="scout_core.integration"):
         found = plugins.discover(refresh=True)
     try:
         assert [p.name for p in found] == ["cc_good"]

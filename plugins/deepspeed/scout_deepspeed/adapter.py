@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DeepSpeedAdapter", "inner_optimizer", "inner_steps_per_step", "pipeline_layers"]
 
-log = logging.getLogger("scout.deepspeed")
+log = logging.getLogger(__name__)
 
 
 def inner_optimizer(engine: Any) -> torch.optim.Optimizer:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scout_core.testing.launches import documented_launches, runnable
+from scout_core.testing import documented_launches, runnable
 
 pytestmark = pytest.mark.distributed
 

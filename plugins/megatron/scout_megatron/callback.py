@@ -109,7 +109,7 @@ class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callbac
             # No optimizer step: SCOUT's clock stays where it is, Bridge's moves on.
             self.offset += 1
             log.info(
-                "scout: Megatron skipped iteration %d without an optimizer step; SCOUT's step "
+                "Megatron skipped iteration %d without an optimizer step; SCOUT's step "
                 "stays %d",
                 _bridge_step(context),
                 self.session.step,
@@ -133,7 +133,7 @@ class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callbac
         io = MegatronCheckpointIO(directory, context.model, context.optimizer)
         if not record_save(io, _bridge_step(context)):
             log.warning(
-                "scout: Bridge's checkpoint of iteration %d in %s is not certified by SCOUT",
+                "Bridge's checkpoint of iteration %d in %s is not certified by SCOUT",
                 _bridge_step(context),
                 directory,
             )
@@ -146,7 +146,7 @@ class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callbac
         expected = iteration - self.offset
         if self.session.step != expected:
             log.warning(
-                "scout: Bridge's iteration %d %s at SCOUT step %d (expected %d); an optimizer "
+                "Bridge's iteration %d %s at SCOUT step %d (expected %d); an optimizer "
                 "step happened outside Bridge's loop",
                 iteration,
                 when,

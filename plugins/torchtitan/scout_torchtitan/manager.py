@@ -33,7 +33,7 @@ from scout_torchtitan.optimizers import titan_optimizers
 
 __all__ = ["ScoutCheckpointManager", "ScoutManagerMixin", "ScoutSeen", "built"]
 
-log = logging.getLogger("scout.torchtitan")
+log = logging.getLogger(__name__)
 
 _BUILT: list[ScoutSeen] = []
 

@@ -57,7 +57,7 @@ __all__ = [
     "uninstall_cpu_shims",
 ]
 
-log = logging.getLogger("scout.torchtitan.testing")
+log = logging.getLogger(__name__)
 
 _KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
 # Modules that copy device_type/device_module at import time (shim 1).
