@@ -109,3 +109,33 @@ def dtensor_refused() -> dict[str, Any]:
         cp = str(exc)
     adapter.close()
     return {"tp_ok": adapter.full_tensor(odd).shape == (4, 4), "cp": cp}
+
+
+class _Sharded(nn.Module):
+    """Returns a sequence-sharded DTensor, as a TorchTitan block does under SP."""
+
+    def __init__(self, mesh: Any) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Shard
+
+        return DTensor.from_local(x * 1.0, self.mesh, [Shard(1)])
+
+
+def corrupt_dtensor_output() -> dict[str, Any]:
+    """A corrupted DTensor output changes only the faulty rank's shard, with no collective."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scout_core.testing import BitFlip, Faults
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    model = nn.Sequential(_Sharded(mesh))
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
+    faults = Faults().at(rank=1, step=0).corrupt_output("0", BitFlip(bit=30)).attach(model, opt)
+    x = torch.ones(2, 4) * (dist.get_rank() + 1)
+    out = model(x)
+    local = out.to_local()
+    faults.detach()
+    return {"changed": not bool(torch.equal(local, x)), "fired": faults.fired()}

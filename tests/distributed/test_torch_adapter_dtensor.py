@@ -26,3 +26,10 @@ def test_a_mesh_dim_without_a_scout_group_is_refused() -> None:
     for out in run_ranks("dtensor_scenarios:dtensor_refused", 2, timeout_s=100):
         assert out["tp_ok"]
         assert "'cp'" in out["cp"] and "not replayed" in out["cp"]
+
+
+@pytest.mark.timeout(120)
+def test_an_injected_output_fault_corrupts_only_the_local_shard() -> None:
+    healthy, faulty = run_ranks("dtensor_scenarios:corrupt_dtensor_output", 2, timeout_s=100)
+    assert not healthy["changed"] and healthy["fired"] == []
+    assert faulty["changed"] and faulty["fired"] == [["output", "0", 0]]
