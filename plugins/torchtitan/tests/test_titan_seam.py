@@ -26,6 +26,7 @@ def _override(**settings: Any) -> list[str]:
     return ["--override.imports", f"{OVERRIDE}={json.dumps(settings)}"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_override_through_torchtitan_main_sees_the_dp3_tp2_trainer(
     titan_assets: TitanAssets, titan_env: dict[str, str], tmp_path: Any
@@ -65,6 +66,7 @@ def test_override_through_torchtitan_main_sees_the_dp3_tp2_trainer(
         assert seen["scout"]["report_dir"] == str(tmp_path / "r")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_facts_of_a_live_dp3_tp2_trainer(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
@@ -94,6 +96,7 @@ def test_facts_of_a_live_dp3_tp2_trainer(
     assert len({f["cpu_rng"] for f in facts}) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_scout_trainer_flags_switch_the_same_manager_on(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
@@ -172,6 +175,7 @@ def test_training_with_and_without_the_override_is_bitwise_equal(
     assert not plain[0]["inspect"]["enabled"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_hook_the_container_for_steps_the_inner_optimizers_misfire(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str

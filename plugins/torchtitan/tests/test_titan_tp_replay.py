@@ -40,6 +40,7 @@ def _replay(
     return [r["inspect"] for r in results]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_tp_block_replays_locally_through_the_adapter(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
