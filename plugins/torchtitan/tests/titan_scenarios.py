@@ -342,3 +342,50 @@ def gate_load_fresh(trainer: Any) -> dict[str, Any]:
         "digest": state_digest(trainer),
     }
 
+
+def checkpoint_io_conformance(trainer: Any) -> dict[str, Any]:
+    """The core's shared ``check_checkpoint_io`` on ``TitanCheckpointIO`` over the live trainer.
+
+    ``advance`` trains one more step through TorchTitan's ``train()`` (which first
+    reloads the newest checkpoint: run with ``--checkpoint.load_only``, so every
+    checkpoint on disk is the IO's); a broken save is the manager's DCP writer raising
+    on every rank (a full disk).
+    """
+    from contextlib import contextmanager
+
+    from scout_torchtitan.checkpoint_io import TitanCheckpointIO
+    from torch.distributed.tensor import DTensor
+
+    from scout_core.testing import check_checkpoint_io
+
+    manager = trainer.checkpointer
+    io = TitanCheckpointIO(manager)
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def state() -> list[torch.Tensor]:
+        out = [local(p.detach()) for part in trainer.model_parts for p in part.parameters()]
+        for opt in trainer.optimizers.optimizers:
+            for slots in opt.state.values():
+                out += [local(v) for v in slots.values() if isinstance(v, torch.Tensor)]
+        return out
+
+    def advance() -> None:
+        trainer.config.training.steps = int(trainer.step) + 1
+        trainer.train()
+
+    @contextmanager
+    def break_save() -> Any:
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise OSError("disk full (injected)")
+
+        manager.dcp_save = broken
+        try:
+            yield
+        finally:
+            del manager.dcp_save
+
+    advance()
+    check_checkpoint_io(io, state=state, advance=advance, break_save=break_save)
+    return {"tags": list(io.list_tags()), "writes": io.writes_metadata()}
