@@ -30,8 +30,9 @@ one faulty rank with SCOUT's test injectors:
   woken after ``hang_timeout_s`` + 10 s, so the job can finish and report.
 
 Every other flag goes to TorchTitan unchanged (``--training.local_batch_size 4``...).
-Rank 0 prints every verdict; the evidence also lands in the report directory
-(``scout report <dir>`` renders it).
+At the end rank 0 prints every verdict of every replica group, read from the report
+directory (``scout report <dir>`` renders it; a run first removes the previous run's
+``rank-*.jsonl`` there).
 """
 
 from __future__ import annotations
@@ -65,13 +66,33 @@ def _arguments() -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args()
 
 
-def _print_verdicts(verdicts: list[Any], spec: Any, freeze_file: Path) -> None:
+def _verdicts(report: Path) -> list[dict[str, Any]]:
+    """Every verdict any rank wrote to the report directory, once each, in step order.
+
+    Each replica group's verdicts are written by its own ranks (a straggler in group
+    [1, 3, 5] is not in rank 0's session), so rank 0 reads the evidence files of all
+    ranks (one machine: one directory) instead of its own session only.
+    """
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for path in sorted(report.glob("rank-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                v = json.loads(line)
+            except ValueError:
+                continue  # a line still being written
+            if not str(v.get("schema", "")).startswith("scout.verdict/"):
+                continue
+            key = (v["step"], v["surface"], v["failure"], tuple(v["outliers"]), tuple(v["group"]))
+            seen.setdefault(key, v)
+    return sorted(seen.values(), key=lambda v: (v["step"], v.get("time") or 0.0))
+
+
+def _print_verdicts(verdicts: list[dict[str, Any]], spec: Any, freeze_file: Path) -> None:
     if spec is not None:
         print(f"injected: {spec.kind} on rank {spec.rank} from step {spec.step}", flush=True)
     if not verdicts:
         print("SCOUT: no verdicts (all peers agreed)", flush=True)
-    for record in verdicts:
-        v = record.to_dict()
+    for v in verdicts:
         who = ", ".join(f"rank {r}" for r in v["outliers"]) or "no single rank"
         print(
             f"SCOUT verdict: step {v['step']} {v['failure'] or v['status']} on {who} "
@@ -104,7 +125,6 @@ def main() -> None:
 
     install_cpu_shims()
     import torch.distributed as dist
-    from scout_torchtitan import session_of
     from scout_torchtitan.testing.faults import attach_fault
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
@@ -122,6 +142,9 @@ def main() -> None:
             *titan_flags,
         ],
     )
+    if rank == 0:  # before the process group exists, so before any rank writes evidence
+        for stale in report.glob("rank-*.jsonl"):
+            stale.unlink()  # the verdicts printed at the end are this run's only
     init_logger()
     trainer = ConfigManager().parse_args(argv).build()  # SCOUT attaches in here
     armed = attach_fault(
@@ -134,20 +157,18 @@ def main() -> None:
     )
     try:
         trainer.train()
-        session = session_of(trainer)
-        if rank == 0:
-            time.sleep(0.5)  # an observer verdict may still be on its way
-            _print_verdicts([] if session is None else list(session.verdicts), spec, freeze_file)
+        time.sleep(0.5)  # an observer verdict may still be on its way
     finally:
         if armed is not None:
             armed.detach()
-        trainer.close()
+        trainer.close()  # closes SCOUT's session: every rank's evidence is on disk
         if dist.is_initialized():
             # TorchTitan's rendezvous store lives in rank 0: nobody leaves before all are done
             dist.barrier()
             dist.destroy_process_group()
         shutil.rmtree(scratch, ignore_errors=True)
     if rank == 0:
+        _print_verdicts(_verdicts(report), spec, freeze_file)
         print("done", flush=True)
 
 
