@@ -63,10 +63,30 @@ class Ownership(str, Enum):
 
 @dataclass(frozen=True)
 class ModuleRef:
-    """A module and its dotted path inside the model, as evidence records name it."""
+    """A module and its dotted path inside the model, as evidence records name it.
+
+    Frameworks often wrap a block (activation checkpointing, ``torch.compile``,
+    FSDP): the model calls the *outer* wrapper, and the block's own computation
+    lives inside it. Such a layer has two handles: ``module``, the block replay
+    materialises and calls, and ``outer``, where capture hooks go (its forward runs
+    once per training forward, while an activation-checkpointed block runs a second
+    time during backward). ``outer`` is None when the two are the same module.
+    """
 
     path: str
     module: torch.nn.Module
+    """The block replay runs: its parameters, buffers and forward (wrappers looked through)."""
+    outer: torch.nn.Module | None = None
+    """The module the model calls, when it wraps :attr:`module`; None: ``module`` itself."""
+    capture_copy: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """How a capture keeps one tensor it records (an input, an output's gradient): a
+    plain, full, detached copy. An adapter whose activations are sharded DTensors
+    gathers them here on SCOUT's own groups; None: ``tensor.detach().clone()``."""
+
+    @property
+    def hooked(self) -> torch.nn.Module:
+        """Where capture hooks go: :attr:`outer` if set, else :attr:`module`."""
+        return self.module if self.outer is None else self.outer
 
 
 @dataclass(frozen=True)

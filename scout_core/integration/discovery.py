@@ -12,6 +12,21 @@ would have worked, never later inside a replay.
 Wrappers that only add a ``.module`` attribute (DDP) are looked through, and paths
 are reported relative to the unwrapped model so evidence names match the user's
 own module names.
+
+[Blocks in a ModuleDict, blocks inside wrappers]
+Some frameworks keep the blocks in an ``nn.ModuleDict`` keyed ``"0"``, ``"1"``, ...
+(TorchTitan's decoders; under pipeline parallelism a stage keeps the original
+keys), and wrap each block for activation checkpointing
+(``CheckpointWrapper._checkpoint_wrapped_module``) or compilation
+(``OptimizedModule._orig_mod``), FSDP2 then swapping the wrapper's class. A
+``ModuleDict`` of same-class blocks is a candidate like a ``ModuleList`` (paths
+``<dict>.<key>``, in the dict's order), and the blocks are compared by the class
+found inside the wrappers. Such a layer gets two handles
+(:class:`~scout_core.integration.adapter.ModuleRef`): the block inside the
+wrappers, which replay runs, and the wrapper the model calls, where capture hooks
+go (an activation-checkpointed block runs again during backward; its wrapper runs
+once per forward). The path stays the wrapper's, which is also the block's
+canonical name (the one a framework's checkpoints use: wrapper segments stripped).
 """
 
 from __future__ import annotations
@@ -30,8 +45,13 @@ __all__ = [
     "find_embedding",
     "find_layers",
     "find_lm_head",
+    "look_through",
     "unwrap",
 ]
+
+WRAPPED = ("_checkpoint_wrapped_module", "_orig_mod")
+"""Attributes under which wrappers keep the module they wrap: torch's activation
+checkpoint wrapper and ``torch.compile``'s ``OptimizedModule``."""
 
 
 @dataclass(frozen=True)
@@ -78,13 +98,38 @@ def _base_class(module: nn.Module) -> type:
     return cls
 
 
-def candidate_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    """Every non-empty ``ModuleList`` whose children all share one class, largest first."""
-    found: list[tuple[str, nn.ModuleList]] = []
+def look_through(module: nn.Module) -> nn.Module:
+    """The block inside activation-checkpoint / ``torch.compile`` wrappers (:data:`WRAPPED`);
+    ``module`` itself when it wraps nothing."""
+    for _ in range(8):  # wrappers nest a few deep at most (compile over checkpoint)
+        inner = next(
+            (w for w in (getattr(module, a, None) for a in WRAPPED) if isinstance(w, nn.Module)),
+            None,
+        )
+        if inner is None:
+            break
+        module = inner
+    return module
+
+
+Blocks = nn.ModuleList | nn.ModuleDict
+
+
+def _children(container: Blocks) -> list[tuple[str, nn.Module]]:
+    """(key, child) in model order: list indices, or the dict's keys in its order."""
+    if isinstance(container, nn.ModuleDict):
+        return list(container.items())
+    return [(str(i), m) for i, m in enumerate(container)]
+
+
+def candidate_lists(model: nn.Module) -> list[tuple[str, Blocks]]:
+    """Every non-empty ``ModuleList`` or ``ModuleDict`` whose children all share one class
+    (looked up inside wrappers), largest first."""
+    found: list[tuple[str, Blocks]] = []
     for path, module in unwrap(model).named_modules():
-        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+        if not isinstance(module, nn.ModuleList | nn.ModuleDict) or len(module) == 0:
             continue
-        classes = {_base_class(child) for child in module}
+        classes = {_base_class(look_through(child)) for _, child in _children(module)}
         if len(classes) == 1:
             found.append((path, module))
     # Stable: on a tie the list met first in module order wins.
@@ -110,26 +155,36 @@ def _missing(model: nn.Module, path: str, key: str) -> nn.Module:
     raise ConfigError(f"key {key!r}: the model has no module {path!r}; {what}: {', '.join(names)}")
 
 
+def _layer_ref(path: str, child: nn.Module) -> ModuleRef:
+    block = look_through(child)
+    return ModuleRef(path, block, outer=None if block is child else child)
+
+
 def find_layers(model: nn.Module, path: str | None = None) -> tuple[ModuleRef, ...]:
-    """The repeated blocks: the ``ModuleList`` at ``path``, or the largest candidate."""
+    """The repeated blocks: the ``ModuleList`` / ``ModuleDict`` at ``path``, or the largest
+    candidate. Wrapped blocks get both handles (see the module doc)."""
     root = unwrap(model)
     if path is not None:
         found = _resolve(root, path, "layers")
-        if not isinstance(found, nn.ModuleList | nn.Sequential) or len(found) == 0:
+        if not isinstance(found, nn.ModuleList | nn.Sequential | nn.ModuleDict) or len(found) == 0:
             names = [p for p, _ in candidate_lists(root)] or ["(none)"]
             raise ConfigError(
                 f"key 'layers': {path!r} is a {type(found).__name__}, not a non-empty "
                 f"ModuleList of blocks; candidate ModuleLists: {', '.join(names)}"
             )
         base = path
-        blocks = list(found)
+        blocks = (
+            _children(found)
+            if isinstance(found, nn.ModuleDict)
+            else [(str(i), m) for i, m in enumerate(found)]
+        )
     else:
         candidates = candidate_lists(root)
         if not candidates:
             return ()
-        base, found_list = candidates[0]
-        blocks = list(found_list)
-    return tuple(ModuleRef(f"{base}.{i}" if base else str(i), b) for i, b in enumerate(blocks))
+        base, container = candidates[0]
+        blocks = _children(container)
+    return tuple(_layer_ref(f"{base}.{key}" if base else key, b) for key, b in blocks)
 
 
 def find_embedding(model: nn.Module, path: str | None = None) -> ModuleRef | None:
@@ -150,7 +205,7 @@ def find_lm_head(
     root = unwrap(model)
     if path is not None:
         return ModuleRef(path, _resolve(root, path, "lm_head"))
-    inside = {id(m) for ref in layers for m in ref.module.modules()}
+    inside = {id(m) for ref in layers for m in ref.hooked.modules()}
     last: ModuleRef | None = None
     for name, module in root.named_modules():
         if isinstance(module, nn.Linear) and id(module) not in inside:

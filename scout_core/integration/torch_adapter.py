@@ -21,6 +21,19 @@ the ``torch.chunk`` padding both use, and yields plain full-tensor *copies*.
 :meth:`TorchAdapter.call` then runs the block as a hook-free twin (no FSDP, no TP
 hooks) on those plain tensors, so the replayed call never talks on a training group.
 
+[Sharded activations, DTensor buffers, size-1 mesh dims, framework twins]
+Under sequence parallelism a block's input and its output gradient are DTensors
+sharded along the sequence; frameworks also keep DTensor *buffers* (a RoPE cache)
+and put every parameter on a mesh with size-1 dimensions (an ``fsdp`` dim of one
+rank, where FSDP2 may even record a ``_StridedShard``). :meth:`TorchAdapter.full_tensor`
+turns any such DTensor into a plain full copy on SCOUT's groups: size-1 mesh dims
+and ``Replicate`` dims are skipped, ``Shard`` dims gathered, ``Partial`` dims reduced.
+The adapter sets it as every ref's ``capture_copy`` (so captures hold plain tensors)
+and :meth:`TorchAdapter.call` applies it to DTensor buffers. :meth:`TorchAdapter.twin`
+builds the hook-free twin; a plugin whose framework parallelises modules by other
+means (TorchTitan replaces instance ``forward`` methods) overrides it to undo those
+on the twin.
+
 [Parameters that are not registered]
 ``DistributedDataParallel(model, device_mesh=mesh["dp"])`` over a TP model applies
 ``torch.distributed.tensor.parallel.ddp._pre_dp_module_transform``: TP parameters
@@ -32,8 +45,9 @@ three kinds (registered tensors, ``_st_info`` local shards, DTensor attributes).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +198,24 @@ def hook_free_twin(module: nn.Module) -> nn.Module:
     return twin
 
 
+def _with_capture_copy(
+    found: Discovered, copy: Callable[[torch.Tensor], torch.Tensor]
+) -> Discovered:
+    """``found`` with ``copy`` as the ``capture_copy`` of every ref that has none."""
+
+    def fill(ref: ModuleRef | None) -> ModuleRef | None:
+        if ref is None or ref.capture_copy is not None:
+            return ref
+        return dataclasses.replace(ref, capture_copy=copy)
+
+    layers = tuple(fill(r) for r in found.layers)
+    return Discovered(
+        layers=tuple(r for r in layers if r is not None),
+        embedding=fill(found.embedding),
+        lm_head=fill(found.lm_head),
+    )
+
+
 class TorchAdapter(AdapterBase):
     """:class:`~scout_core.integration.adapter.FrameworkAdapter` for plain PyTorch models."""
 
@@ -209,6 +241,7 @@ class TorchAdapter(AdapterBase):
             found=found,
             optimizers=optimizers,
         )
+        self.found = _with_capture_copy(self.found, self.full_tensor)
         self._shard_group: PeerGroup | None = None
         self._tp_group: PeerGroup | None = None
 
@@ -262,7 +295,7 @@ class TorchAdapter(AdapterBase):
         """
         out: dict[str, torch.Tensor] = {}
         for name, p in param_items(ref.module):
-            out[name] = self._full_copy(name, p).requires_grad_(
+            out[name] = self._full_copy(f"parameter {name!r}", p).requires_grad_(
                 p.requires_grad and p.is_floating_point()
             )
         yield out
@@ -275,6 +308,10 @@ class TorchAdapter(AdapterBase):
             out.append((p if spec is None else spec[0]).detach())
         return out
 
+    def twin(self, module: nn.Module) -> nn.Module:
+        """The module replay calls: :func:`hook_free_twin` (plugins may undo more on it)."""
+        return hook_free_twin(module)
+
     def call(
         self,
         module: nn.Module,
@@ -282,8 +319,25 @@ class TorchAdapter(AdapterBase):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run ``module`` on ``state`` as a hook-free twin (FSDP/TP hooks use training groups)."""
-        return torch.func.functional_call(hook_free_twin(module), dict(state), args, kwargs)
+        """Run ``module`` on ``state`` as a hook-free twin (FSDP/TP hooks use training groups).
+
+        DTensor entries of ``state`` (buffers replay copied off the live module) become
+        plain full tensors first, gathered on SCOUT's groups.
+        """
+        plain = {k: self.full_tensor(v) if _is_dtensor(v) else v for k, v in state.items()}
+        return torch.func.functional_call(self.twin(module), plain, args, kwargs)
+
+    def full_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """A plain, full, detached copy of ``t``: a DTensor is gathered (or reduced) on
+        SCOUT's diagnostic groups, never on the training ones; anything else is cloned.
+
+        Collective over the shard / TP groups of ``t``'s sharded mesh dims, so every
+        member calls it for the same tensor. Raises :class:`UnsupportedSetupError` for
+        a layout it cannot rebuild (nested sharding, a mesh dim without a SCOUT group).
+        """
+        if not _is_dtensor(t):
+            return t.detach().clone()
+        return self._full_copy(f"a {type(t).__name__} of shape {tuple(t.shape)}", t)
 
     # -- gathering ----------------------------------------------------------------------
 
@@ -295,25 +349,36 @@ class TorchAdapter(AdapterBase):
         names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
         full = local.detach()
         dims_seen: set[int] = set()
-        gathered = False
+        changed = False
         for i, pl in enumerate(placements):
-            if not pl.is_shard():
-                continue  # replicated (or partial) along this mesh dim: the local copy is it
-            dim = int(pl.dim) % max(1, len(shape))
+            if mesh.size(i) == 1 or pl.is_replicate():
+                continue  # one rank along this dim, or a full copy on each: nothing to do
             group = self._group_for(names[i], mesh)
-            if group is None:
+            if pl.is_partial():
+                full = self._reduce(full, str(getattr(pl, "reduce_op", "sum")), group, name)
+                changed = True
                 continue
+            dim = int(pl.dim) % max(1, len(shape))
             if dim in dims_seen or type(pl).__name__ != "Shard":
                 # Two mesh dims sharding one tensor dim (FSDP2's _StridedShard over TP)
-                raise UnsupportedSetupError(
-                    f"parameter {name!r}: nested sharding {placements} is not replayed"
-                )
+                raise UnsupportedSetupError(f"{name}: nested sharding {placements} is not replayed")
             dims_seen.add(dim)
             full = self._gather(full, dim, int(shape[dim]), group)
-            gathered = True
-        return full if gathered else full.clone()
+            changed = True
+        return full if changed else full.clone()
 
-    def _group_for(self, name: str, mesh: DeviceMesh) -> PeerGroup | None:
+    @staticmethod
+    def _reduce(local: torch.Tensor, op: str, group: PeerGroup, name: str) -> torch.Tensor:
+        """The value of a ``Partial`` DTensor: its pending reduction, on SCOUT's group."""
+        if op not in ("sum", "avg"):
+            raise UnsupportedSetupError(f"{name}: a Partial({op}) DTensor is not replayed")
+        out = local.detach().cpu().clone()
+        dist.all_reduce(out, group=group.pg)
+        if op == "avg":
+            out /= len(group.ranks)
+        return out.to(local.device)
+
+    def _group_for(self, name: str, mesh: DeviceMesh) -> PeerGroup:
         """SCOUT's diagnostic group for a sharded mesh dimension; raises if it has none."""
         axis = AXIS_ALIASES.get(name.lower())
         fsdp = axis is Axis.S or (

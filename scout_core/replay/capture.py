@@ -18,11 +18,24 @@ per sampled module of memory, the tensors the capture already cloned.
 A capture belongs to the first grad-enabled call of an armed module in an
 iteration; later calls (gradient accumulation, activation-checkpoint recompute) and
 calls made by replay itself are ignored.
+
+[Wrapped blocks and sharded activations]
+The hooks go on :attr:`ModuleRef.hooked <scout_core.integration.adapter.ModuleRef.hooked>`:
+the wrapper the model calls when the adapter names one (it runs once per forward),
+else the module itself. Each recorded tensor is kept through the ref's
+``capture_copy`` when the adapter gives one: a DTensor activation (sequence
+parallelism) or its gradient becomes the plain full tensor, gathered on SCOUT's own
+group, so nothing downstream (the broadcast, the replayed call) touches a DTensor.
+Such a copy may be collective over the module's shard group, whose members make the
+same calls in the same order; it therefore runs before a test's capture veto is
+consulted, so a vetoed rank still takes part. A copy that raises drops the capture
+(the round reads inconclusive) instead of failing the training step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +47,14 @@ from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.replay import taps
 
 __all__ = ["Capture", "Capturer", "flatten", "unflatten"]
+
+log = logging.getLogger("scout.replay")
+
+Copy = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _default_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
 
 
 def flatten(tree: Any) -> tuple[list[Any], Any]:
@@ -114,7 +135,7 @@ class Capturer:
 
     def __init__(self, refs: Iterable[ModuleRef], rng_streams: Sequence[RngStream]) -> None:
         self._rng = list(rng_streams)
-        self._modules = {ref.path: ref.module for ref in refs}
+        self._refs = {ref.path: ref for ref in refs}
         self._armed: set[str] = set()
         self._step = 0
         self._captures: dict[str, Capture] = {}
@@ -133,10 +154,13 @@ class Capturer:
             for handle in self._handles.pop(path):
                 handle.remove()
         for path in self._armed - self._handles.keys():
-            module = self._modules[path]
+            ref = self._refs[path]
+            copy = ref.capture_copy or _default_copy
+            # ``hooked``: where a wrapper (activation checkpointing, compile) lets the
+            # hooks fire once per training forward.
             self._handles[path] = (
-                module.register_forward_pre_hook(self._pre(path), with_kwargs=True),
-                module.register_forward_hook(self._post(path)),
+                ref.hooked.register_forward_pre_hook(self._pre(path, copy), with_kwargs=True),
+                ref.hooked.register_forward_hook(self._post(path, copy)),
             )
 
     @property
@@ -177,21 +201,25 @@ class Capturer:
         self._last = {}
         self._armed = set()
 
-    def _pre(self, path: str) -> Any:
+    def _pre(self, path: str, copy: Copy) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if self.replaying or path in self._captures or not torch.is_grad_enabled():
                 return
+            leaves, spec = flatten((args, kwargs))
+            try:
+                kept = [copy(x) if isinstance(x, torch.Tensor) else x for x in leaves]
+            except Exception as exc:  # the round reads inconclusive; training goes on
+                log.warning("could not capture the inputs of %s: %s", path, exc)
+                return
             if taps.capture_vetoed(path):
                 return
-            leaves, spec = flatten((args, kwargs))
-            kept = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in leaves]
             mask = tuple(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
             rng = {s.name: s.get() for s in self._rng}
             self._captures[path] = Capture(path, self._step, kept, spec, mask, rng)
 
         return hook
 
-    def _post(self, path: str) -> Any:
+    def _post(self, path: str, copy: Copy) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             cap = self._captures.get(path)
             if cap is None or self.replaying or cap.outputs_seen:
@@ -202,14 +230,17 @@ class Capturer:
             cap.grads = [None] * len(outs)
             for i, t in enumerate(outs):
                 if t.requires_grad:
-                    t.register_hook(self._grad_hook(cap, i))  # type: ignore[no-untyped-call]  # torch stub lacks annotations
+                    t.register_hook(self._grad_hook(cap, i, copy))  # type: ignore[no-untyped-call]  # torch stub lacks annotations
 
         return hook
 
     @staticmethod
-    def _grad_hook(cap: Capture, i: int) -> Any:
+    def _grad_hook(cap: Capture, i: int, copy: Copy) -> Any:
         def hook(grad: torch.Tensor) -> None:
             if cap.grads[i] is None:
-                cap.grads[i] = grad.detach().clone()
+                try:
+                    cap.grads[i] = copy(grad)
+                except Exception as exc:  # incomplete capture: the round reads inconclusive
+                    log.warning("could not capture a gradient of %s: %s", cap.path, exc)
 
         return hook

@@ -152,7 +152,10 @@ class Trigger:
         return self._faults
 
     def corrupt_output(self, module: str, how: Corruption) -> Faults:
-        """Corrupt the first floating tensor a module returns (training and replay calls)."""
+        """Corrupt the first floating tensor a module returns (training and replay calls).
+
+        A DTensor output (tensor or sequence parallelism) is corrupted in this rank's
+        local shard, as a faulty unit would: no collective, peers untouched."""
         return self._add("output", module, how)
 
     def corrupt_param(self, param: str, how: Corruption) -> Faults:
@@ -371,7 +374,7 @@ def _corrupt_first(output: Any, how: Corruption) -> Any:
     if isinstance(output, torch.Tensor):
         if output.is_floating_point():
             bad = output.clone()
-            how.apply_(bad)
+            how.apply_(local_tensor(bad))  # a DTensor's own shard: no collective
             return bad
         return output
     if isinstance(output, tuple | list):

@@ -83,3 +83,58 @@ def test_unwrap_looks_through_wrappers_only() -> None:
 
     assert unwrap(DataParallel(model)) is model
     assert unwrap(model) is model
+
+
+def _checkpointed(model: TinyLM) -> TinyLM:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block)
+    return model
+
+
+class DictLM(nn.Module):
+    """Blocks in a ModuleDict keyed like a pipeline stage ("2", "3"), checkpoint-wrapped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inner = _checkpointed(TinyLM(layers=2))
+        self.embed = inner.embed
+        self.layers = nn.ModuleDict({"2": inner.layers[0], "3": inner.layers[1]})
+        self.extra = nn.ModuleDict({"a": nn.Linear(4, 4)})
+        self.head = inner.head
+
+
+def test_checkpoint_wrapped_blocks_get_two_handles() -> None:
+    from scout_core.testing.models import Block
+
+    model = _checkpointed(TinyLM(layers=3))
+    found = discover(model)
+    assert [r.path for r in found.layers] == ["layers.0", "layers.1", "layers.2"]
+    for i, ref in enumerate(found.layers):
+        assert isinstance(ref.module, Block)  # the block inside: replay runs it
+        assert ref.outer is model.layers[i] and ref.hooked is ref.outer  # capture hooks here
+        assert type(ref.outer).__name__ == "CheckpointWrapper"
+    assert found.lm_head is not None and found.lm_head.path == "head"
+    plain = discover(TinyLM(layers=2))
+    assert all(ref.outer is None and ref.hooked is ref.module for ref in plain.layers)
+
+
+def test_a_module_dict_of_blocks_is_found_in_its_own_order() -> None:
+    from scout_core.testing.models import Block
+
+    model = DictLM()
+    assert [p for p, _ in candidate_lists(model)] == ["layers", "extra"]
+    found = discover(model)
+    assert [r.path for r in found.layers] == ["layers.2", "layers.3"]
+    assert all(isinstance(r.module, Block) and r.outer is not None for r in found.layers)
+    assert discover(model, layers="layers").layers == found.layers
+    assert found.embedding is not None and found.embedding.path == "embed"
+    assert found.lm_head is not None and found.lm_head.path == "head"
+
+
+def test_a_module_dict_of_mixed_classes_is_not_a_candidate() -> None:
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": nn.Linear(2, 2), "1": nn.ReLU()})
+    assert candidate_lists(model) == []
+    assert discover(model).layers == ()

@@ -23,16 +23,22 @@ through ``manager.save``, whose interval policy would skip the write: the caller
 Those helpers are ``CheckpointManager`` methods of TorchTitan 0.3
 (``_flattened_model_states_sd``, ``_create_checkpoint_id``,
 ``_purge_stale_checkpoints``), stable within the supported 0.3.x range.
-``load`` is ``manager.load(step)``, TorchTitan's public entry point.
+``load`` is ``manager.load(step)``, TorchTitan's public entry point, unless the
+caller passes the load to use (SCOUT's gate wiring passes the manager's own ``_load``,
+which its gated ``load`` would otherwise re-enter). Before a load that restores the
+optimizer, each inner optimizer without state gets it quietly
+(:func:`~scout_torchtitan.optimizers.materialize_state_quietly`), so TorchTitan's
+zero-lr state creation does not look like a training step to SCOUT's clock.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from scout_core import CheckpointError, UnsupportedSetupError
+from scout_torchtitan.optimizers import materialize_state_quietly
 
 __all__ = ["TitanCheckpointIO", "step_of"]
 
@@ -50,7 +56,7 @@ def step_of(tag: str) -> int:
 class TitanCheckpointIO:
     """One TorchTitan job's checkpoints: the core's ``CheckpointIO`` over its manager."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, *, load: Callable[[int], Any] | None = None) -> None:
         if not getattr(manager, "enable", False):
             raise UnsupportedSetupError(
                 "TorchTitan checkpointing is off; SCOUT's checkpoint gate needs it "
@@ -63,6 +69,7 @@ class TitanCheckpointIO:
                     "checkpoints through TorchTitan 0.3's CheckpointManager"
                 )
         self.manager = manager
+        self._load = manager.load if load is None else load
 
     @property
     def directory(self) -> str:
@@ -110,7 +117,15 @@ class TitanCheckpointIO:
                     f"present: {', '.join(tags) or 'none'}"
                 )
             step = step_of(tag)
-        return self.manager.load(step)
+        target = step if step != -1 else step_of(tags[-1])
+        # Step 0 is TorchTitan's model-only seed checkpoint; excluded optimizers stay as is.
+        if target > 0 and "optimizer" not in getattr(self.manager, "exclude_from_loading", ()):
+            materialize_state_quietly(self.manager.states.get("optimizer"))
+        return self._load(step)
+
+    def restored_step(self) -> int:
+        """After :meth:`load`: SCOUT's step of the restored state (TorchTitan's step - 1)."""
+        return int(self.manager.states["train_state"].step) - 1
 
     def list_tags(self) -> Sequence[str]:
         """Complete ``step-N`` checkpoints (with ``.metadata``), oldest first.

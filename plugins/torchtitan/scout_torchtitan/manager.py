@@ -11,11 +11,17 @@ only the checkpoint manager is built with the whole trainer: the Trainer passes
 goes through this object (``Trainer.train`` calls ``save`` every step and ``load``
 once at start), which is where SCOUT's checkpoint gate belongs.
 
-Phase 1 (this file): the manager is TorchTitan's own ``CheckpointManager`` (or the
-TorchFT subclass, :mod:`scout_torchtitan.torchft`) plus :class:`ScoutManagerMixin`,
-which validates the SCOUT settings, reads the trainer and records what it saw
-(:class:`ScoutSeen`, logged and kept on ``manager.scout_seen``). Phase 2 attaches a
-SCOUT session there and routes ``_save`` / ``_load`` through the core's gate.
+This file: TorchTitan's own ``CheckpointManager`` (or the TorchFT subclass,
+:mod:`scout_torchtitan.torchft`) plus :class:`ScoutManagerMixin`, which, once the base
+manager is built, attaches SCOUT to the trainer through the plugin
+(:meth:`~scout_torchtitan.plugin.TitanPlugin.enable`: version check, adapter,
+replay, observer, checkpoint gate) with the settings the override validated, and
+overrides TorchTitan's ``_save`` / ``_load`` hooks to go through the gate
+(:mod:`scout_torchtitan.gating`). The session does not depend on
+``--checkpoint.enable``: without it TorchTitan never saves or loads and SCOUT still
+replays and observes. ``close`` (called by ``Trainer.close``) closes the session.
+What was attached is recorded as :class:`ScoutSeen` (logged, on
+``manager.scout_seen`` and in :func:`built`).
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch.distributed as dist
 from torchtitan.components.checkpoint import CheckpointManager
 
 from scout_core import Config as ScoutConfig
-from scout_torchtitan.layout import titan_layout
-from scout_torchtitan.modules import find_titan_modules
-from scout_torchtitan.optimizers import titan_optimizers
+from scout_core import UnsupportedSetupError
+from scout_core.plugin_api import FrameworkGate, Session
+from scout_torchtitan.gating import gated_load, gated_save
 
 __all__ = ["ScoutCheckpointManager", "ScoutManagerMixin", "ScoutSeen", "built"]
 
@@ -40,7 +47,7 @@ _BUILT: list[ScoutSeen] = []
 
 @dataclass(frozen=True)
 class ScoutSeen:
-    """What the manager found on the Trainer when TorchTitan built it (JSON-able)."""
+    """What SCOUT attached when TorchTitan built its checkpoint manager (JSON-able)."""
 
     manager: str
     """Class of the manager that was built (its ``__qualname__``)."""
@@ -48,51 +55,57 @@ class ScoutSeen:
     step: int
     rank: int
     world_size: int
+    enabled: bool
+    """Whether SCOUT attached (False: the settings say ``enabled: false``)."""
     parallel_dims: dict[str, Any]
-    layout_sizes: dict[str, int]
-    dense_replicas: list[int]
-    expert_replicas: list[int] | None
-    coordinates: dict[str, int]
-    model_parts: int
-    layers: list[str]
-    embedding: str | None
-    lm_head: str | None
-    optimizer: str
-    part_optimizers: list[list[Any]]
-    checkpoint_enabled: bool
-    checkpoint_folder: str | None
+    layout_sizes: dict[str, int] = field(default_factory=dict)
+    peers: list[int] = field(default_factory=list)
+    """This rank's replay comparison group (the dense replicas with its local shards)."""
+    dense_replicas: list[int] = field(default_factory=list)
+    coordinates: dict[str, int] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
+    embedding: str | None = None
+    lm_head: str | None = None
+    optimizers: list[str] = field(default_factory=list)
+    checkpoint_enabled: bool = False
+    gated: bool = False
+    """Whether TorchTitan's saves and loads go through SCOUT's checkpoint gate."""
     scout: dict[str, Any] = field(default_factory=dict)
 
 
-def _seen(manager: Any, trainer: Any, scout: ScoutConfig) -> ScoutSeen:
+def _seen(manager: Any, trainer: Any, session: Session) -> ScoutSeen:
     pd = trainer.parallel_dims
-    tl = titan_layout(pd)
-    mods = find_titan_modules(trainer.model_parts)
-    opts = titan_optimizers(trainer.optimizers, trainer.model_parts)
+    dims = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "spmd_backend")
+    base: dict[str, Any] = {
+        "manager": type(manager).__qualname__,
+        "trainer": type(trainer).__qualname__,
+        "step": int(trainer.step),
+        "rank": int(dist.get_rank()) if dist.is_initialized() else 0,
+        "world_size": int(pd.world_size),
+        "enabled": session.enabled,
+        "parallel_dims": {k: getattr(pd, k) for k in dims},
+        "checkpoint_enabled": bool(manager.enable),
+        "gated": isinstance(session.checkpoints, FrameworkGate) and bool(manager.enable),
+        "scout": session.config.to_dict(),
+    }
+    adapter = session.adapter
+    if adapter is None or session.replay is None:
+        return ScoutSeen(**base)
+    from scout_torchtitan.adapter import TitanAdapter
+
+    assert isinstance(adapter, TitanAdapter)
+    layout, special = adapter.titan.layout, adapter.special_modules()
     names = ("d", "s", "t", "p", "c", "e")
     return ScoutSeen(
-        manager=type(manager).__qualname__,
-        trainer=type(trainer).__qualname__,
-        step=int(trainer.step),
-        rank=tl.rank,
-        world_size=int(pd.world_size),
-        parallel_dims={
-            k: getattr(pd, k)
-            for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "spmd_backend")
-        },
-        layout_sizes=dict(zip(names, tl.layout.sizes, strict=True)),
-        dense_replicas=list(tl.dense_replicas),
-        expert_replicas=None if tl.expert_replicas is None else list(tl.expert_replicas),
-        coordinates=tl.coordinates,
-        model_parts=len(trainer.model_parts),
-        layers=[layer.path for layer in mods.layers],
-        embedding=None if mods.embedding is None else mods.embedding.path,
-        lm_head=None if mods.lm_head is None else mods.lm_head.path,
-        optimizer=type(opts.container).__qualname__,
-        part_optimizers=[[p.part, type(p.optimizer).__qualname__] for p in opts.per_part],
-        checkpoint_enabled=bool(manager.enable),
-        checkpoint_folder=getattr(manager, "folder", None),
-        scout=scout.to_dict(),
+        **base,
+        layout_sizes=dict(zip(names, layout.sizes, strict=True)),
+        peers=list(session.replay.peers.ranks),
+        dense_replicas=list(adapter.titan.dense_replicas),
+        coordinates=adapter.titan.coordinates,
+        layers=[ref.path for ref in adapter.repeated_layers()],
+        embedding=special["embedding"].path if "embedding" in special else None,
+        lm_head=special["lm_head"].path if "lm_head" in special else None,
+        optimizers=[type(o).__qualname__ for o in adapter.optimizers()],
     )
 
 
@@ -102,11 +115,15 @@ class ScoutManagerMixin:
     The subclass's ``Config`` must carry ``scout: scout_core.Config | None`` (the
     settings the override factory validated). ``__init__`` takes the trainer out of
     ``states`` *before* the base class adds its own entries, runs the base
-    ``__init__`` unchanged, then records :class:`ScoutSeen`.
+    ``__init__`` unchanged, then enables SCOUT on the trainer (collective over the
+    job: every rank builds its manager at the same point of ``Trainer.__init__``).
     """
 
     scout_config: ScoutConfig
+    scout_session: Session
     scout_seen: ScoutSeen
+    scout_gate: FrameworkGate | None = None
+    """The checkpoint gate while one is wired (set by the plugin's ``wire_checkpoints``)."""
 
     def __init__(self, config: Any, **kwargs: Any) -> None:
         trainer = kwargs.get("states", {}).get("train_state")
@@ -116,16 +133,55 @@ class ScoutManagerMixin:
                 f"{type(self).__name__} must be built by a TorchTitan Trainer, which passes "
                 "states={'train_state': trainer}; got no trainer"
             )
+        if getattr(self, "ft_manager", None) is not None:
+            raise UnsupportedSetupError(
+                "SCOUT does not watch TorchFT fault-tolerant replicas: each TorchFT replica "
+                "group is its own torch.distributed job, so SCOUT's replica comparison and "
+                "its checkpoint gate would see one replica only. Run SCOUT without TorchFT, "
+                "or TorchFT without SCOUT"
+            )
+        from scout_torchtitan.plugin import plugin
+
         self.scout_config = config.scout if config.scout is not None else ScoutConfig()
-        self.scout_seen = _seen(self, trainer, self.scout_config)
+        self.scout_session = plugin.enable(trainer, config=self.scout_config, manager=self)
+        self.scout_seen = _seen(self, trainer, self.scout_session)
         _BUILT.append(self.scout_seen)
         log.info(
-            "SCOUT checkpoint manager built on rank %d: %d layers, layout %s, settings %s",
+            "SCOUT %s on rank %d: %d layers, layout %s, peers %s, checkpoint gate %s",
+            "attached" if self.scout_seen.enabled else "disabled",
             self.scout_seen.rank,
             len(self.scout_seen.layers),
             self.scout_seen.layout_sizes,
-            {k: v for k, v in self.scout_seen.scout.items() if k in ("enabled", "replay_interval")},
+            self.scout_seen.peers,
+            "on" if self.scout_seen.gated else "off",
         )
+
+    # TorchTitan's hooks for subclasses (the public save/load check ``enable`` first).
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        if self.scout_gate is None:
+            return bool(self.scout_raw_save(curr_step, last_step))
+        return gated_save(self, self.scout_gate, curr_step, last_step, self.scout_raw_save)
+
+    def _load(self, step: int = -1) -> bool:
+        if self.scout_gate is None:
+            return bool(self.scout_raw_load(step))
+        return gated_load(self, self.scout_gate, step, self.scout_raw_load)
+
+    def scout_raw_save(self, curr_step: int, last_step: bool = False) -> bool:
+        """The base manager's own ``_save`` (no gate)."""
+        return bool(super()._save(curr_step, last_step))  # type: ignore[misc]  # the manager's
+
+    def scout_raw_load(self, step: int = -1) -> bool:
+        """The base manager's own ``_load`` (no gate)."""
+        return bool(super()._load(step))  # type: ignore[misc]  # the manager's
+
+    def close(self) -> None:
+        """TorchTitan's ``close`` (only acts when checkpointing is on), then SCOUT's session."""
+        super().close()  # type: ignore[misc]  # the manager's
+        session = getattr(self, "scout_session", None)
+        if session is not None:
+            session.close()
 
 
 class ScoutCheckpointManager(ScoutManagerMixin, CheckpointManager):  # type: ignore[misc]  # untyped base

@@ -19,10 +19,21 @@ Where to hook, and why:
   ``state_dict``/``load_state_dict``, i.e. by checkpoint saves and loads on a fresh
   optimizer) runs a zero-lr ``step()`` on each inner optimizer, which fires their
   hooks but not the container's.
+
+[The zero-lr step and SCOUT's step clock]
+The core's step clock hooks the inner optimizers (optimizer replay needs them), so a
+fresh process that loads a checkpoint would see TorchTitan's zero-lr step as a
+training iteration. :func:`materialize_state_quietly` runs the very same
+``init_optim_state`` *before* the load with the optimizer's own step hooks set aside
+for that one call (torch keeps them in ``_optimizer_step_pre_hooks`` /
+``_optimizer_step_post_hooks``; they are put back unchanged), so TorchTitan's own
+call finds the state and does nothing. Only done right before a load that restores
+the optimizer, which overwrites that state: training is unchanged.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PartOptimizer", "TitanOptimizers", "titan_optimizers"]
+__all__ = ["PartOptimizer", "TitanOptimizers", "materialize_state_quietly", "titan_optimizers"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +86,23 @@ def titan_optimizers(container: Any, model_parts: Sequence[nn.Module]) -> TitanO
             )
         out.append(PartOptimizer(parts.pop(), opt))
     return TitanOptimizers(container, tuple(out))
+
+
+def materialize_state_quietly(container: Any) -> int:
+    """Create the state of every inner optimizer that has none, as TorchTitan's
+    checkpoint load would, without firing step hooks; returns how many it created."""
+    from torchtitan.components.optimizer.utils import init_optim_state
+
+    made = 0
+    for opt in getattr(container, "optimizers", ()):
+        if opt.state:
+            continue
+        pre, post = opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks
+        opt._optimizer_step_pre_hooks = OrderedDict()
+        opt._optimizer_step_post_hooks = OrderedDict()
+        try:
+            init_optim_state(opt)
+        finally:
+            opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks = pre, post
+        made += bool(opt.state)
+    return made

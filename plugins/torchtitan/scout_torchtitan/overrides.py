@@ -38,12 +38,11 @@ from torchtitan.config.override import derive, override
 
 from scout_core import Config, UnsupportedSetupError
 from scout_torchtitan.manager import ScoutCheckpointManager
+from scout_torchtitan.plugin import SECTION
 from scout_torchtitan.versions import check_version
 
 __all__ = ["SECTION", "scout", "scout_checkpoint_config"]
 
-SECTION = "--override.imports scout_torchtitan.overrides.scout"
-"""How configuration errors name where the SCOUT settings came from."""
 
 _TORCHFT = "torchtitan.experiments.torchft.checkpoint"
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.distributed
 RUNNER = "scout_torchtitan.testing.runner:run_trainer"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_save_train_on_and_restore_bitwise_in_fresh_processes(
     titan_assets: TitanAssets, titan_env: dict[str, str], tmp_path: Path
@@ -66,3 +67,28 @@ def test_save_train_on_and_restore_bitwise_in_fresh_processes(
         assert after["restored"] == before["at_save"]
         assert "no complete TorchTitan checkpoint 'step-99'" in after["step-99"]
         assert after["latest"] is True
+
+
+@pytest.mark.timeout(200)
+def test_titan_checkpoint_io_passes_the_shared_conformance_checks(
+    titan_assets: TitanAssets, titan_env: dict[str, str], tmp_path: Path
+) -> None:
+    argv = titan_argv(
+        titan_assets,
+        steps=12,  # the LR schedule spans 12 steps; advance() trains one at a time
+        tp=2,
+        dump_folder=str(tmp_path / "dump"),
+        extra=["--checkpoint.enable", "--checkpoint.load_only"],
+    )
+    results = run_ranks(
+        RUNNER,
+        2,
+        args=(argv,),
+        kwargs={"train": False, "inspect": "titan_scenarios:checkpoint_io_conformance"},
+        timeout_s=150,
+        init_process_group=False,
+        env=titan_env,
+    )
+    out = [r["inspect"] for r in results]
+    assert out[0]["tags"] == ["step-4", "step-8"]  # SCOUT steps 3 and 7; the broken save left none
+    assert [o["writes"] for o in out] == [True, False]

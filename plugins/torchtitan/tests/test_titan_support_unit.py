@@ -116,14 +116,27 @@ def _tiny_model() -> nn.Module:
 
 
 def test_modules_of_a_decoder_and_of_pipeline_stages() -> None:
-    from scout_torchtitan.modules import find_titan_modules
+    from scout_torchtitan.modules import titan_modules
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from scout_core import Config
 
     model = _tiny_model()
-    found = find_titan_modules([model])
+    found = titan_modules([model])
     assert [layer.path for layer in found.layers] == [f"layers.{i}" for i in range(4)]
-    assert all(layer.outer is layer.block and layer.part == 0 for layer in found.layers)
+    assert all(layer.outer is None for layer in found.layers)
     assert found.embedding is not None and found.embedding.module is model.tok_embeddings
     assert found.lm_head is not None and found.lm_head.module is model.lm_head
+    # Activation checkpointing wraps each block: two handles, the canonical path.
+    for key in ("0", "1", "2", "3"):
+        model.layers[key] = checkpoint_wrapper(model.layers[key])
+    wrapped = titan_modules([model])
+    assert [layer.path for layer in wrapped.layers] == [f"layers.{i}" for i in range(4)]
+    assert all(
+        layer.outer is model.layers[str(i)]
+        and type(layer.module).__name__ == "Llama3TransformerBlock"
+        for i, layer in enumerate(wrapped.layers)
+    )
     # Pipeline stages keep the original layer keys; ends live on the first / last stage.
     first, last = _tiny_model(), _tiny_model()
     for key in ("2", "3"):
@@ -132,26 +145,17 @@ def test_modules_of_a_decoder_and_of_pipeline_stages() -> None:
         del last.layers[key]
     first.lm_head = first.norm = None
     last.tok_embeddings = None
-    staged = find_titan_modules([first, last])
-    assert [(x.path, x.part) for x in staged.layers] == [
-        ("layers.0", 0),
-        ("layers.1", 0),
-        ("layers.2", 1),
-        ("layers.3", 1),
-    ]
-    assert staged.embedding is not None and staged.embedding.part == 0
-    assert staged.lm_head is not None and staged.lm_head.part == 1
+    staged = titan_modules([first, last])
+    assert [x.path for x in staged.layers] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    assert staged.layers[0].module is first.layers["0"]
+    assert staged.layers[3].module is last.layers["3"]
+    assert staged.embedding is not None and staged.embedding.module is first.tok_embeddings
+    assert staged.lm_head is not None and staged.lm_head.module is last.lm_head
     with pytest.raises(ValueError, match="not a TorchTitan decoder"):
-        find_titan_modules([nn.Linear(2, 2)])
-
-
-def test_inner_block_looks_through_activation_checkpointing() -> None:
-    from scout_torchtitan.modules import inner_block
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    block = nn.Linear(2, 2)
-    assert inner_block(checkpoint_wrapper(block)) is block
-    assert inner_block(block) is block
+        titan_modules([nn.Linear(2, 2)])
+    # SCOUT's own settings name other paths, as for any model.
+    custom = titan_modules([_tiny_model()], Config(lm_head="norm", embedding="tok_embeddings"))
+    assert custom.lm_head is not None and custom.lm_head.path == "norm"
 
 
 def test_optimizers_container_and_parts() -> None:
@@ -180,19 +184,6 @@ def test_optimizers_container_and_parts() -> None:
         titan_optimizers(object(), parts)
     with pytest.raises(ValueError, match="model parts"):
         titan_optimizers(container, parts[:1])
-
-
-def test_rng_streams_restore_draws() -> None:
-    from scout_torchtitan.rng import titan_rng_streams
-
-    streams = titan_rng_streams()
-    assert [s.name for s in streams] == (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
-    for stream in streams:
-        state = stream.get()
-        assert state.dtype == torch.uint8 and state.device.type == "cpu"
-        draw = torch.rand(3)
-        stream.set(state)
-        assert torch.equal(draw, torch.rand(3))
 
 
 def test_detach_removes_only_torchtitans_forward_wrappers() -> None:

@@ -1,17 +1,15 @@
-"""Does the core's hook-free replay run a TorchTitan block under TP? (dp_replicate 3 x TP 2)
+"""Replay of a TorchTitan block under TP through the plugin's adapter (dp_replicate 3 x TP 2).
 
-TorchTitan 0.3 (``partial_dtensor``) parallelizes by replacing each module's
+TorchTitan 0.3 (``partial_dtensor``) parallelises by replacing each module's
 ``forward`` with a redistributing closure and sharding parameters *and buffers*
-into DTensors on the (fsdp, tp) mesh; sequence parallelism (on by default) hands
-each block a sequence-sharded DTensor. This test records, on the real trainer:
-
-1. what the core's machinery does unchanged: the twin keeps TorchTitan's parallel
-   forwards, and ``TorchAdapter.materialize`` refuses the size-1 FSDP mesh dim that
-   ``fully_shard`` (always applied, even for pure DDP) puts on every parameter;
-2. that with the plugin's fix on the twin (``detach_titan_parallelism``) and full
-   tensors gathered on SCOUT's own TP group, the replayed call issues no collective
-   at all, matches the normal call to float rounding, and is bitwise equal on all six
-   ranks (what replica comparison needs).
+into DTensors on the (dp_replicate, fsdp, tp) mesh, the ``fsdp`` dim of size one
+even for DDP; sequence parallelism (on by default) hands each block a
+sequence-sharded DTensor. Through :class:`~scout_torchtitan.adapter.TitanAdapter`
+(the core's ``TorchAdapter`` plus TorchTitan's twin), a captured input becomes the
+full tensor gathered on SCOUT's TP group, the parameters materialise full, the
+RoPE buffer becomes plain, and the replayed call issues no collective at all,
+matches the normal call to float rounding, and is bitwise equal on all six ranks
+(what replica comparison needs).
 """
 
 from __future__ import annotations
@@ -42,24 +40,19 @@ def _replay(
     return [r["inspect"] for r in results]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_tp_replay_needs_the_plugin_fix_then_runs_locally(
+def test_a_tp_block_replays_locally_through_the_adapter(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
 ) -> None:
     results = _replay(titan_assets, titan_env, titan_dump)
     for out in results:
-        # Sequence parallel: the block's input is a sequence-sharded DTensor.
+        # Sequence parallel: the block's input is a sequence-sharded DTensor ...
         assert out["input"] == ["DTensor", ["Shard(dim=1)"]]
+        # ... captured as the full sequence (gathered on SCOUT's TP group)
+        assert out["captured"] == ["Tensor", [2, 32, 64]]
         assert out["normal_comms"] > 0  # the normal call talks on the training TP group
-        # 1. Unchanged machinery.
-        assert "attention" in out["twin_parallel_forwards"]
-        assert "attention.qkv_linear.wqkv" in out["twin_parallel_forwards"]
-        assert out["materialize"] == (
-            "UnsupportedSetupError: FSDP parameters need SCOUT's diagnostic shard group"
-        )
-        assert "('Replicate()', '_StridedShard(dim=0, sf=2)', 'Shard(dim=0)')" in out["placements"]
-        assert out["dtensor_buffers"] == ["attention.rope.cache"]
-        # 2. Fixed twin, full tensors: local, equal to the normal call up to rounding.
+        assert out["params_plain"] and out["dtensor_buffers"] == ["attention.rope.cache"]
         assert out["replay_comms"] == 0
         assert out["replay_type"] == "Tensor"
         assert out["max_abs_diff"] < 1e-5
@@ -67,6 +60,7 @@ def test_tp_replay_needs_the_plugin_fix_then_runs_locally(
     assert len({out["replay_sha"] for out in results}) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_tp_replay_without_sequence_parallel(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str

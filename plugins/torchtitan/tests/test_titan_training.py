@@ -34,6 +34,7 @@ def _train(
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_single_rank_trains_through_torchtitan_main(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
@@ -50,6 +51,7 @@ def test_single_rank_trains_through_torchtitan_main(
     assert built == []  # nothing asked for SCOUT: TorchTitan ran alone
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_replicas_stay_bitwise_equal(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
@@ -59,6 +61,7 @@ def test_ddp_replicas_stay_bitwise_equal(
     assert a["digest"] == b["digest"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_dp3_tp2_training_is_bitwise_deterministic(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str
@@ -75,6 +78,7 @@ def test_dp3_tp2_training_is_bitwise_deterministic(
     assert digests[0] == digests[2] == digests[4] != digests[1] == digests[3] == digests[5]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fsdp_does_not_train_on_gloo(
     titan_assets: TitanAssets, titan_env: dict[str, str], titan_dump: str

@@ -1,0 +1,151 @@
+"""TorchTitan's own checkpoints, gated by the core: save, load and recover.
+
+The core's :class:`~scout_core.plugin_api.FrameworkGate` certifies a framework's
+checkpoints with the replay evidence (roles latest / candidate / verified, the
+sidecar ledger ``scout-certification.json`` next to the ``step-N`` folders,
+``scout.checkpoint/1`` records, refusal after SDC, recovery). This module routes
+TorchTitan's two checkpoint hooks through it:
+
+* **save** (``_save(curr_step, last_step)``, called by the base class's ``save``
+  only when ``--checkpoint.enable``): TorchTitan's own policy decides *whether*
+  (``_should_save``: interval, last step, ``load_only``); SCOUT's gate then writes
+  ``step-<curr_step>`` through :class:`~scout_torchtitan.checkpoint_io.TitanCheckpointIO`
+  (synchronously: certification needs the data durable before the sidecar, so
+  ``async_mode`` is ignored while SCOUT gates) or refuses while an SDC awaits
+  recovery. Two saves are not training checkpoints and go to TorchTitan's own
+  ``_save`` uncertified: the step-0 seed checkpoint and the model-only export of the
+  last step (``last_save_model_only``); the export is refused while an SDC awaits
+  recovery.
+* **load** (``_load(step)``; ``Trainer.train`` calls ``load`` once at start): with
+  ``step == -1`` the gate loads the newest *verified* tag (falling back to
+  TorchTitan's latest, with a warning), an explicit ``load_step`` is honoured (with
+  a warning if not verified). A folder with no complete checkpoint, or a step-0 seed,
+  goes to TorchTitan's own ``_load`` (fresh start, ``initial_load_path``).
+
+Two ways in, one behaviour: SCOUT's checkpoint manager
+(:class:`~scout_torchtitan.manager.ScoutManagerMixin`) overrides the hooks and asks
+:func:`gated_save` / :func:`gated_load` while a gate is wired; a stock
+``CheckpointManager`` reached through ``scout.enable(trainer)`` gets instance
+attributes ``_save`` / ``_load`` that do the same (TorchTitan has no other seam
+around checkpoint I/O; the class is untouched and the undo deletes them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from scout_core import CheckpointError, Failure, UnsupportedSetupError
+from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_torchtitan.checkpoint_io import TitanCheckpointIO
+
+__all__ = ["gated_load", "gated_save", "recover", "wire"]
+
+log = logging.getLogger("scout.torchtitan")
+
+RawSave = Callable[[int, bool], bool]
+RawLoad = Callable[[int], bool]
+
+
+def gated_save(
+    manager: Any, gate: FrameworkGate, curr_step: int, last_step: bool, raw: RawSave
+) -> bool:
+    """TorchTitan's ``_save`` through SCOUT's gate (module doc); ``raw`` is TorchTitan's own."""
+    if not manager._should_save(curr_step, last_step):
+        return False
+    export = bool(last_step and getattr(manager, "last_save_model_only", False))
+    if curr_step == 0 or export:
+        if export and gate.pending is not None:
+            log.warning(
+                "scout: not exporting the model at step %d: replay found %s at step %d and "
+                "training has not been restored since",
+                curr_step,
+                gate.pending.failure,
+                gate.pending.step,
+            )
+            return False
+        return bool(raw(curr_step, last_step))
+    io = TitanCheckpointIO(manager, load=_raw_load_of(manager))
+    return gate.save(io, f"step-{curr_step}")
+
+
+def gated_load(manager: Any, gate: FrameworkGate, step: int, raw: RawLoad) -> bool:
+    """TorchTitan's ``_load`` through SCOUT's gate (module doc); ``raw`` is TorchTitan's own."""
+    io = TitanCheckpointIO(manager, load=raw)
+    if step == 0 or (step == -1 and not io.list_tags()):
+        return bool(raw(step))
+    return bool(gate.load(io, None if step == -1 else f"step-{step}"))
+
+
+def _raw_load_of(manager: Any) -> RawLoad:
+    raw: RawLoad | None = getattr(manager, "scout_raw_load", None)
+    return raw if raw is not None else _class_method(manager, "_load")
+
+
+def _class_method(manager: Any, name: str) -> Any:
+    """The manager class's own method ``name``, bound (instance shadows bypassed)."""
+    return getattr(type(manager), name).__get__(manager)
+
+
+def wire(manager: Any, gate: FrameworkGate) -> Callable[[], None]:
+    """Route ``manager``'s saves and loads through ``gate``; returns the undo.
+
+    SCOUT's manager remembers the gate; any other ``CheckpointManager`` gets instance
+    ``_save`` / ``_load`` attributes. A disabled manager (no ``--checkpoint.enable``)
+    never saves or loads: nothing to wire.
+    """
+    if not getattr(manager, "enable", False):
+        log.info("scout: TorchTitan checkpointing is off; the checkpoint gate has nothing to gate")
+        return lambda: None
+    TitanCheckpointIO(manager)  # refuses managers it cannot write through, by name
+    from scout_torchtitan.manager import ScoutManagerMixin
+
+    if isinstance(manager, ScoutManagerMixin):
+        manager.scout_gate = gate
+
+        def forget() -> None:
+            if manager.scout_gate is gate:
+                manager.scout_gate = None
+
+        return forget
+    save, load = _class_method(manager, "_save"), _class_method(manager, "_load")
+
+    def _save(curr_step: int, last_step: bool = False) -> bool:
+        return gated_save(manager, gate, curr_step, last_step, save)
+
+    def _load(step: int = -1) -> bool:
+        return gated_load(manager, gate, step, load)
+
+    manager._save, manager._load = _save, _load
+
+    def undo() -> None:
+        for name, mine in (("_save", _save), ("_load", _load)):
+            if manager.__dict__.get(name) is mine:
+                del manager.__dict__[name]
+
+    return undo
+
+
+def recover(trainer: Any, failure: Failure | str | None) -> Recovered:
+    """Load the TorchTitan checkpoint SCOUT's gate trusts after ``failure``. Collective.
+
+    SDC (or an unreachable machine) → the newest *verified* ``step-N``; a straggler →
+    the newest tag SCOUT does not suspect; anything else → the full-catalog sweep
+    decides. The trainer's state (model, optimizer, schedulers, data loader, step)
+    is restored in place through TorchTitan's own load; returns
+    ``Recovered(tag, step, role, reason)`` and writes a ``scout.checkpoint/1`` record.
+    """
+    from scout_torchtitan.plugin import plugin
+
+    session = plugin.session_of(trainer)
+    gate = None if session is None else session.checkpoints
+    if not isinstance(gate, FrameworkGate):
+        raise UnsupportedSetupError(
+            "scout_torchtitan.recover needs SCOUT's checkpoint gate on this trainer (SCOUT "
+            "enabled with gate=true)"
+        )
+    manager = getattr(trainer, "checkpointer", None) or plugin.manager_of(trainer)
+    if manager is None or not getattr(manager, "enable", False):
+        raise CheckpointError("scout_torchtitan.recover needs TorchTitan checkpointing enabled")
+    return gate.recover(failure, TitanCheckpointIO(manager, load=_raw_load_of(manager)))
