@@ -206,8 +206,7 @@ class CheckpointCoordinator:
     def _storage_skip(self, exc: CheckpointError, what: str) -> dict[str, Any]:
         """The record fields and log line of a durable write every rank agreed failed."""
         log.warning(
-            "%s failed on some rank (%s); the durable copy is skipped, the gate and "
-            "training go on",
+            "%s failed on some rank (%s); the durable copy is skipped, the gate and training go on",
             what,
             exc,
         )

@@ -280,8 +280,7 @@ class FrameworkGate:
         if not all_ok(error is None, self.group):
             why = describe(error) if error is not None else "failed on another rank"
             log.warning(
-                "checkpoint %r in %s was not written (%s); skipped on every rank, "
-                "training goes on",
+                "checkpoint %r in %s was not written (%s); skipped on every rank, training goes on",
                 name,
                 io.directory,
                 why,

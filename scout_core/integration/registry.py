@@ -82,9 +82,7 @@ def discover(*, refresh: bool = False) -> list[LoadedPlugin]:
             log.warning("skipping plugin %r (%s): %s", ep.name, ep.value, exc)
             continue
         if not isinstance(plugin, ScoutPlugin):
-            log.warning(
-                "skipping plugin %r (%s): it lacks name/handles/enable", ep.name, ep.value
-            )
+            log.warning("skipping plugin %r (%s): it lacks name/handles/enable", ep.name, ep.value)
             continue
         found.append(LoadedPlugin(ep.name, plugin))
     _cache = found

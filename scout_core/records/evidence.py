@@ -148,8 +148,7 @@ class EvidenceWriter:
         self.last_error = exc
         if self.dropped % _LOG_EVERY == 1 or _LOG_EVERY == 1:
             log.warning(
-                "cannot write evidence to %s (%s); %d record(s) dropped so far, "
-                "training goes on",
+                "cannot write evidence to %s (%s); %d record(s) dropped so far, training goes on",
                 self.path,
                 exc.strerror or exc,
                 self.dropped,

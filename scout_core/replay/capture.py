@@ -48,7 +48,7 @@ from scout_core.replay import taps
 
 __all__ = ["Capture", "Capturer", "flatten", "unflatten"]
 
-log = logging.getLogger("scout.replay")
+log = logging.getLogger(__name__)
 
 Copy = Callable[[torch.Tensor], torch.Tensor]
 

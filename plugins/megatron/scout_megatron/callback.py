@@ -109,8 +109,7 @@ class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callbac
             # No optimizer step: SCOUT's clock stays where it is, Bridge's moves on.
             self.offset += 1
             log.info(
-                "Megatron skipped iteration %d without an optimizer step; SCOUT's step "
-                "stays %d",
+                "Megatron skipped iteration %d without an optimizer step; SCOUT's step stays %d",
                 _bridge_step(context),
                 self.session.step,
             )

@@ -42,7 +42,7 @@ from scout_torchtitan.checkpoint_io import TitanCheckpointIO
 
 __all__ = ["gated_load", "gated_save", "recover", "wire"]
 
-log = logging.getLogger("scout.torchtitan")
+log = logging.getLogger(__name__)
 
 RawSave = Callable[[int, bool], bool]
 RawLoad = Callable[[int], bool]
@@ -58,7 +58,7 @@ def gated_save(
     if curr_step == 0 or export:
         if export and gate.pending is not None:
             log.warning(
-                "scout: not exporting the model at step %d: replay found %s at step %d and "
+                "not exporting the model at step %d: replay found %s at step %d and "
                 "training has not been restored since",
                 curr_step,
                 gate.pending.failure,
@@ -96,7 +96,7 @@ def wire(manager: Any, gate: FrameworkGate) -> Callable[[], None]:
     never saves or loads: nothing to wire.
     """
     if not getattr(manager, "enable", False):
-        log.info("scout: TorchTitan checkpointing is off; the checkpoint gate has nothing to gate")
+        log.info("TorchTitan checkpointing is off; the checkpoint gate has nothing to gate")
         return lambda: None
     TitanCheckpointIO(manager)  # refuses managers it cannot write through, by name
     from scout_torchtitan.manager import ScoutManagerMixin
