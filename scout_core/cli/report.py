@@ -37,7 +37,14 @@ JSON_VERSION = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``scout report``."""
     parser.add_argument("path", help="a report directory, or one rank-<r>.jsonl file")
-    parser.add_argument("--all", action="store_true", help="also agreeing rounds and gate captures")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help=(
+            "also records that agree and name no failure "
+            "(SCOUT writes none: a healthy round leaves no record)"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument("--run-id", help="only this run (a directory may hold several)")
     parser.add_argument(

@@ -60,7 +60,8 @@ class Selection:
     failures: frozenset[Failure] = frozenset()
     """Only records reporting one of these failures; empty: all."""
     include_routine: bool = False
-    """Also agreeing rounds and routine gate captures (``--all``)."""
+    """Also records that agree and name no failure (``--all``). SCOUT itself writes none
+    (a healthy replay round leaves no record); another writer of the schema may."""
 
     def keeps(self, record: Record) -> bool:
         if self.run_id is not None and record.run_id != self.run_id:
