@@ -92,6 +92,18 @@ class ReplayDriver:
         layers = list(adapter.repeated_layers())
         special = adapter.special_modules()
         embedding, lm_head = special.get("embedding"), special.get("lm_head")
+        if not layers and HIDDEN in config.recipes:
+            # Named layers that do not exist raise at discovery; an auto-detection that
+            # found nothing must not switch the main recipe off in silence.
+            log.warning(
+                "found no repeated layers in the %s model (no ModuleList or ModuleDict of "
+                "same-class blocks), so hidden-layer replay is off; found embedding %s, "
+                "LM head %s. Name the blocks with the config key 'layers' (e.g. "
+                "layers = \"model.layers\"), or leave 'hidden' out of 'recipes' to say so.",
+                adapter.name,
+                embedding.path if embedding else "none",
+                lm_head.path if lm_head else "none",
+            )
         refs = {r.path: r for r in layers}
         for extra in (embedding, lm_head):
             if extra is not None:
