@@ -154,5 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"straggler localized to rank {slow_rank} at steps {expected}: "
         f"{'yes' if on_time else 'NO'}; other flags: {len(other)}"
     )
-    print(f"evidence records: {report}   (render with: scout report {report})")
+    shown = os.path.relpath(report) if _inside_cwd(report) else report
+    print(f"evidence records: {shown}   (render with: scout report {shown})")
     return 0 if ok else 1
+
+
+def _inside_cwd(path: str) -> bool:
+    """Whether ``path`` lies under the working directory (shown relative to it, then)."""
+    here = os.path.realpath(os.getcwd())
+    return os.path.commonpath([here, os.path.realpath(path)]) == here
