@@ -34,7 +34,11 @@ if TYPE_CHECKING:
         comm_delay,
         flip_bit,
     )
-    from scout_core.testing.launches import documented_launches, runnable
+    from scout_core.testing.launches import (
+        check_documented_launch,
+        documented_launches,
+        runnable,
+    )
     from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
 
 __all__ = [
@@ -66,6 +70,7 @@ __all__ = [
     # examples' documented launch commands
     "documented_launches",
     "runnable",
+    "check_documented_launch",
 ]
 
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -82,7 +87,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
     "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),
     "scout_core.decision.signature": ("signature", "signature_many"),
-    "scout_core.testing.launches": ("documented_launches", "runnable"),
+    "scout_core.testing.launches": (
+        "documented_launches",
+        "runnable",
+        "check_documented_launch",
+    ),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 """Where each lazily imported name lives."""

@@ -69,6 +69,7 @@ TESTING = {
     "check_checkpoint_io",
     "documented_launches",
     "runnable",
+    "check_documented_launch",
     "installed_plugins",
     "TinyLM",
     "Block",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from scout_core.testing import check_documented_launch
+
 pytestmark = pytest.mark.distributed
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torchtitan" / "train.py"
@@ -73,3 +75,14 @@ def test_example_localizes_a_straggler(tmp_path: Path) -> None:
     verdicts = _verdicts(out)
     assert verdicts, out
     assert all(" straggler on rank 3 (rank, " in line for line in verdicts), verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4000)
+@pytest.mark.parametrize("launch", [0, 1], ids=["torchrun", "torch.distributed.run"])
+def test_each_documented_launch_localizes_its_fault_five_times_of_five(
+    tmp_path: Path, launch: int
+) -> None:
+    # The header's two commands as a user types them: the injected fault is named on
+    # the documented rank, and nothing else, in each of five runs on this machine.
+    check_documented_launch(EXAMPLE, launch, runs=5, cwd=tmp_path, timeout_s=700)
