@@ -11,7 +11,7 @@ set +e
 if [ "$#" -gt 0 ]; then
   .venv/bin/python -m pytest "$@"
 else
-  .venv/bin/python -m pytest -m "not slow and not gpu"
+  .venv/bin/python -m pytest -m "not slow and not gpu" --durations=30
 fi
 code=$?
 set -e

@@ -72,6 +72,7 @@ def hang_then_recover(tmp: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_hang_verdict_then_recover_restores_the_gates_choice_bitwise(tmp_path: Path) -> None:
     results = run_ranks(

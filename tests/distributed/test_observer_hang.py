@@ -83,6 +83,7 @@ def test_sigstop_before_collective_is_a_hang_on_that_rank(tmp_path: Path) -> Non
         assert r["stats"]["collectives"] == 1  # the one C3 AllGather
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
 def test_gil_held_by_a_spinning_thread_is_a_hang_with_stacks(tmp_path: Path) -> None:

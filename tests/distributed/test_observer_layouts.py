@@ -98,6 +98,7 @@ def test_sigstop_under_dp_tp_names_the_frozen_rank_not_its_tp_partner(tmp_path: 
         assert "error" not in res
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(260)
 def test_different_collective_in_a_tp_group_is_a_protocol_mismatch(tmp_path: Path) -> None:
     report = tmp_path / "report"
@@ -118,6 +119,7 @@ def test_different_collective_in_a_tp_group_is_a_protocol_mismatch(tmp_path: Pat
     assert all("error" in r for r in results)  # the training groups timed out afterwards
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(260)
 def test_a_stalled_tp_group_is_a_group_stall_naming_that_group(tmp_path: Path) -> None:
     report = tmp_path / "report"
@@ -135,6 +137,7 @@ def test_a_stalled_tp_group_is_a_group_stall_naming_that_group(tmp_path: Path) -
         assert "error" not in res
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(260)
 def test_forty_clean_steps_under_dp_tp_record_nothing(tmp_path: Path) -> None:
     report = tmp_path / "report"

@@ -118,6 +118,7 @@ def test_watchdog_check_uses_the_communicator_timeout() -> None:
     assert all(r == results[0] for r in results)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
 def test_an_observer_that_cannot_start_fails_every_rank_alike(tmp_path: Path) -> None:

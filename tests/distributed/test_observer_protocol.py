@@ -58,6 +58,7 @@ def test_different_collective_is_a_protocol_mismatch_and_terminates(tmp_path: Pa
     assert {pending[str(r)]["collective"] for r in range(5) if r != CULPRIT} == {"all_reduce"}
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
 def test_different_shape_is_a_protocol_mismatch(tmp_path: Path) -> None:
