@@ -104,7 +104,7 @@ def scout_moe(
             moe_train_step(model, opt, step, rank, parallel)
             for f in faults:
                 if f["rank"] == rank and f["step"] == step:
-                    layer = model.layers[f["layer"]].moe  # type: ignore[union-attr]
+                    layer = model.layers[f["layer"]].moe
                     with torch.no_grad():
                         if f["kind"] == "expert_weight":
                             layer.experts[f.get("expert", 0)].up.weight[0, 0] += 1.0

@@ -126,3 +126,45 @@ def test_clean_moe_gate_verifies_after_two_rotations(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_forty_clean_steps_ep2_by_expert_dp4(tmp_path: Path) -> None:
     _clean_case(8, 40, tmp_path)
+
+
+@pytest.mark.slow
+def test_heterogeneous_expert_fault_ep2_by_expert_dp4(tmp_path: Path) -> None:
+    """Layers with 4, 2 and 8 experts of widths 32, 16, 24: one catalog per class, and a
+    corrupted expert of the last layer (8 experts, 4 local) on rank 2 is named within
+    one rotation of the experts track (layer 2's targets come last in it)."""
+    cfg = {
+        "moe_catalog": _catalog(tmp_path, "hetero"),
+        "recipes": ["experts"],
+        "expert_interval": 1,
+    }
+    results = run_hetero(8, cfg, tmp_path)
+    assert results[2]["fired"] == [["expert_weight", 1]]
+    catalog = [path for kind, path in results[0]["catalog"] if kind == "experts"]
+    rotation = len(catalog)
+    assert {p.split("@")[0] for p in catalog} == {f"layers.{i}.moe.experts" for i in range(3)}
+    verdicts = _verdicts(results)
+    assert verdicts, "the fault was not found"
+    assert all(v[1].startswith("experts/layers.2.moe.experts@") for v in verdicts), verdicts
+    assert {(v[2], tuple(v[3])) for v in verdicts} == {("sdc", (2,))}
+    assert min(v[0] for v in verdicts) - 1 <= rotation
+
+
+def run_hetero(world: int, cfg: dict[str, Any], tmp: Path) -> list[Any]:
+    """Corrupt local expert 3 of MoE layer 2 on rank 2 after step 1; train one full
+    rotation past the fault."""
+    faults = [{"rank": 2, "step": 1, "kind": "expert_weight", "layer": 2, "expert": 3}]
+    return _run(world, faults, 2 + _hetero_rotation(tmp), cfg, "hetero")
+
+
+def _hetero_rotation(tmp: Path) -> int:
+    from scout_core.moe import CatalogSet
+
+    catalogs = CatalogSet.load(tmp / "catalog.json")
+    layers: dict[str, set[tuple[int, ...]]] = {}
+    for c in catalogs.catalogs.values():
+        for proj in c.workload.layers:
+            layers.setdefault(proj.rsplit(".", 1)[0], set()).update(
+                r.rows for r in c.representatives
+            )
+    return sum(len(rows) for rows in layers.values())
