@@ -49,7 +49,7 @@ __all__ = [
     "specs",
 ]
 
-RECIPES: tuple[str, ...] = ("hidden", "embedding", "lm_head", "optimizer")
+RECIPES: tuple[str, ...] = ("hidden", "embedding", "lm_head", "optimizer", "router", "experts")
 """The replay recipes ``Config.recipes`` may name, in catalog order."""
 
 ON_HANG_ACTIONS: tuple[str, ...] = ("report", "dump_stacks", "terminate")
@@ -74,6 +74,8 @@ RANGES: Mapping[str, tuple[float, float, bool]] = {
     "embedding_interval": (1, 1_000_000, False),
     "lm_head_interval": (1, 1_000_000, False),
     "optimizer_interval": (1, 1_000_000, False),
+    "router_interval": (1, 1_000_000, False),
+    "expert_interval": (1, 1_000_000, False),
     "optimizer_slice": (1, 1 << 26, False),
     "kappa": (0, 100, True),
     "straggler_rounds": (1, 1000, False),
@@ -306,5 +308,6 @@ _RULES: dict[str, Callable[[str, Any], None]] = {
     "on_hang": _on_hang,
     "hang_exit_code": _exit_code,
     "checkpoint_dir": _nonempty,
+    "moe_catalog": _nonempty,
     **{name: _in_range for name in RANGES},
 }

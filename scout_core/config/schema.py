@@ -80,6 +80,19 @@ class Config:
     """Replay the optimizer update on one slice every this many optimizer steps
     (1..1,000,000). Switch the recipe off through ``recipes``, not with 0."""
 
+    router_interval: int = 20
+    """Replay one MoE router every this many optimizer steps, rotating through the MoE
+    layers (1..1,000,000). Only models with MoE layers have routers to replay."""
+
+    expert_interval: int = 20
+    """Replay the local experts of one MoE layer at one catalog representative every
+    this many optimizer steps, rotating through the catalog (1..1,000,000)."""
+
+    moe_catalog: str | None = None
+    """Path of the MoE shape catalog (``scout catalog discover``) whose representatives
+    expert replay rotates through. ``None``: expert replay is off (with a warning when
+    the model has MoE layers)."""
+
     spread_recipes: bool = True
     """Give each recipe its own phase within its interval, so that no step runs more
     than one recipe unless the intervals leave no free step (with the default
@@ -89,7 +102,8 @@ class Config:
 
     recipes: tuple[str, ...] = RECIPES
     """Replay recipes to run, any of ``hidden``, ``embedding``, ``lm_head``,
-    ``optimizer`` (no repeats). An empty list turns numerical replay off and leaves
+    ``optimizer``, ``router``, ``experts`` (no repeats; the last two act only on MoE
+    models). An empty list turns numerical replay off and leaves
     the hang observer."""
 
     variants: tuple[float, ...] = (0.1, 1.0, 10.0)

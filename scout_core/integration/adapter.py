@@ -45,7 +45,42 @@ if TYPE_CHECKING:
     from scout_core.topology.groups import PeerGroup
     from scout_core.topology.mesh import MeshAddress, MeshLayout
 
-__all__ = ["FrameworkAdapter", "ModuleRef", "Ownership", "RngStream"]
+__all__ = [
+    "ROLES",
+    "FrameworkAdapter",
+    "ModuleRef",
+    "Ownership",
+    "RngStream",
+    "moe_modules",
+    "role_of",
+]
+
+ROLES = ("embedding", "lm_head", "router", "experts")
+"""The roles ``special_modules()`` may report. An MoE model has one router and one
+experts container per MoE layer, keyed ``router:<i>`` / ``experts:<i>`` (``i`` the
+MoE layer's position in model order)."""
+
+
+def role_of(key: str) -> str:
+    """The role of a ``special_modules()`` key: ``"experts:1"`` → ``"experts"``."""
+    return key.partition(":")[0]
+
+
+def moe_modules(
+    special: Mapping[str, ModuleRef],
+) -> tuple[tuple[ModuleRef, ...], tuple[ModuleRef, ...]]:
+    """The MoE routers and expert containers of ``special_modules()``, each in MoE-layer
+    order (the ``:<i>`` suffix; a bare ``router`` / ``experts`` key counts as layer 0)."""
+
+    def index(key: str) -> int:
+        suffix = key.partition(":")[2]
+        return int(suffix) if suffix.isdigit() else 0
+
+    def pick(role: str) -> tuple[ModuleRef, ...]:
+        keys = sorted((k for k in special if role_of(k) == role), key=index)
+        return tuple(special[k] for k in keys)
+
+    return pick("router"), pick("experts")
 
 
 class Ownership(str, Enum):
@@ -131,7 +166,10 @@ class FrameworkAdapter(Protocol):
         ...
 
     def special_modules(self) -> Mapping[str, ModuleRef]:
-        """``"embedding"``, ``"lm_head"`` and MoE modules (``"router"``, ``"experts"``) present."""
+        """``"embedding"``, ``"lm_head"`` and MoE modules present: per MoE layer ``i`` its
+        router (``"router:<i>"``) and the container of its local experts
+        (``"experts:<i>"``, a ``ModuleList`` whose children each map a ``(rows, d_model)``
+        input to a ``(rows, d_model)`` output); see :func:`moe_modules`."""
         ...
 
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:

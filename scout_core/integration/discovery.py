@@ -45,6 +45,7 @@ __all__ = [
     "find_embedding",
     "find_layers",
     "find_lm_head",
+    "find_moe",
     "look_through",
     "unwrap",
 ]
@@ -62,11 +63,19 @@ class Discovered:
     """The repeated blocks in model order; paths like ``layers.3``."""
     embedding: ModuleRef | None
     lm_head: ModuleRef | None
+    routers: tuple[ModuleRef, ...] = ()
+    """MoE routers in model order (:func:`find_moe`)."""
+    experts: tuple[ModuleRef, ...] = ()
+    """The containers of each MoE layer's local experts, in model order."""
 
     def special(self) -> dict[str, ModuleRef]:
-        """The adapter protocol's ``special_modules()``: embedding and LM head, if found."""
+        """The adapter protocol's ``special_modules()``: embedding and LM head, if found,
+        and each MoE layer's router and experts as ``router:<i>`` / ``experts:<i>``."""
         found = {"embedding": self.embedding, "lm_head": self.lm_head}
-        return {role: ref for role, ref in found.items() if ref is not None}
+        out = {role: ref for role, ref in found.items() if ref is not None}
+        out.update({f"router:{i}": ref for i, ref in enumerate(self.routers)})
+        out.update({f"experts:{i}": ref for i, ref in enumerate(self.experts)})
+        return out
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -122,12 +131,55 @@ def _children(container: Blocks) -> list[tuple[str, nn.Module]]:
     return [(str(i), m) for i, m in enumerate(container)]
 
 
+ROUTER_NAMES = ("router", "gate")
+"""Child names under which an MoE layer keeps its router (beside its ``experts``)."""
+
+
+def _moe_layers(root: nn.Module) -> list[tuple[str, str, nn.Module, str, Blocks]]:
+    """(layer path, router path, router, experts path, experts) of every MoE layer:
+    a module with a non-empty ``experts`` ``ModuleList``/``ModuleDict`` and a
+    ``router`` or ``gate`` child module."""
+    out: list[tuple[str, str, nn.Module, str, Blocks]] = []
+    for path, module in root.named_modules():
+        experts = getattr(module, "experts", None)
+        if not isinstance(experts, nn.ModuleList | nn.ModuleDict) or len(experts) == 0:
+            continue
+        name = next(
+            (n for n in ROUTER_NAMES if isinstance(getattr(module, n, None), nn.Module)), None
+        )
+        if name is None:
+            continue
+        dot = f"{path}." if path else ""
+        router = getattr(module, name)
+        out.append((path, dot + name, router, dot + "experts", experts))
+    return out
+
+
+def find_moe(model: nn.Module) -> tuple[tuple[ModuleRef, ...], tuple[ModuleRef, ...]]:
+    """The MoE layers' routers and expert containers, in model order.
+
+    An MoE layer is a module with a non-empty ``experts`` ``ModuleList`` (or
+    ``ModuleDict``) of this rank's local experts and a ``router`` (or ``gate``) child:
+    the shape of SCOUT's test model, of megatron-core's ``MoELayer`` and of most
+    hand-written MoE blocks. A model with a different shape has no MoE recipes.
+    """
+    found = _moe_layers(unwrap(model))
+    routers = tuple(ModuleRef(rp, r) for _, rp, r, _, _ in found)
+    experts = tuple(ModuleRef(ep, e) for _, _, _, ep, e in found)
+    return routers, experts
+
+
 def candidate_lists(model: nn.Module) -> list[tuple[str, Blocks]]:
     """Every non-empty ``ModuleList`` or ``ModuleDict`` whose children all share one class
-    (looked up inside wrappers), largest first."""
+    (looked up inside wrappers), largest first. An MoE layer's list of experts is no
+    candidate: those are the experts, not the model's repeated blocks."""
     found: list[tuple[str, Blocks]] = []
-    for path, module in unwrap(model).named_modules():
+    root = unwrap(model)
+    expert_lists = {id(e) for *_, e in _moe_layers(root)}
+    for path, module in root.named_modules():
         if not isinstance(module, nn.ModuleList | nn.ModuleDict) or len(module) == 0:
+            continue
+        if id(module) in expert_lists:
             continue
         classes = {_base_class(look_through(child)) for _, child in _children(module)}
         if len(classes) == 1:
@@ -228,4 +280,5 @@ def discover(
     # with its own inputs, so it keeps its own recipe.
     if head is not None and emb is not None and head.module is emb.module:
         head = None
-    return Discovered(layers=blocks, embedding=emb, lm_head=head)
+    routers, experts = find_moe(model)
+    return Discovered(layers=blocks, embedding=emb, lm_head=head, routers=routers, experts=experts)

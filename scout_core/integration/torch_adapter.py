@@ -208,11 +208,15 @@ def _with_capture_copy(
             return ref
         return dataclasses.replace(ref, capture_copy=copy)
 
-    layers = tuple(fill(r) for r in found.layers)
+    def fill_all(refs: tuple[ModuleRef, ...]) -> tuple[ModuleRef, ...]:
+        return tuple(r for r in (fill(ref) for ref in refs) if r is not None)
+
     return Discovered(
-        layers=tuple(r for r in layers if r is not None),
+        layers=fill_all(found.layers),
         embedding=fill(found.embedding),
         lm_head=fill(found.lm_head),
+        routers=fill_all(found.routers),
+        experts=fill_all(found.experts),
     )
 
 

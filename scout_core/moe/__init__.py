@@ -15,8 +15,9 @@ online replay a rotation through them.
 * :mod:`~scout_core.moe.catalog` and :mod:`~scout_core.moe.catalog_set`: discovery,
   JSON files, rotation, load-or-rediscover.
 
-The replay of router, experts and all-to-all at these representatives is not wired
-yet (see ``docs/moe.md``).
+Online, the ``experts`` recipe (:mod:`scout_core.replay.experts`) replays each MoE
+layer's experts at these representatives, rotating through the catalog named by
+``Config.moe_catalog``; all-to-all replay is not built yet (see ``docs/moe.md``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ the module runs on copies of the parameters, buffers and inputs, under scoped
 deterministic mode with the agreed thread count and the source's RNG states, and
 ``autograd.grad`` from the broadcast output gradients yields input and parameter
 gradients without touching any live ``.grad``. The result is the exact surfaces
-``forward``, ``input_grad`` and ``param_grad`` (``None`` when empty although
+``forward``, ``input_grad`` and ``param_grad`` (plus the floating and the integer
+output leaves apart, ``float_outputs`` / ``int_outputs``, which a router round
+compares as its routing weights and top-k indices) (``None`` when empty although
 expected, with the reason in ``gap``: :mod:`.gaps`) and the timing ``t_M``, which
 ends only when the device has finished (:class:`~.scope.Interval`).
 """
@@ -113,8 +115,12 @@ def replay_module(
                     )
                     in_grads.extend(grads[:n_in])
                     p_grads.extend(grads[n_in:])
+    floats = [o.detach() for o in outs if o.is_floating_point()]
+    ints = [o for o in outs if not o.is_floating_point()]
     values: dict[str, Any] = {
         "forward": evidence((o.detach() for o in outs), expected=True),
+        "float_outputs": evidence(floats, expected=True) if floats else None,
+        "int_outputs": evidence(ints, expected=True) if ints else None,
         "input_grad": evidence(in_grads, expected=wants_in),
         "param_grad": evidence(p_grads, expected=wants_params),
         "t_M": timer.seconds,

@@ -42,9 +42,19 @@ from scout_core.records.evidence import EvidenceWriter, Record
 from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
 from scout_core.replay.capture import Capturer
 from scout_core.replay.control import ControlFlow
+from scout_core.replay.experts import ExpertRunner
+from scout_core.replay.moe_tracks import moe_recipes
 from scout_core.replay.optimizer import OptimizerReplay, local_tensor
 from scout_core.replay.runner import LayerRunner, RoundOutcome
-from scout_core.replay.schedule import EMBEDDING, HIDDEN, LM_HEAD, OPTIMIZER, Recipe, Schedule
+from scout_core.replay.schedule import (
+    EMBEDDING,
+    EXPERTS,
+    HIDDEN,
+    LM_HEAD,
+    OPTIMIZER,
+    Recipe,
+    Schedule,
+)
 from scout_core.replay.scope import check_cublas_workspace
 from scout_core.replay.verdicts import VerdictMaker
 from scout_core.topology.groups import PeerGroup, create_peer_groups, diagnostic_group
@@ -104,7 +114,8 @@ class ReplayDriver:
                 embedding.path if embedding else "none",
                 lm_head.path if lm_head else "none",
             )
-        refs = {r.path: r for r in layers}
+        layers, routers, targets, tracks = moe_recipes(layers, special, layout, config)
+        refs = {r.path: r for r in [*layers, *routers]}
         for extra in (embedding, lm_head):
             if extra is not None:
                 refs[extra.path] = extra
@@ -122,6 +133,7 @@ class ReplayDriver:
             recipes=config.recipes,
             variants=len(config.variants),
             spread=config.spread_recipes,
+            tracks=tracks,
         )
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         marker = embedding or (layers[0] if layers else lm_head)
@@ -148,6 +160,16 @@ class ReplayDriver:
                 adapter.local_shards if (fsdp or tp) and self.peers.kind == "replica" else None
             ),
             closure=[g for k, g in groups.items() if k != "peer" and g.ranks != self.peers.ranks],
+        )
+        self.experts = ExpertRunner(
+            peers=self.peers,
+            targets=targets,
+            materialize=adapter.materialize,
+            call=adapter.call,
+            variants=config.variants,
+            kappa=config.kappa,
+            deterministic=config.deterministic,
+            threads=config.replay_threads,
         )
         self.opt = OptimizerReplay(
             self.optimizers,
@@ -260,11 +282,12 @@ class ReplayDriver:
         out: list[RoundOutcome] = []
         counts = self.control.take()
         for recipe in due:
-            outcome = (
-                self.opt.run(step, counts=counts)
-                if recipe.kind == OPTIMIZER
-                else self.runner.run(recipe, step, counts=counts)
-            )
+            if recipe.kind == OPTIMIZER:
+                outcome: RoundOutcome | None = self.opt.run(step, counts=counts)
+            elif recipe.kind == EXPERTS:
+                outcome = self.experts.run(recipe, step)
+            else:
+                outcome = self.runner.run(recipe, step, counts=counts)
             if outcome is None:
                 continue
             out.append(outcome)
@@ -294,6 +317,9 @@ class ReplayDriver:
         for recipe in recipes:
             if recipe.kind == OPTIMIZER:
                 rounds.append(self._optimizer_state_round(recipe, step))
+                continue
+            if recipe.kind == EXPERTS:  # synthetic inputs: no capture needed
+                rounds.append(self.experts.run(recipe, step))
                 continue
             assert recipe.path is not None
             kept = self.capturer.last(recipe.path)

@@ -26,7 +26,8 @@ the same sequence, so the collectives always match:
    parameters bound, where that cannot reach a training collective, and is not run
    where it could (:mod:`.overrides`).
 5. **One exchange** carries exact signatures of what was received, the
-   materialised parameters, outputs, input gradients and parameter gradients, the
+   materialised parameters, outputs, input gradients and parameter gradients (for
+   an MoE router also its routing weights and top-k indices apart), the
    statistical timings and the peer's gap code (:mod:`.gaps`: why a surface it
    could not produce is missing); each keeps its own bitmap.
 
@@ -64,7 +65,7 @@ from scout_core.replay.compute import Call, Inputs, replay_module
 from scout_core.replay.gaps import Gap
 from scout_core.replay.overrides import instance_forwards, live_call_hazard
 from scout_core.replay.packing import pack, sign, unpack
-from scout_core.replay.schedule import Recipe
+from scout_core.replay.schedule import ROUTER, Recipe
 from scout_core.replay.scope import Interval
 from scout_core.topology.groups import PeerGroup
 from scout_core.topology.mesh import MeshLayout
@@ -76,6 +77,9 @@ log = logging.getLogger(__name__)
 
 SURFACES = ("received", "params", "forward", "input_grad", "param_grad")
 """Exact surfaces of a layer recipe, in exchange order."""
+
+ROUTER_SURFACES = (("weights", "float_outputs"), ("topk", "int_outputs"))
+"""A router round's extra exact surfaces: routing weights and top-k indices."""
 
 
 @dataclass
@@ -234,6 +238,11 @@ class LayerRunner:
         surfaces = [
             Surface(f"{recipe.name}/{name}", Mode.EXACT, values.get(name)) for name in names
         ]
+        if recipe.kind == ROUTER:
+            # The routing decision, apart: routing weights (floating outputs) and the
+            # top-k expert indices (integer outputs) are exact surfaces of their own.
+            for surface, key in ROUTER_SURFACES:
+                surfaces.append(Surface(f"{recipe.name}/{surface}", Mode.EXACT, values.get(key)))
         surfaces.append(Surface(f"{recipe.name}/gap", Mode.EXACT, values.get("gap", 0)))
         surfaces.append(Surface(f"{recipe.name}/t_M", Mode.STATISTICAL, values.get("t_M")))
         surfaces.append(Surface(f"{recipe.name}/t_bcast", Mode.STATISTICAL, t_bcast))

@@ -32,7 +32,11 @@ layer says nothing about another). The amortised overhead estimate ``V/(I·N)``
 kind after the dense ones: it gets a phase by the same rule, its targets enter the
 catalog, and :meth:`Schedule.due` yields its recipes (``path`` is the target,
 ``index`` its position). A kind whose targets are interchangeable (so one timing
-series compares them all, as for hidden layers) goes into :data:`ROTATING`.
+series compares them all, as for hidden layers) goes into :data:`ROTATING`; a kind
+that replays synthetic inputs instead of a capture goes into :data:`SYNTHETIC`. The
+driver adds two such tracks itself for MoE models: ``router`` (each MoE layer's router,
+captured like a layer) and ``experts`` (one target per MoE layer and catalog
+representative; one rotation of this track is one catalog rotation).
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ __all__ = [
     "EMBEDDING",
     "HIDDEN",
     "LM_HEAD",
+    "EXPERTS",
     "OPTIMIZER",
     "ROTATING",
+    "ROUTER",
+    "SYNTHETIC",
     "Recipe",
     "Schedule",
     "Track",
@@ -56,11 +63,19 @@ HIDDEN = "hidden"
 EMBEDDING = "embedding"
 LM_HEAD = "lm_head"
 OPTIMIZER = "optimizer"
+ROUTER = "router"
+"""MoE routers: captured and replayed like any layer (their input has a fixed shape)."""
+EXPERTS = "experts"
+"""MoE experts at catalog representatives (:mod:`scout_core.replay.experts`)."""
 
 ROTATING: set[str] = {HIDDEN}
 """Recipe kinds that rotate over interchangeable modules (same shapes, same work): their
 rounds form one timing series, so a straggler streak runs across the rotation. Every
 other kind keeps one series per target module."""
+
+SYNTHETIC: set[str] = {EXPERTS}
+"""Recipe kinds whose rounds replay synthetic inputs built from a broadcast seed, not a
+capture: their targets are no module paths, and :meth:`Schedule.modules_due` skips them."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +91,11 @@ class Recipe:
 
     @property
     def name(self) -> str:
-        """Surface prefix in evidence: ``layer/<path>`` or ``optimizer``."""
-        return "optimizer" if self.path is None else f"layer/{self.path}"
+        """Surface prefix in evidence: ``layer/<path>``, ``optimizer``, or for a
+        :data:`SYNTHETIC` kind ``<kind>/<target>`` (``experts/layers.0.moe.experts@rows=7``)."""
+        if self.path is None:
+            return "optimizer"
+        return f"{self.kind}/{self.path}" if self.kind in SYNTHETIC else f"layer/{self.path}"
 
     @property
     def series(self) -> str:
@@ -223,8 +241,9 @@ class Schedule:
         return out
 
     def modules_due(self, step: int) -> set[str]:
-        """Module paths whose calls must be captured during iteration ``step``."""
-        return {r.path for r in self.due(step) if r.path is not None}
+        """Module paths whose calls must be captured during iteration ``step`` (none for
+        :data:`SYNTHETIC` kinds)."""
+        return {r.path for r in self.due(step) if r.path is not None and r.kind not in SYNTHETIC}
 
     def overhead_estimate(self) -> float:
         """The paper's amortised layer-equivalent cost ``V/(I·N)`` of hidden-layer replay."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from scout_core.integration.adapter import FrameworkAdapter, ModuleRef, Ownership
+from scout_core.integration.adapter import ROLES, FrameworkAdapter, ModuleRef, Ownership, role_of
 from scout_core.integration.plugin_base import FrameworkPlugin
 from scout_core.integration.registry import ScoutPlugin, discover
 from scout_core.integration.versions import VersionRange
@@ -68,7 +68,7 @@ def _check_modules(adapter: FrameworkAdapter) -> None:
     assert len(kinds) == 1, f"repeated layers mix classes: {sorted(k.__name__ for k in kinds)}"
     for role, ref in adapter.special_modules().items():
         assert isinstance(ref, ModuleRef), f"special module {role!r} is not a ModuleRef"
-        assert role in {"embedding", "lm_head", "router", "experts"}, f"unknown role {role!r}"
+        assert role_of(role) in ROLES, f"unknown role {role!r}"
 
 
 def _check_rng(adapter: FrameworkAdapter) -> None:

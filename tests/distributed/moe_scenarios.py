@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -45,3 +47,81 @@ def train_moe(steps: int, ep_size: int) -> dict[str, Any]:
             "reference_error": err,
         }
     return out
+
+
+def write_catalog(path: str, specs: Any, tokens_per_rank: int, ep_size: int) -> int:
+    """Discover the tile-model catalog of ``specs`` under EP ``ep_size`` and save it;
+    returns the number of distinct (layer, representative rows) expert targets."""
+    from scout_core.moe import CatalogSet, TileModel, discover, expert_classes
+
+    model = TinyMoE(specs, parallel=None, seed=3)
+    layers = [
+        dataclasses.replace(s, ep_size=ep_size, max_tokens_per_expert=tokens_per_rank * ep_size)
+        for s in model.layer_specs(tokens_per_rank)
+    ]
+    catalogs = CatalogSet(
+        [discover(c, TileModel()) for c in expert_classes(layers, dtype="float32")]
+    )
+    catalogs.save(path)
+    targets = {
+        (layer, rep.rows)
+        for c in catalogs.catalogs.values()
+        for rep in c.representatives
+        for layer in {p.rsplit(".", 1)[0] for p in c.workload.layers}
+    }
+    return len(targets)
+
+
+def scout_moe(
+    specs_name: str, faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any]
+) -> dict[str, Any]:
+    """Train TinyMoE (EP 2 x expert-DP) under scout.enable with ``faults``; the verdicts.
+
+    A fault ``{"rank", "step", "kind", ...}`` acts on one rank after that step's
+    optimizer step: ``expert_weight`` adds 1.0 to an element of one local expert's
+    ``up.weight`` in MoE layer ``layer`` (persistent); ``router_weight`` adds 1.0 to
+    an element of that layer's router gate weight.
+    """
+    import scout_core as scout
+    from scout_core.topology.mesh import MeshLayout
+
+    rank = dist.get_rank()
+    ep = cfg.pop("ep_size", 2)
+    parallel = moe_parallel(ep)
+    specs = HETERO if specs_name == "hetero" else UNIFORM
+    model = TinyMoE(specs, parallel=parallel, seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mesh = MeshLayout.from_order("e-d", e=ep, d=dist.get_world_size() // ep)
+    report = os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report")
+    base: dict[str, Any] = {"report_dir": report, "run_id": "moe", "observer": False}
+    base.update(cfg)
+    fired: list[Any] = []
+    log: list[Any] = []
+    trace: list[Any] = []
+    with scout.enable(model, opt, config=base, mesh=mesh) as session:
+        session.on_boundary(lambda b: log.append([b.step, [r.kind for r in b.due]]))
+        for step in range(steps):
+            moe_train_step(model, opt, step, rank, parallel)
+            for f in faults:
+                if f["rank"] == rank and f["step"] == step:
+                    layer = model.layers[f["layer"]].moe
+                    with torch.no_grad():
+                        if f["kind"] == "expert_weight":
+                            layer.experts[f.get("expert", 0)].up.weight[0, 0] += 1.0
+                        else:
+                            layer.router.gate.weight[0, 0] += 1.0
+                    fired.append([f["kind"], step])
+            gate = session.gate
+            if gate is not None and hasattr(gate, "coordinator"):
+                g = gate.coordinator.gate
+                trace.append([step, g.latest, g.candidate, g.verified])
+        verdicts = [r.to_dict() for r in session.verdicts]
+        catalog = [[r.kind, r.path] for r in session.replay.schedule.catalog]
+    return {
+        "verdicts": verdicts,
+        "fired": fired,
+        "rank": rank,
+        "due": log,
+        "catalog": catalog,
+        "gate": trace,
+    }

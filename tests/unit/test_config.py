@@ -29,8 +29,11 @@ EXPECTED_DEFAULTS = {
     "embedding_interval": 20,
     "lm_head_interval": 20,
     "optimizer_interval": 20,
+    "router_interval": 20,
+    "expert_interval": 20,
+    "moe_catalog": None,
     "spread_recipes": True,
-    "recipes": ("hidden", "embedding", "lm_head", "optimizer"),
+    "recipes": ("hidden", "embedding", "lm_head", "optimizer", "router", "experts"),
     "variants": (0.1, 1.0, 10.0),
     "optimizer_slice": 65536,
     "kappa": 5.0,
@@ -145,10 +148,10 @@ def test_bad_values_name_the_key(key: str, value: object, fragment: str) -> None
 
 def test_unknown_recipe_lists_the_valid_ones() -> None:
     with pytest.raises(ConfigError) as info:
-        Config(recipes=("hidden", "router"))
+        Config(recipes=("hidden", "routers"))
     message = str(info.value)
-    assert "'router'" in message
-    assert "hidden, embedding, lm_head, optimizer" in message
+    assert "'routers'" in message
+    assert "hidden, embedding, lm_head, optimizer, router, experts" in message
 
 
 def test_on_hang_lists_the_valid_actions() -> None:
