@@ -2,7 +2,7 @@
 
 A block is either run here or carries the visible marker ``*Illustration, not run:*``
 (``tests/docs/docs_blocks.py`` has the rules). Blocks run in a scratch directory that
-links the repository's top-level entries, so relative paths in the docs
+links the repository's top-level entries (not those git ignores), so relative paths in the docs
 (``examples/...``, ``.venv/bin/python``) work and what a block writes stays out of the
 checkout. ``scout`` and ``python`` resolve to this interpreter's environment.
 """
@@ -27,7 +27,11 @@ DOCS = sorted(
 )
 BLOCKS = [b for p in DOCS for b in extract(p, ROOT)]
 _END = "@@scout-docs-test-end@@"
-_INSTALLS = re.compile(r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/test\.sh")
+# scripts/demo.sh and scripts/test.sh run scripts/bootstrap.sh, which pip-installs into
+# .venv (here: this interpreter's environment) whenever its stamp is stale.
+_INSTALLS = re.compile(
+    r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/(test|demo|bootstrap)\.sh"
+)
 
 
 def _params(langs: frozenset[str]) -> list[object]:
@@ -38,12 +42,29 @@ def _params(langs: frozenset[str]) -> list[object]:
     ]
 
 
+def _ignored(names: list[str]) -> set[str]:
+    """The top-level names git ignores (.venv, scout-demo-report, runs ...): outputs that
+    a block must write into its scratch directory, never through a link into the checkout."""
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "--stdin"],
+            input="\n".join(names),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return set(res.stdout.split())
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    for entry in ROOT.iterdir():
-        if entry.name not in (".git",):
-            (tmp_path / entry.name).symlink_to(entry)
-    if not (tmp_path / ".venv").exists():  # a worktree: the docs' .venv is this interpreter's
+    names = sorted(e.name for e in ROOT.iterdir() if e.name != ".git")
+    for name in sorted(set(names) - _ignored(names)):
+        (tmp_path / name).symlink_to(ROOT / name)
+    if not (tmp_path / ".venv").exists():  # the docs' .venv is this interpreter's
         (tmp_path / ".venv").symlink_to(Path(sys.prefix))
     return tmp_path
 
