@@ -10,6 +10,11 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
+if [ -n "${SCOUT_BOOTSTRAP_NO_INSTALL:-}" ] && [ -x .venv/bin/python ]; then
+  # Set by the docs test, which runs documented commands inside the environment it
+  # is testing with: it must never reinstall that environment.
+  exit 0
+fi
 stamp=.venv/.scout-bootstrap
 want="$(cat pyproject.toml plugins/*/pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

@@ -76,6 +76,7 @@ def _env(workdir: Path) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["HOME"] = str(workdir)
+    env["SCOUT_BOOTSTRAP_NO_INSTALL"] = "1"  # scripts/*.sh: use this environment as it is
     return env
 
 
