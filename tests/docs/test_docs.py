@@ -25,7 +25,22 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted(
     [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *ROOT.glob("plugins/*/README.md")]
 )
-BLOCKS = [b for p in DOCS for b in extract(p, ROOT)]
+
+
+def _collect() -> tuple[list[Block], list[str]]:
+    """Every block of every page; a page that cannot be read is a failure of the test
+    below, not an error that stops the whole suite from collecting."""
+    blocks: list[Block] = []
+    problems: list[str] = []
+    for page in DOCS:
+        try:
+            blocks += extract(page, ROOT)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return blocks, problems
+
+
+BLOCKS, PROBLEMS = _collect()
 _END = "@@scout-docs-test-end@@"
 # scripts/demo.sh and scripts/test.sh run scripts/bootstrap.sh, which pip-installs into
 # .venv (here: this interpreter's environment) whenever its stamp is stale.
@@ -99,6 +114,7 @@ def _run(args: list[str], block: Block, workdir: Path) -> subprocess.CompletedPr
 def test_every_block_is_run_or_marked() -> None:
     # The collection itself: languages we neither run nor parse must be prose only.
     assert BLOCKS, "no code blocks found: the docs test would pass vacuously"
+    assert not PROBLEMS, "\n".join(PROBLEMS)
     for block in BLOCKS:
         if block.lang in ("", "py", "python3", "shell-session", "pycon"):
             pytest.fail(f"{block.id}: say the block's language as one of {sorted(RUN | DATA)}")
