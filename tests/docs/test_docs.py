@@ -137,6 +137,14 @@ def test_shell_block(block: Block, workdir: Path) -> None:
     assert res.returncode == 0, f"{block.id} failed:\n{res.stdout}\n{res.stderr}"
 
 
+def _elide(output: str, workdir: Path) -> str:
+    """The run's output with the scratch directory written ``...``, as the docs write the
+    reader's own working directory (``evidence records: .../scout-demo-report``)."""
+    for path in sorted({str(workdir.resolve()), str(workdir)}, key=len, reverse=True):
+        output = output.replace(path, "...")
+    return output
+
+
 @pytest.mark.parametrize("block", _params(frozenset({"console"})))
 def test_console_block(block: Block, workdir: Path) -> None:
     steps = commands(block.text)
@@ -154,6 +162,7 @@ def test_console_block(block: Block, workdir: Path) -> None:
     assert len(parts) == len(steps) + 1, f"{block.id}: the transcript stopped early:\n{res.stderr}"
     for i, step in enumerate(steps):
         output = parts[i] if i == 0 else parts[i].split("\n", 1)[1] if "\n" in parts[i] else ""
+        output = _elide(output, workdir)
         rc = int(parts[i + 1].split("\n", 1)[0].split()[0])
         rc_shown = i + 1 < len(steps) and steps[i + 1].line.strip() == "echo $?"
         assert rc_shown or rc == 0, (
