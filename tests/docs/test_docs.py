@@ -91,6 +91,9 @@ def _env(workdir: Path) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["HOME"] = str(workdir)
+    # Python writes stdout in blocks to a pipe but line by line to a terminal: unbuffered,
+    # a transcript's stdout and stderr lines interleave as the reader sees them.
+    env["PYTHONUNBUFFERED"] = "1"
     env["SCOUT_BOOTSTRAP_NO_INSTALL"] = "1"  # scripts/*.sh: use this environment as it is
     return env
 
