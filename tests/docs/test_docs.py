@@ -42,11 +42,9 @@ def _collect() -> tuple[list[Block], list[str]]:
 
 BLOCKS, PROBLEMS = _collect()
 _END = "@@scout-docs-test-end@@"
-# scripts/demo.sh and scripts/test.sh run scripts/bootstrap.sh, which pip-installs into
-# .venv (here: this interpreter's environment) whenever its stamp is stale.
-_INSTALLS = re.compile(
-    r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/(test|demo|bootstrap)\.sh"
-)
+# scripts/test.sh runs the whole suite; scripts/demo.sh is run (SCOUT_BOOTSTRAP_NO_INSTALL
+# below keeps its bootstrap from reinstalling this interpreter's environment).
+_INSTALLS = re.compile(r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/test\.sh")
 
 
 def _params(langs: frozenset[str]) -> list[object]:
