@@ -2,7 +2,7 @@
 
 A fenced block in Python (``python``), shell (``bash``, ``sh``, ``shell``) or a
 terminal transcript (``console``) is run by ``tests/docs/test_docs.py`` unless the
-line just above it (blank lines aside) is the visible marker::
+paragraph just above it (blank lines aside) starts with the visible marker::
 
     *Illustration, not run:* <why, optional>
 
@@ -116,13 +116,23 @@ def extract(path: Path, root: Path) -> list[Block]:
 
 
 def _lines_above(lines: list[str], index: int) -> list[str]:
-    """The two non-blank lines above ``index``, nearest first."""
+    """What sits above ``index``, nearest first: the options comment if the nearest
+    non-blank line is one, then the first line of the paragraph above, so that a marker
+    wrapped over several lines (as Markdown paragraphs are) still counts."""
     out: list[str] = []
     j = index - 1
-    while j >= 0 and len(out) < 2:
-        if lines[j].strip():
-            out.append(lines[j].strip())
+    while j >= 0 and not lines[j].strip():
         j -= 1
+    if j >= 0 and _OPTIONS.match(lines[j].strip()):
+        out.append(lines[j].strip())
+        j -= 1
+        while j >= 0 and not lines[j].strip():
+            j -= 1
+    if j < 0 or _FENCE.match(lines[j]):
+        return out
+    while j > 0 and lines[j - 1].strip() and not _FENCE.match(lines[j - 1]):
+        j -= 1
+    out.append(lines[j].strip())
     return out
 
 

@@ -2,7 +2,7 @@
 
 A block is either run here or carries the visible marker ``*Illustration, not run:*``
 (``tests/docs/docs_blocks.py`` has the rules). Blocks run in a scratch directory that
-links the repository's top-level entries, so relative paths in the docs
+links the repository's top-level entries (not those git ignores), so relative paths in the docs
 (``examples/...``, ``.venv/bin/python``) work and what a block writes stays out of the
 checkout. ``scout`` and ``python`` resolve to this interpreter's environment.
 """
@@ -42,6 +42,8 @@ def _collect() -> tuple[list[Block], list[str]]:
 
 BLOCKS, PROBLEMS = _collect()
 _END = "@@scout-docs-test-end@@"
+# scripts/test.sh runs the whole suite; scripts/demo.sh is run (SCOUT_BOOTSTRAP_NO_INSTALL
+# below keeps its bootstrap from reinstalling this interpreter's environment).
 _INSTALLS = re.compile(r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/test\.sh")
 
 
@@ -53,12 +55,29 @@ def _params(langs: frozenset[str]) -> list[object]:
     ]
 
 
+def _ignored(names: list[str]) -> set[str]:
+    """The top-level names git ignores (.venv, scout-demo-report, runs ...): outputs that
+    a block must write into its scratch directory, never through a link into the checkout."""
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "--stdin"],
+            input="\n".join(names),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return set(res.stdout.split())
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    for entry in ROOT.iterdir():
-        if entry.name not in (".git",):
-            (tmp_path / entry.name).symlink_to(entry)
-    if not (tmp_path / ".venv").exists():  # a worktree: the docs' .venv is this interpreter's
+    names = sorted(e.name for e in ROOT.iterdir() if e.name != ".git")
+    for name in sorted(set(names) - _ignored(names)):
+        (tmp_path / name).symlink_to(ROOT / name)
+    if not (tmp_path / ".venv").exists():  # the docs' .venv is this interpreter's
         (tmp_path / ".venv").symlink_to(Path(sys.prefix))
     return tmp_path
 
@@ -70,6 +89,9 @@ def _env(workdir: Path) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["HOME"] = str(workdir)
+    # Python writes stdout in blocks to a pipe but line by line to a terminal: unbuffered,
+    # a transcript's stdout and stderr lines interleave as the reader sees them.
+    env["PYTHONUNBUFFERED"] = "1"
     env["SCOUT_BOOTSTRAP_NO_INSTALL"] = "1"  # scripts/*.sh: use this environment as it is
     return env
 
@@ -116,6 +138,14 @@ def test_shell_block(block: Block, workdir: Path) -> None:
     assert res.returncode == 0, f"{block.id} failed:\n{res.stdout}\n{res.stderr}"
 
 
+def _elide(output: str, workdir: Path) -> str:
+    """The run's output with the scratch directory written ``...``, as the docs write the
+    reader's own working directory (``evidence records: .../scout-demo-report``)."""
+    for path in sorted({str(workdir.resolve()), str(workdir)}, key=len, reverse=True):
+        output = output.replace(path, "...")
+    return output
+
+
 @pytest.mark.parametrize("block", _params(frozenset({"console"})))
 def test_console_block(block: Block, workdir: Path) -> None:
     steps = commands(block.text)
@@ -133,6 +163,7 @@ def test_console_block(block: Block, workdir: Path) -> None:
     assert len(parts) == len(steps) + 1, f"{block.id}: the transcript stopped early:\n{res.stderr}"
     for i, step in enumerate(steps):
         output = parts[i] if i == 0 else parts[i].split("\n", 1)[1] if "\n" in parts[i] else ""
+        output = _elide(output, workdir)
         rc = int(parts[i + 1].split("\n", 1)[0].split()[0])
         rc_shown = i + 1 < len(steps) and steps[i + 1].line.strip() == "echo $?"
         assert rc_shown or rc == 0, (
