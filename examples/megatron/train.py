@@ -156,7 +156,7 @@ def main() -> None:
     session.close()
     dist.barrier()  # every rank's evidence is written
     if rank == 0:
-        report(config.report_dir, config.resolved_run_id(), spec)
+        report(config.report_dir, session.config.resolved_run_id(), spec)  # the agreed run id
         print("done")
     mgt.teardown()
     dist.destroy_process_group()

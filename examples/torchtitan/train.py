@@ -66,24 +66,22 @@ def _arguments() -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args()
 
 
-def _verdicts(report: Path) -> list[dict[str, Any]]:
-    """Every verdict any rank wrote to the report directory, once each, in step order.
+def _verdicts(report: Path, run_id: str) -> list[dict[str, Any]]:
+    """Every verdict of this run that any rank wrote, once each, in step order.
 
     Each replica group's verdicts are written by its own ranks (a straggler in group
-    [1, 3, 5] is not in rank 0's session), so rank 0 reads the evidence files of all
-    ranks (one machine: one directory) instead of its own session only.
+    [1, 3, 5] is not in rank 0's session), so rank 0 reads the evidence of all ranks
+    (one machine: one directory, ``<report_dir>/<run id>/``) instead of its own session.
     """
+    from scout_core import load_report
+
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for path in sorted(report.glob("rank-*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                v = json.loads(line)
-            except ValueError:
-                continue  # a line still being written
-            if not str(v.get("schema", "")).startswith("scout.verdict/"):
-                continue
-            key = (v["step"], v["surface"], v["failure"], tuple(v["outliers"]), tuple(v["group"]))
-            seen.setdefault(key, v)
+    for record in load_report(report).verdicts():
+        if record.run_id != run_id:
+            continue
+        v = record.to_dict()
+        key = (v["step"], v["surface"], v["failure"], tuple(v["outliers"]), tuple(v["group"]))
+        seen.setdefault(key, v)
     return sorted(seen.values(), key=lambda v: (v["step"], v.get("time") or 0.0))
 
 
@@ -121,6 +119,7 @@ def main() -> None:
     freeze_file = report / "freeze-time"
 
     # CPU shims before TorchTitan's trainer modules are imported (tests and CPU only).
+    import scout_torchtitan
     from scout_torchtitan.testing import install_cpu_shims, titan_argv, write_assets
 
     install_cpu_shims()
@@ -142,9 +141,6 @@ def main() -> None:
             *titan_flags,
         ],
     )
-    if rank == 0:  # before the process group exists, so before any rank writes evidence
-        for stale in report.glob("rank-*.jsonl"):
-            stale.unlink()  # the verdicts printed at the end are this run's only
     init_logger()
     trainer = ConfigManager().parse_args(argv).build()  # SCOUT attaches in here
     armed = attach_fault(
@@ -155,6 +151,8 @@ def main() -> None:
         resume_after_s=HANG_TIMEOUT_S + 10.0,
         freeze_file=str(freeze_file),
     )
+    session = scout_torchtitan.session_of(trainer)
+    run_id = session.config.resolved_run_id() if session is not None else ""
     try:
         trainer.train()
         time.sleep(0.5)  # an observer verdict may still be on its way
@@ -168,7 +166,7 @@ def main() -> None:
             dist.destroy_process_group()
         shutil.rmtree(scratch, ignore_errors=True)
     if rank == 0:
-        _print_verdicts(_verdicts(report), spec, freeze_file)
+        _print_verdicts(_verdicts(report, run_id), spec, freeze_file)
         print("done", flush=True)
 
 

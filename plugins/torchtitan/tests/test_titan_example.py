@@ -65,7 +65,7 @@ def test_example_localizes_an_injected_sdc(tmp_path: Path) -> None:
     assert verdicts, out
     assert verdicts[0].startswith("SCOUT verdict: step 2 sdc on rank 2 (rank, "), verdicts
     assert all(" sdc on rank 2 (rank, " in line for line in verdicts), verdicts
-    assert (tmp_path / "report" / "rank-0.jsonl").is_file()
+    assert list((tmp_path / "report").glob("*/rank-0.jsonl"))  # <report_dir>/<run>/
 
 
 @pytest.mark.slow
