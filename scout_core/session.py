@@ -186,6 +186,22 @@ class Session:
             f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
         )
 
+    def resume(self) -> Restored | None:
+        """After a job restart, restore the gate's verified generation from
+        ``checkpoint_dir`` (collective; call once at start, before the first step).
+
+        The same script serves the first start and every restart: ``None`` when there
+        is nothing to resume, else what was restored (training continues at
+        ``step + 1``). Needs the in-memory gate; a framework's gate loads its own
+        checkpoints (``session.checkpoints.load(io)``).
+        """
+        if isinstance(self.checkpoints, GateHandle):
+            return self.checkpoints.resume()
+        raise UnsupportedSetupError(
+            "session.resume needs the in-memory checkpoint gate with Config.checkpoint_dir; "
+            "a framework's gate loads its own checkpoints (session.checkpoints.load(io))"
+        )
+
     def emit(self, record: Record) -> None:
         """Hand one verdict to the user: :attr:`verdicts` and the callback.
 
