@@ -108,6 +108,9 @@ class GateHandle:
         """The selection an SDC at a boundary made; set until :meth:`recover` runs."""
         self.sweep_rounds: list[RoundOutcome] = []
         """The rounds of the most recent full-catalog sweep."""
+        self.on_sdc: Callable[[int], None] | None = None
+        """Called with the boundary's step when an SDC there made the gate select
+        (``Config.on_sdc = "terminate"`` sets it: the session ends the job)."""
         self._warned = False
         self._closed = False
         driver.keep_captures(True)
@@ -154,6 +157,8 @@ class GateHandle:
                 result.retrieval.step,
                 result.retrieval.reason,
             )
+            if self.on_sdc is not None and result.decision.failure is Failure.SDC:
+                self.on_sdc(step)
 
     # -- the full-catalog sweep ----------------------------------------------------------
 

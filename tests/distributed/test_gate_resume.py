@@ -12,6 +12,11 @@ training continues: the gate's next cycles close at 11 (new candidate) and 15 (1
 promoted), exactly as in a job that never stopped. A session without a
 ``checkpoint_dir`` refuses to resume, on every rank.
 
+With ``on_sdc = "terminate"`` the same SDC as in ``test_gate_dense.py`` (rank 1's
+``layers.1`` from step 10, found at step 13) ends every rank with exit code 87 at that
+boundary, after torchelastic's error file naming rank 1; a fresh job then resumes
+verified step 7, never the contaminated candidate 11.
+
 The full chain under torchrun (two agents, a real hang, a restart) is
 ``test_multinode_torchrun.py``; this one runs in seconds.
 """
@@ -23,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from scout_core.testing.harness import run_ranks
+from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -99,6 +105,35 @@ def restarted_job(tmp: str) -> dict[str, Any]:
     return {**after, "trace": trace}
 
 
+def sdc_terminate_job(tmp: str) -> None:
+    """From step 10 rank 1's ``layers.1`` is faulty; replay finds it at step 13 and,
+    with ``on_sdc = "terminate"``, every rank exits there (the test checks the codes)."""
+    import torch
+    import torch.distributed as dist
+    from test_gate_dense import INJECT, build, config, fingerprint, iteration
+
+    import scout_core as scout
+    from scout_core.testing import BitFlip, Faults
+
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    wrapped, root = build("ddp", seed=0)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
+    faults = Faults().at(rank=1, steps=range(INJECT, 100))
+    faults.corrupt_output("layers.1", BitFlip(bit=0)).attach(wrapped, opt)
+    cfg = config(tmp, checkpoint_dir=f"{tmp}/ckpt", on_sdc="terminate")
+    session = scout.enable(wrapped, opt, config=cfg)
+    extra: dict[str, Any] = {"step": -1, "cursor": torch.zeros(2, dtype=torch.int64)}
+    assert session.checkpoints is not None
+    session.checkpoints.set_extra_state(lambda: extra)
+    refs: dict[int, dict[str, str]] = {}
+    for step in range(20):
+        iteration(wrapped, opt, extra, step, rank)
+        refs[step] = fingerprint(root, opt, extra)
+        Path(tmp, f"refs-{rank}.json").write_text(json.dumps(refs))
+    raise AssertionError("on_sdc = 'terminate' did not end the job")
+
+
 def no_checkpoint_dir(tmp: str) -> str:
     import torch
     from test_gate_dense import build, config
@@ -138,3 +173,36 @@ def test_resume_after_restart_is_bitwise_and_training_continues(tmp_path: Path) 
 def test_resume_needs_a_checkpoint_dir(tmp_path: Path) -> None:
     errors = run_ranks(no_checkpoint_dir, 2, args=(str(tmp_path),), timeout_s=120, env=ENV)
     assert all("checkpoint_dir" in e for e in errors), errors
+
+
+@pytest.mark.timeout(400)
+def test_sdc_terminates_for_a_restart_on_verified_state(tmp_path: Path) -> None:
+    error_file = tmp_path / "error.json"
+    procs: list[RankProcess] = []
+    with pytest.raises(RankFailedError):
+        run_ranks(
+            sdc_terminate_job,
+            WORLD,
+            args=(str(tmp_path),),
+            timeout_s=180,
+            on_start=procs.extend,
+            env={**ENV, "TORCHELASTIC_ERROR_FILE": str(error_file)},
+        )
+    assert [p.proc.returncode for p in procs] == [87] * WORLD
+    message = ProcessFailure(0, procs[0].proc.pid, 87, str(error_file)).message
+    assert isinstance(message, dict)
+    assert "(on_sdc=terminate, exit code 87)" in message["message"]
+    assert "sdc rank 1 at step 13" in message["message"]
+    refs = json.loads((tmp_path / "refs-0.json").read_text())
+    assert max(int(k) for k in refs) == 12  # the job ended inside step 13
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "step-00000007",
+        "step-00000011",
+    ]
+    # The restart: a fresh job resumes verified step 7 (not the contaminated 11).
+    again = run_ranks(restarted_job, WORLD, args=(str(tmp_path),), timeout_s=180, env=ENV)
+    for r in again:
+        assert r["restored"] == [7, "verified", "disk"]
+        assert r["mismatched"] == []
+        assert r["disk"] == ["step-00000007"]
+        assert r["trace"][-1]["step"] == 16
