@@ -14,7 +14,8 @@ observers' verdict names it and every trainer exits with the hang exit code, so
 torchrun restarts the job.
 
 Each rank writes JSON into ``out_dir`` for the test: its pid (so the test can kill it
-whatever happens), the signatures of its whole training state after every step of
+whatever happens), what its verdict callback (a launcher's quarantine hook) saw, the
+signatures of its whole training state after every step of
 the first attempt, the signatures right after a resume, and how it finished.
 
 Usage: ``multinode_job.py REPORT_DIR CKPT_DIR OUT_DIR STEPS STOP_RANK STOP_STEP``.
@@ -95,7 +96,18 @@ def main(argv: list[str]) -> None:
         on_hang="terminate",
         hang_exit_code=HANG_EXIT_CODE,
     )
-    session = scout.enable(model, opt, config=config)
+
+    def quarantine(record: Any) -> None:
+        """The launcher's decision hook: runs on every rank that learns of a verdict,
+        before a terminate exit; here it leaves what a scheduler would act on."""
+        if record.outliers:
+            dump(
+                out / f"verdict-{attempt}-{rank}.json",
+                {"failure": record.failure.value, "ranks": list(record.outliers),
+                 "hosts": list(record.hosts)},
+            )  # fmt: skip
+
+    session = scout.enable(model, opt, config=config, callback=quarantine)
     extra: dict[str, Any] = {"step": -1, "cursor": torch.zeros(2, dtype=torch.int64)}
     gate = session.checkpoints
     assert gate is not None

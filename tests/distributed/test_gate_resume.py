@@ -122,7 +122,13 @@ def sdc_terminate_job(tmp: str) -> None:
     faults = Faults().at(rank=1, steps=range(INJECT, 100))
     faults.corrupt_output("layers.1", BitFlip(bit=0)).attach(wrapped, opt)
     cfg = config(tmp, checkpoint_dir=f"{tmp}/ckpt", on_sdc="terminate")
-    session = scout.enable(wrapped, opt, config=cfg)
+
+    def decide(record: Any) -> None:  # a launcher's hook: runs before the exit
+        if record.outliers:
+            seen = {"ranks": list(record.outliers), "hosts": list(record.hosts)}
+            Path(tmp, f"verdict-{rank}.json").write_text(json.dumps(seen))
+
+    session = scout.enable(wrapped, opt, config=cfg, callback=decide)
     extra: dict[str, Any] = {"step": -1, "cursor": torch.zeros(2, dtype=torch.int64)}
     assert session.checkpoints is not None
     session.checkpoints.set_extra_state(lambda: extra)
@@ -193,6 +199,9 @@ def test_sdc_terminates_for_a_restart_on_verified_state(tmp_path: Path) -> None:
     assert isinstance(message, dict)
     assert "(on_sdc=terminate, exit code 87)" in message["message"]
     assert "sdc rank 1 at step 13" in message["message"]
+    for r in range(WORLD):  # every rank's verdict callback ran before it exited
+        seen = json.loads((tmp_path / f"verdict-{r}.json").read_text())
+        assert seen["ranks"] == [1] and len(seen["hosts"]) == 1, seen
     refs = json.loads((tmp_path / "refs-0.json").read_text())
     assert max(int(k) for k in refs) == 12  # the job ended inside step 13
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [

@@ -109,6 +109,11 @@ def is_worker(pid: int) -> bool:
         return False
 
 
+def node_of(path: Path) -> int:
+    """The node of the rank a ``<what>-<attempt>-<rank>.json`` file is from."""
+    return int(path.stem.rsplit("-", 1)[1]) // PER_NODE
+
+
 def read(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -151,6 +156,13 @@ def check_first_attempt(tmp_path: Path, report: Any, logs: dict[int, str]) -> No
     assert named and all(r.hosts for r in named), [r.to_dict() for r in named if not r.hosts]
     stopped_host = read(out / f"pid-0-{STOP_RANK}.json")["host"]
     assert {h for v in hangs for h in v.hosts} == {stopped_host}
+    # The verdict callback (a launcher's quarantine hook) ran before the exit, on both
+    # nodes, and names the rank and host to quarantine.
+    for n in range(NODES):
+        seen = [read(f) for f in out.glob("verdict-0-*.json") if node_of(f) == n]
+        assert seen, f"no verdict callback ran on node {n}"
+        for v in seen:
+            assert v == {"failure": "hang", "ranks": [STOP_RANK], "hosts": [stopped_host]}, v
     # Each agent's first failed worker exited with the hang code (the agent then stops
     # the rest of its workers, so later exits are SIGTERMs of its own).
     for n in range(NODES):
