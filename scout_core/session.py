@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -39,6 +41,7 @@ from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
+from scout_core.observer.elastic_error import write_error_file
 from scout_core.records.evidence import EvidenceWriter, Record
 from scout_core.records.incident_desk import IncidentDesk
 from scout_core.records.runs import agree_run_id
@@ -186,6 +189,22 @@ class Session:
             f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
         )
 
+    def resume(self) -> Restored | None:
+        """After a job restart, restore the gate's verified generation from
+        ``checkpoint_dir`` (collective; call once at start, before the first step).
+
+        The same script serves the first start and every restart: ``None`` when there
+        is nothing to resume, else what was restored (training continues at
+        ``step + 1``). Needs the in-memory gate; a framework's gate loads its own
+        checkpoints (``session.checkpoints.load(io)``).
+        """
+        if isinstance(self.checkpoints, GateHandle):
+            return self.checkpoints.resume()
+        raise UnsupportedSetupError(
+            "session.resume needs the in-memory checkpoint gate with Config.checkpoint_dir; "
+            "a framework's gate loads its own checkpoints (session.checkpoints.load(io))"
+        )
+
     def emit(self, record: Record) -> None:
         """Hand one verdict to the user: :attr:`verdicts` and the callback.
 
@@ -264,6 +283,8 @@ def _compose(
         session.checkpoints = _gate(replay, config, writer, group, gates_checkpoints)
         if session.checkpoints is not None:
             session.add_closer(session.checkpoints.close)
+    if config.on_sdc == "terminate" and isinstance(session.checkpoints, GateHandle):
+        session.checkpoints.on_sdc = functools.partial(_terminate_on_sdc, session)
     if config.observer:
         session.observer = attach_observer(
             adapter,
@@ -272,6 +293,22 @@ def _compose(
             add_closer=session.add_closer,
             on_boundary=session.on_boundary,
         )
+
+
+def _terminate_on_sdc(session: Session, step: int) -> None:
+    """``on_sdc = "terminate"``: an SDC at the boundary of ``step`` made the gate select
+    the verified generation, on every rank at once (the decision is job-wide). Log it,
+    write torchelastic's error file and exit with ``sdc_exit_code``, so the launcher
+    restarts the job and ``session.resume()`` restores verified. The evidence is
+    already on disk (every record is flushed as it is written); the observer dies with
+    its trainer."""
+    config = session.config
+    named = [v for v in session.verdicts if v.outliers and v.failure is Failure.SDC][-8:]
+    rank = session.adapter.rank() if session.adapter is not None else 0
+    log.error("SDC at step %d: ending the job for a restart on verified state", step)
+    write_error_file(named, rank, config.sdc_exit_code, why="on_sdc=terminate")
+    logging.shutdown()
+    os._exit(config.sdc_exit_code)
 
 
 def _gate(

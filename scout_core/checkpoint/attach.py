@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from scout_core.checkpoint.catalog import GateCatalog, round_outcome
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
+from scout_core.checkpoint.recovery import resume
 from scout_core.decision.gate import Outcome, Retrieval, worst
 from scout_core.errors import UnsupportedSetupError
 from scout_core.records.evidence import EvidenceWriter
@@ -107,6 +108,9 @@ class GateHandle:
         """The selection an SDC at a boundary made; set until :meth:`recover` runs."""
         self.sweep_rounds: list[RoundOutcome] = []
         """The rounds of the most recent full-catalog sweep."""
+        self.on_sdc: Callable[[int], None] | None = None
+        """Called with the boundary's step when an SDC there made the gate select
+        (``Config.on_sdc = "terminate"`` sets it: the session ends the job)."""
         self._warned = False
         self._closed = False
         driver.keep_captures(True)
@@ -153,6 +157,8 @@ class GateHandle:
                 result.retrieval.step,
                 result.retrieval.reason,
             )
+            if self.on_sdc is not None and result.decision.failure is Failure.SDC:
+                self.on_sdc(step)
 
     # -- the full-catalog sweep ----------------------------------------------------------
 
@@ -191,6 +197,26 @@ class GateHandle:
         resume = restored.step + 1
         if resume != self.driver.step:
             self.driver.resume_at(resume)
+        return restored
+
+    def resume(self) -> Restored | None:
+        """After a restart: restore the newest verified generation of ``checkpoint_dir``
+        (:func:`~scout_core.checkpoint.recovery.resume`). Collective; call it once at
+        start, after :meth:`set_extra_state` and before the first training step.
+
+        Returns what was restored (training continues at ``step + 1``, and so does
+        replay's clock) or ``None`` on a first start, when there is nothing to resume.
+        """
+        target: MutableMapping[str, Any] | None = None
+        if self.extra_state is not None:
+            live = self.extra_state()
+            target = live if isinstance(live, MutableMapping) else dict(live)
+        restored = resume(self.coordinator, extra=target)
+        if restored is None:
+            return None
+        if self.restore_extra is not None:
+            self.restore_extra(dict(restored.extra))
+        self.driver.resume_at(restored.step + 1)
         return restored
 
     def close(self) -> None:

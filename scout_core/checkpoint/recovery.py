@@ -16,6 +16,9 @@ can serve it from:
 It returns what it restored (:class:`Restored`: step, role, source, reason) and
 writes a ``scout.checkpoint/1`` retrieve record. :func:`restore_from_disk` is the
 same restore for a *fresh* set of processes, from the checkpoint directory alone.
+:func:`resume` is the recovery hand-off after a job restart: a fresh job whose gate
+is attached restores the newest verified generation of its ``checkpoint_dir`` into
+the live session (gate state included), or does nothing on a first start.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.durable import DurableStore
+from scout_core.checkpoint.durable import DurableStore, scan
 from scout_core.checkpoint.memory import fetch_from_peer
 from scout_core.checkpoint.records import write_gate_record
 from scout_core.checkpoint.state import check_tree, restore_tree
@@ -48,7 +51,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Restored", "recover", "restore_agreed", "restore_from_disk", "default_rng_streams"]
+__all__ = [
+    "Restored",
+    "recover",
+    "restore_agreed",
+    "restore_from_disk",
+    "resume",
+    "default_rng_streams",
+]
 
 
 @dataclass(frozen=True)
@@ -245,3 +255,60 @@ def restore_from_disk(
                 detail={"reason": reason, "source": "disk", "role": gen.role},
             )
     return Restored(gen.step, selected.value, "disk", reason, restored_extra)
+
+
+def resume(
+    coord: CheckpointCoordinator, *, extra: MutableMapping[str, Any] | None = None
+) -> Restored | None:
+    """The recovery hand-off: restore the newest *verified* generation of the durable
+    store into a freshly started job's live gate. Collective over the job.
+
+    A restarted job (``torchrun --max-restarts``, a scheduler's requeue) has lost its
+    in-memory generations; what the gate certified before the failure is the verified
+    generation on disk. This restores it bitwise (model, optimizer(s), RNG streams,
+    ``extra`` in place), makes it the gate's ``latest`` and ``verified`` (the cycle
+    restarts), discards every newer generation on disk (the candidate the failed run
+    left was never certified) and writes a ``retrieve`` record naming the run it came
+    from. Returns ``None``, and changes nothing, when no rank holds a verified
+    generation (a first start). Raises :class:`CheckpointError` on every rank when the
+    ranks hold different generations, or a shard is damaged, before anything is applied.
+    """
+    durable = coord.durable
+    if durable is None:
+        raise CheckpointError("resuming after a restart needs Config.checkpoint_dir")
+    try:
+        verified = [g.step for g in scan(durable.root) if g.role == "verified"]
+        mine = verified[-1] if verified else -1
+    except STORAGE_ERRORS:  # a damaged directory: load() below names it on every rank
+        mine = -2
+    lo, hi = min_max(mine, coord.group)
+    if lo == hi == -1:
+        return None
+    gen, tree = durable.load("verified")
+    restored_extra = restore_agreed(
+        tree,
+        coord.memory.model,
+        coord.memory.optimizers,
+        coord.memory.rng_streams,
+        extra,
+        group=coord.group,
+        what=f"step {gen.step} (disk, resumed)",
+    )
+    coord.gate.resumed(gen.step)
+    coord.discard_durable(lambda s: s != gen.step, step=gen.step)
+    reason = f"resumed after a restart from verified step {gen.step} of run {gen.run_id!r}"
+    coord.record(
+        "retrieve",
+        gen.step,
+        gen.step,
+        selected=Selection.VERIFIED,
+        failure=None,
+        detail={
+            "reason": reason,
+            "phase": "resume",
+            "restored": True,
+            "source": "disk",
+            "from_run": gen.run_id,
+        },
+    )
+    return Restored(gen.step, Selection.VERIFIED.value, "disk", reason, restored_extra)

@@ -8,7 +8,12 @@
 
 from __future__ import annotations
 
-from scout_core.config.checks import ON_HANG_ACTIONS, RECIPES, RESERVED_EXIT_CODES
+from scout_core.config.checks import (
+    ON_HANG_ACTIONS,
+    ON_SDC_ACTIONS,
+    RECIPES,
+    RESERVED_EXIT_CODES,
+)
 from scout_core.config.schema import Config, fields_doc
 from scout_core.config.sources import ENV_PREFIX, NON_CONFIG_ENV, NON_CONFIG_ENV_PREFIXES
 
@@ -16,6 +21,7 @@ __all__ = [
     "Config",
     "RECIPES",
     "ON_HANG_ACTIONS",
+    "ON_SDC_ACTIONS",
     "RESERVED_EXIT_CODES",
     "ENV_PREFIX",
     "NON_CONFIG_ENV",

@@ -37,6 +37,7 @@ from scout_core.errors import ConfigError
 __all__ = [
     "MAX_VARIANTS",
     "ON_HANG_ACTIONS",
+    "ON_SDC_ACTIONS",
     "RANGES",
     "RECIPES",
     "RESERVED_EXIT_CODES",
@@ -54,6 +55,9 @@ RECIPES: tuple[str, ...] = ("hidden", "embedding", "lm_head", "optimizer", "rout
 
 ON_HANG_ACTIONS: tuple[str, ...] = ("report", "dump_stacks", "terminate")
 """What the observer may do once it has a hang verdict."""
+
+ON_SDC_ACTIONS: tuple[str, ...] = ("recover", "terminate")
+"""What the job does when replay's SDC verdict makes the checkpoint gate select."""
 
 RESERVED_EXIT_CODES: Mapping[int, str] = {
     16: "Megatron-Core's rerun state machine exits 16 to ask for a restart on other hardware",
@@ -284,13 +288,23 @@ def _on_hang(name: str, value: str) -> None:
         )
 
 
+def _on_sdc(name: str, value: str) -> None:
+    if value not in ON_SDC_ACTIONS:
+        raise ConfigError(
+            f"key {name!r} must be one of {', '.join(ON_SDC_ACTIONS)}; got {shown(value)}"
+        )
+
+
+_EXIT_KIND = {"hang_exit_code": "hang ", "sdc_exit_code": "SDC "}
+
+
 def _exit_code(name: str, value: int) -> None:
     if not 1 <= value <= 255:
         raise ConfigError(f"key {name!r} must be an exit code in 1..255, got {shown(value)}")
     if value in RESERVED_EXIT_CODES:
         raise ConfigError(
             f"key {name!r} must not be {value}: {RESERVED_EXIT_CODES[value]}, so a launcher "
-            f"would misread a SCOUT hang exit; reserved: "
+            f"would misread a SCOUT {_EXIT_KIND.get(name, '')}exit; reserved: "
             f"{', '.join(str(code) for code in sorted(RESERVED_EXIT_CODES))}"
         )
 
@@ -307,6 +321,8 @@ _RULES: dict[str, Callable[[str, Any], None]] = {
     "observer_port": _port,
     "on_hang": _on_hang,
     "hang_exit_code": _exit_code,
+    "on_sdc": _on_sdc,
+    "sdc_exit_code": _exit_code,
     "checkpoint_dir": _nonempty,
     "moe_catalog": _nonempty,
     **{name: _in_range for name in RANGES},

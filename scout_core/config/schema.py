@@ -31,6 +31,7 @@ from typing import Any
 
 from scout_core.config.checks import RECIPES, check, field_names
 from scout_core.config.sources import env_overrides, read_file, values_from_mapping
+from scout_core.errors import ConfigError
 
 __all__ = ["Config", "fields_doc"]
 
@@ -169,6 +170,16 @@ class Config:
     """Exit code used by ``on_hang = "terminate"`` (1..255; not 16 or 17, which
     Megatron-Core uses, nor 93, which nvidia-resiliency-ext uses)."""
 
+    on_sdc: str = "recover"
+    """What to do when replay's SDC verdict makes the checkpoint gate select the
+    verified generation: ``recover`` (hold the selection until ``gate.recover``
+    restores it in place) or ``terminate`` (every rank exits with ``sdc_exit_code``
+    at that boundary, after torchelastic's error file, so the launcher restarts the
+    job and ``session.resume()`` restores verified; needs ``checkpoint_dir``)."""
+
+    sdc_exit_code: int = 87
+    """Exit code used by ``on_sdc = "terminate"`` (1..255; not 16, 17 or 93)."""
+
     gate: bool = True
     """Run the checkpoint gate at replay boundaries: keep latest / candidate / verified
     in-memory checkpoints, certify them by clean replay cycles, and let
@@ -192,6 +203,11 @@ class Config:
         for f in dataclasses.fields(self):
             value = check(type(self), f.name, getattr(self, f.name))
             object.__setattr__(self, f.name, value)
+        if self.on_sdc == "terminate" and self.checkpoint_dir is None:
+            raise ConfigError(
+                "key 'on_sdc' is 'terminate' but 'checkpoint_dir' is not set: the restarted "
+                "job could only resume from a durable verified generation"
+            )
 
     # -- resolved views ---------------------------------------------------------------
 

@@ -329,6 +329,15 @@ class Gate:
         else:
             self.latest = step
 
+    def resumed(self, step: int) -> None:
+        """A fresh job restored the verified generation ``step`` from disk (a restart).
+
+        It is both verified and latest; nothing newer is trusted and the cycle restarts.
+        """
+        self.latest = self.verified = step
+        self.candidate = None
+        self._accepted.clear()
+
     def retrieve(
         self,
         failure: Failure | None,

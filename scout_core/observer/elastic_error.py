@@ -1,6 +1,7 @@
 """The culprit in torchrun's "Root Cause": torchelastic's error file, written at terminate.
 
-With ``on_hang = "terminate"`` every trainer of the job exits with the hang exit code.
+With ``on_hang = "terminate"`` every trainer of the job exits with the hang exit code
+(and with ``on_sdc = "terminate"`` with the SDC exit code, :mod:`scout_core.session`).
 Under torchrun (torchelastic) each worker has ``TORCHELASTIC_ERROR_FILE`` set; the
 agent reads the file of the failed worker whose error is oldest and prints it as the
 job's *Root Cause*. Without it torchrun prints ``error_file: <N/A>`` and a bare exit
@@ -34,11 +35,13 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 log = logging.getLogger(__name__)
 
 
-def terminate_message(verdicts: Sequence[Record], rank: int, exit_code: int) -> str:
+def terminate_message(
+    verdicts: Sequence[Record], rank: int, exit_code: int, why: str = "on_hang=terminate"
+) -> str:
     """What a terminating trainer says: who SCOUT named, and why this rank exits."""
     lines = [line for v in verdicts if (line := attribution_line(v, rank)) is not None]
     named = "; ".join(lines) or "no culprit was localized"
-    return f"SCOUT terminated the job (on_hang=terminate, exit code {exit_code}): {named}"
+    return f"SCOUT terminated the job ({why}, exit code {exit_code}): {named}"
 
 
 def write_error_file(
@@ -46,13 +49,15 @@ def write_error_file(
     rank: int,
     exit_code: int,
     env: Mapping[str, str] | None = None,
+    *,
+    why: str = "on_hang=terminate",
 ) -> Path | None:
     """Log the terminate message at ERROR and write torchelastic's error file, if one is set.
 
     Returns the file written, or ``None`` outside torchelastic or when it could not be
     written (logged; the trainer exits either way).
     """
-    message = terminate_message(verdicts, rank, exit_code)
+    message = terminate_message(verdicts, rank, exit_code, why)
     log.error("%s", message)
     target = (os.environ if env is None else env).get(ERROR_FILE_ENV)
     if not target:

@@ -50,6 +50,8 @@ EXPECTED_DEFAULTS = {
     "observer_join_timeout_s": 30.0,
     "on_hang": "report",
     "hang_exit_code": 86,
+    "on_sdc": "recover",
+    "sdc_exit_code": 87,
     "gate": True,
     "checkpoint_dir": None,
     "catalog_size": None,
@@ -458,7 +460,8 @@ def test_every_numeric_key_documents_its_sane_range() -> None:
     numeric = {
         f.name
         for f in dataclasses.fields(Config)
-        if str(f.type).split(" |")[0] in {"int", "float"} and f.name != "hang_exit_code"
+        if str(f.type).split(" |")[0] in {"int", "float"}
+        and f.name not in {"hang_exit_code", "sdc_exit_code"}
     }
     assert numeric - {"observer_port"} == set(RANGES)
     for name in RANGES:
@@ -510,3 +513,13 @@ def test_configuration_doc_examples_load(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     print(_table())
+
+
+def test_on_sdc_terminate_needs_a_checkpoint_dir_and_a_free_exit_code() -> None:
+    assert Config(on_sdc="terminate", checkpoint_dir="ckpt").sdc_exit_code == 87
+    with pytest.raises(ConfigError, match="'checkpoint_dir' is not set"):
+        Config(on_sdc="terminate")
+    with pytest.raises(ConfigError, match="on_sdc"):
+        Config(on_sdc="restart")
+    with pytest.raises(ConfigError, match=r"must not be 93.*SCOUT SDC exit"):
+        Config(sdc_exit_code=93)

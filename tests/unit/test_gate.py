@@ -181,3 +181,13 @@ def test_after_restore_of_verified_discards_newer_generations() -> None:
     assert (gate.latest, gate.candidate, gate.verified) == (3, 3, 2)
     gate.after_restore(Selection.VERIFIED, 2)
     assert (gate.latest, gate.candidate, gate.verified, gate.q) == (2, None, 2, 0)
+
+
+def test_resumed_after_a_restart_trusts_only_the_restored_generation() -> None:
+    gate = Gate(2)
+    gate.resumed(7)  # a fresh job restored verified step 7 from disk
+    assert (gate.latest, gate.candidate, gate.verified, gate.q) == (7, None, 7, 0)
+    boundary([gate], 8, [Outcome.CLEAN], 0)
+    boundary([gate], 9, [Outcome.CLEAN], 1)  # cycle closes: 9 is the candidate
+    assert (gate.latest, gate.candidate, gate.verified) == (9, 9, 7)
+    assert retrieval(Failure.SDC, latest=gate.latest, verified=gate.verified).step == 7
