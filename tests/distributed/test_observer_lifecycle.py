@@ -90,13 +90,13 @@ def watchdog_body() -> list[str]:
     from scout_core.errors import ConfigError
     from scout_core.observer import check_watchdog
 
-    short = dist.new_group(backend="gloo", timeout=timedelta(seconds=8))
+    short = dist.new_group(backend="gloo", timeout=timedelta(seconds=9))
     outcomes = []
     for hang, stage, join, group in [
         (10.0, None, 20.0, None),
         (60.0, None, 20.0, None),
-        (2.0, None, 0.5, short),
-        (2.0, 4.0, 0.5, short),
+        (2.0, None, 1.0, short),  # 2 + 1 + 5 s margin < 9 s
+        (2.0, 4.0, 1.0, short),  # the stage timeout: 4 + 1 + 5 >= 9 s
         (2.0, None, 30.0, None),
         (2.0, None, 35.0, None),  # a round may wait the join timeout for a silent peer
     ]:
