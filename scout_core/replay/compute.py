@@ -24,7 +24,7 @@ from torch import nn
 
 from scout_core.integration.adapter import RngStream
 from scout_core.replay.capture import Capture, flatten, unflatten
-from scout_core.replay.gaps import Gap, evidence
+from scout_core.replay.gaps import evidence, first_gap
 from scout_core.replay.scope import Interval, deterministic_scope, device_of, rng_scope
 
 __all__ = ["Call", "Inputs", "replay_module"]
@@ -125,14 +125,5 @@ def replay_module(
         "param_grad": evidence(p_grads, expected=wants_params),
         "t_M": timer.seconds,
     }
-    gap = Gap.NONE
-    for surface, code in (
-        ("forward", Gap.NO_OUTPUTS),
-        ("param_grad", Gap.NO_PARAM_GRADS),
-        ("input_grad", Gap.NO_INPUT_GRADS),
-    ):
-        if values[surface] is None:
-            gap = code
-            break
-    values["gap"] = int(gap)
+    values["gap"] = int(first_gap(values))
     return values

@@ -55,7 +55,7 @@ from scout_core.decision.c3 import C3Result, Surface, exchange
 from scout_core.integration.adapter import ModuleRef
 from scout_core.moe.catalog_set import CatalogSet
 from scout_core.replay.compute import Call
-from scout_core.replay.gaps import Gap, evidence
+from scout_core.replay.gaps import Gap, evidence, first_gap
 from scout_core.replay.packing import sign
 from scout_core.replay.runner import Materialize, RoundOutcome, payload_device, timed_broadcast
 from scout_core.replay.schedule import Recipe
@@ -271,14 +271,5 @@ class ExpertRunner:
             "param_grad": evidence(p_grads, expected=True),
             "t_M": timer.seconds,
         }
-        gap = Gap.NONE
-        for surface, code in (
-            ("forward", Gap.NO_OUTPUTS),
-            ("param_grad", Gap.NO_PARAM_GRADS),
-            ("input_grad", Gap.NO_INPUT_GRADS),
-        ):
-            if values[surface] is None:
-                gap = code
-                break
-        values["gap"] = int(gap)
+        values["gap"] = int(first_gap(values))
         return values

@@ -25,7 +25,7 @@ import torch
 
 from scout_core.replay.packing import sign
 
-__all__ = ["Gap", "describe", "evidence"]
+__all__ = ["Gap", "describe", "evidence", "first_gap"]
 
 
 class Gap(IntEnum):
@@ -73,3 +73,16 @@ def evidence(tensors: Iterable[torch.Tensor | None], *, expected: bool) -> int |
     if expected and all(t is None for t in items):
         return None
     return sign(items)
+
+
+def first_gap(values: Mapping[str, object]) -> Gap:
+    """The gap of a replay's results: the first of its forward, parameter-gradient and
+    input-gradient evidence that is missing (``None``), else :attr:`Gap.NONE`."""
+    for surface, code in (
+        ("forward", Gap.NO_OUTPUTS),
+        ("param_grad", Gap.NO_PARAM_GRADS),
+        ("input_grad", Gap.NO_INPUT_GRADS),
+    ):
+        if values[surface] is None:
+            return code
+    return Gap.NONE
