@@ -47,7 +47,6 @@ def _verdicts(report: Path) -> list[Any]:
     return list(load_report(report).verdicts()) if report.exists() else []
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_enable_from_a_short_lived_thread_keeps_the_observers(tmp_path: Path) -> None:
     results = run_ranks(enable_from_thread, 3, args=(str(tmp_path), 5), timeout_s=150)
@@ -57,7 +56,6 @@ def test_enable_from_a_short_lived_thread_keeps_the_observers(tmp_path: Path) ->
     assert _verdicts(tmp_path) == []
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_killing_rank_0_observer_in_a_healthy_run_attributes_nothing(tmp_path: Path) -> None:
     results = run_ranks(killed_observer, 4, args=(str(tmp_path), 0, -1, 12), timeout_s=150)
@@ -79,7 +77,6 @@ def test_dead_observer_then_a_real_stall_names_the_stalled_rank(tmp_path: Path) 
         assert [(f, o) for f, o, _ in r["verdicts"]] == [("hang", [1])], r
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("victim", [2, 0])
 @pytest.mark.timeout(240)
 def test_a_dead_peer_gives_one_record_through_the_callback(victim: int, tmp_path: Path) -> None:
@@ -148,7 +145,6 @@ def test_teardown_after_a_verdict_attributes_nothing_new(tmp_path: Path) -> None
     assert all(v.time < seen["kill"] for v in verdicts)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_jobs_on_adjacent_master_ports_run_clean_with_separate_reports(tmp_path: Path) -> None:
     port = free_port_run(3)
