@@ -81,7 +81,7 @@ def override(
 
     rank = dist.get_rank()
     handler = _Logs()
-    logging.getLogger("scout").addHandler(handler)
+    logging.getLogger("scout_core").addHandler(handler)
     wrapped, model, mesh = build(setup)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
     if before_enable and rank == rank_with:
@@ -97,7 +97,7 @@ def override(
             train_step(wrapped, opt, step, data_rank(setup, rank))
         verdicts = [r.to_dict() for r in session.verdicts]
         overrides = dict(session.replay.runner.overrides) if session.replay else {}
-    logging.getLogger("scout").removeHandler(handler)
+    logging.getLogger("scout_core").removeHandler(handler)
     return {
         "verdicts": verdicts,
         "rounds": len(log),

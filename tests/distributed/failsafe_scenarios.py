@@ -72,7 +72,7 @@ class Job:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.seen: list[Any] = []
         self.log = _Logged()
-        logging.getLogger("scout").addHandler(self.log)
+        logging.getLogger("scout_core").addHandler(self.log)
         fields: dict[str, Any] = {
             "report_dir": report_dir,
             "run_id": "failsafe",

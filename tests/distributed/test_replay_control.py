@@ -135,8 +135,8 @@ def test_collectives_of_one_round_and_of_an_idle_step() -> None:
     # Default cadence (every recipe every 20 steps, spread: optimizer at 4, LM head at 9,
     # embedding at 14, a hidden layer at 19). A due step runs one recipe: readiness,
     # payload broadcast and result exchange on the peer group, plus the checkpoint
-    # gate's one job-wide combine; a step where nothing is due runs no collective and
-    # carries no capture hook.
+    # gate's one job-wide combine and the incident desk's job-wide "any records?" flag;
+    # a step where nothing is due runs no collective and carries no capture hook.
     from control_scenarios import count_collectives
 
     (res, *_) = run_ranks(count_collectives, 4, args=(25, {}), timeout_s=200, env=ENV)
@@ -149,7 +149,13 @@ def test_collectives_of_one_round_and_of_an_idle_step() -> None:
         19: ["hidden"],
         24: ["optimizer"],
     }
-    round_calls = ["all_gather_single", "broadcast", "all_gather_single", "all_reduce"]
+    round_calls = [
+        "all_gather_single",
+        "broadcast",
+        "all_gather_single",
+        "all_reduce",
+        "all_reduce",
+    ]
     for step, calls in enumerate(res["calls"]):
         assert calls == (round_calls if step in due else []), (step, calls)
     # Capture hooks exist only during an iteration whose layer recipe is due.
