@@ -129,7 +129,7 @@ def test_activation_conformance_and_bad_sections(tmp_path: Path) -> None:
     for out in results:
         assert "unknown key 'replay_intervall'" in out["unknown"]
         assert "'replay_interval' must be in 1..1,000,000, got -3" in out["negative"]
-        assert "'kappa' must be a finite number > 0" in out["file"]
+        assert "'kappa' must be > 0 and <= 100, got 0.0" in out["file"]
         for name in ("absent", "disabled"):
             assert out[name]["session"] and not out[name]["adapter"]
             assert out[name]["hooks"] == 0

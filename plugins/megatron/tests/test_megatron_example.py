@@ -41,7 +41,7 @@ def _run(tmp_path: Path, inject: str, steps: int) -> list[str]:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.rstrip().endswith("done"), proc.stdout[-2000:]
     # evidence files: written by the ranks of the group that reached a verdict (not always 0)
-    assert sorted((tmp_path / "report").glob("rank-*.jsonl")), "no evidence written"
+    assert sorted((tmp_path / "report").glob("*/rank-*.jsonl")), "no evidence written"
     return [line for line in proc.stdout.splitlines() if line.startswith("SCOUT verdict:")]
 
 

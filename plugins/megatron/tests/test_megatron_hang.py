@@ -48,7 +48,7 @@ def _first_hang(report: Path, timeout: float) -> float | None:
     """When a hang record first appears in any rank's evidence file (monotonic), or None."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for path in report.glob("rank-*.jsonl"):
+        for path in report.glob("*/rank-*.jsonl"):
             with contextlib.suppress(OSError, json.JSONDecodeError):
                 for line in path.read_text(encoding="utf-8").splitlines():
                     if json.loads(line).get("failure") == "hang":
