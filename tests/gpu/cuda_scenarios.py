@@ -20,13 +20,16 @@ from scout_core.testing.models import VOCAB, TinyLM, batch
 
 
 def gpu_sleep_cycles(seconds: float) -> int:
-    """Clock cycles of ``torch.cuda._sleep`` that keep the GPU busy about ``seconds``."""
-    probe = 10_000_000
-    torch.cuda.synchronize()
-    t0 = time.monotonic()
-    torch.cuda._sleep(probe)  # type: ignore[no-untyped-call]  # unannotated in torch
-    torch.cuda.synchronize()
-    return int(probe * seconds / (time.monotonic() - t0))
+    """Clock cycles of ``torch.cuda._sleep`` that keep the GPU busy about ``seconds``
+    (measured after a warm-up launch, which pays CUDA's lazy start-up)."""
+    probe = 50_000_000
+    for _ in range(2):  # the first round warms up; the second is measured
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        torch.cuda._sleep(probe)  # type: ignore[no-untyped-call]  # unannotated in torch
+        torch.cuda.synchronize()
+        took = time.monotonic() - t0
+    return int(probe * seconds / took)
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int, device: str) -> None:

@@ -26,13 +26,17 @@ pytestmark = [
 ]
 
 WORLD = 3
-ENV = {"OMP_NUM_THREADS": "1"}
+ENV = {"OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+"""As ``docs/replay.md`` asks of a CUDA launch: the cuBLAS workspace is set before CUDA
+starts (the model is on the GPU before ``enable``)."""
 
 
-def _run(fault: str, victim: int, steps: int, scout: bool = True) -> list[Any]:
+def _run(
+    fault: str, victim: int, steps: int, scout: bool = True, env: dict[str, str] = ENV
+) -> list[Any]:
     from cuda_scenarios import scenario
 
-    return run_ranks(scenario, WORLD, args=(fault, victim, steps, scout), timeout_s=240, env=ENV)
+    return run_ranks(scenario, WORLD, args=(fault, victim, steps, scout), timeout_s=240, env=env)
 
 
 def _named(results: list[Any]) -> set[tuple[str, tuple[int, ...]]]:
@@ -81,6 +85,19 @@ def test_clean_cuda_training_is_bitwise_identical_with_scout_on() -> None:
     off = _run("none", victim=0, steps=6, scout=False)
     assert not _named(on)
     assert [r["state"] for r in on] == [r["state"] for r in off]
+
+
+@pytest.mark.timeout(300)
+def test_enable_after_cuda_started_without_a_cublas_workspace_refuses_on_every_rank() -> None:
+    # The model is on the GPU before enable, and the launch did not set the workspace:
+    # every rank refuses at enable, naming the variable, instead of replaying rounds
+    # that would all end inconclusive.
+    from scout_core.testing.harness import RankFailedError
+
+    with pytest.raises(RankFailedError) as failed:
+        _run("none", victim=0, steps=2, env={**ENV, "CUBLAS_WORKSPACE_CONFIG": ""})
+    text = str(failed.value)
+    assert text.count("ConfigError: CUBLAS_WORKSPACE_CONFIG is '' and CUDA is already") == WORLD
 
 
 def test_cuda_initialised_without_a_cublas_workspace_is_refused_by_name() -> None:
