@@ -80,9 +80,13 @@ def scout_moe(
     A fault ``{"rank", "step", "kind", ...}`` acts on one rank after that step's
     optimizer step: ``expert_weight`` adds 1.0 to an element of one local expert's
     ``up.weight`` in MoE layer ``layer`` (persistent); ``router_weight`` adds 1.0 to
-    an element of that layer's router gate weight.
+    an element of that layer's router gate weight; ``slow_a2a`` makes the rank late by
+    ``seconds`` into every replayed all-to-all from that step on
+    (:meth:`~scout_core.testing.Trigger.delay_all_to_all`).
     """
     import scout_core as scout
+    from scout_core.testing import Faults
+    from scout_core.topology.groups import is_diagnostic
     from scout_core.topology.mesh import MeshLayout
 
     rank = dist.get_rank()
@@ -98,7 +102,19 @@ def scout_moe(
     fired: list[Any] = []
     log: list[Any] = []
     trace: list[Any] = []
+    injected = Faults()
+    for f in faults:
+        if f["kind"] == "slow_a2a":
+            slow = range(f["step"], steps)
+            injected.at(rank=f["rank"], steps=slow).delay_all_to_all(f["seconds"])
+    injected.attach(model, opt)
+    faults = [f for f in faults if f["kind"] != "slow_a2a"]
     with scout.enable(model, opt, config=base, mesh=mesh) as session:
+        a2a = session.replay.all_to_all
+        if a2a.targets:  # SCOUT's own EP group, never the model's training one
+            assert a2a.ep is not None and is_diagnostic(a2a.ep.pg)
+            assert a2a.ep.pg is not parallel.ep_group and a2a.ep.pg is not dist.group.WORLD
+            assert a2a.ep.ranks == tuple(dist.get_process_group_ranks(parallel.ep_group))
         session.on_boundary(lambda b: log.append([b.step, [r.kind for r in b.due]]))
         for step in range(steps):
             moe_train_step(model, opt, step, rank, parallel)
@@ -117,6 +133,8 @@ def scout_moe(
                 trace.append([step, g.latest, g.candidate, g.verified])
         verdicts = [r.to_dict() for r in session.verdicts]
         catalog = [[r.kind, r.path] for r in session.replay.schedule.catalog]
+    injected.detach()
+    fired += [[kind, step] for kind, _, step in injected.fired()]
     return {
         "verdicts": verdicts,
         "fired": fired,
