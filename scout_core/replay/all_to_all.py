@@ -19,12 +19,15 @@ group is this rank's replica's EP ranks)
    this rank inside an all-to-all.
 2. The peer group's source **broadcasts a seed** (8 bytes, timed: ``t_bcast``). Each
    EP position has its own seed; every replica's rank at that position has the same.
-3. Each rank draws its **plan** (rows to each EP destination, ``1..rows``) and its
-   payload (one block of rows per destination, ``width`` wide, in the layer's dtype)
-   from its seed, sends the row counts (an all-to-all of counts, like a dispatch's
-   split exchange), then **dispatch** (timed) and **combine** (the received rows go
-   back, timed).
-4. The EP members all-gather their two in-call times (:func:`lateness`).
+3. Each rank draws its **plan** (rows to each EP destination, ``1..rows``) from its
+   seed and sends the row counts (an all-to-all of counts, like a dispatch's split
+   exchange). Then it draws its payload (one block of rows per destination, ``width``
+   wide, in the layer's dtype), and runs the **dispatch** (timed) and the **combine**
+   (the received rows go back, timed).
+4. The EP members all-gather their two in-call times (:func:`lateness`) and whether
+   each built its payload: a member that could not sends zeros of the planned size,
+   and every member of that EP group then reports a gap instead of evidence, so no
+   partner that received the zeros is blamed.
 5. **One exchange** on the peer group: exact signatures of the seed, the counts
    received (``plan``), the rows received (``dispatch``) and returned (``combine``),
    the gap code, and the statistical ``t_late``, ``t_a2a`` and ``t_bcast``.
@@ -244,34 +247,41 @@ class AllToAllRunner:
             return target.device, self.ep.payload_pg
         return torch.device("cpu"), self.ep.pg
 
-    def _payload(self, target: AllToAllTarget, seed: int) -> tuple[list[int], torch.Tensor]:
-        """This rank's plan (rows per EP destination) and rows, drawn from its seed."""
+    def _plan(self, seed: int) -> list[int]:
+        """Rows this rank sends each EP destination, drawn from its seed."""
         assert self.ep is not None
         plan = torch.randint(1, self.rows + 1, (self.ep.size,), generator=_generator(seed, 0))
+        return [int(n) for n in plan.tolist()]
+
+    def _payload(
+        self, target: AllToAllTarget, seed: int, send: Sequence[int], device: torch.device
+    ) -> torch.Tensor:
+        """The rows for each EP destination, drawn from the seed (the local work before a
+        dispatch: a rank that is slow at it reaches the dispatch late)."""
         blocks = [
-            torch.randn(int(n), target.width, generator=_generator(seed, 1 + q))
-            for q, n in enumerate(plan.tolist())
+            torch.randn(n, target.width, generator=_generator(seed, 1 + q))
+            for q, n in enumerate(send)
         ]
-        return [int(n) for n in plan.tolist()], torch.cat(blocks).to(target.dtype)
+        return torch.cat(blocks).to(device=device, dtype=target.dtype)
 
     def _exchange(self, target: AllToAllTarget, seed: int) -> dict[str, Any]:
         """Plan, dispatch and combine on the EP group, then the in-call times.
         Collective over the EP group whatever happens locally: a rank that cannot build
-        its payload sends no rows and reports why (``gap``)."""
+        its payload sends zeros of the planned size and reports why (``gap``)."""
         assert self.ep is not None
         device, pg = self._device(target)
         values: dict[str, Any] = {"received": sign([torch.tensor([seed], dtype=torch.int64)])}
-        try:
-            send, rows = self._payload(target, seed)
-        except Exception as exc:  # evidence goes missing; peers read inconclusive
-            log.warning("all-to-all payload of %s failed on this rank: %s", target.layer, exc)
-            values["gap"] = int(Gap.RAISED)
-            send, rows = [0] * self.ep.size, torch.empty(0, target.width, dtype=target.dtype)
-        rows = rows.to(device)
+        send = self._plan(seed)
         counts = torch.tensor(send, dtype=torch.int64, device=device)
         got = torch.empty_like(counts)
         dist.all_to_all_single(got, counts, group=pg)
         recv = [int(n) for n in got.tolist()]
+        try:
+            rows = self._payload(target, seed, send, device)
+        except Exception as exc:  # evidence goes missing; peers read inconclusive
+            log.warning("all-to-all payload of %s failed on this rank: %s", target.layer, exc)
+            values["gap"] = int(Gap.RAISED)
+            rows = torch.zeros(sum(send), target.width, dtype=target.dtype, device=device)
         timer = Interval(device)
         dispatched = rows.new_empty((sum(recv), target.width))
         taps.sleep_injected(TAP)  # an injected late arrival: before the call, not in it
@@ -282,13 +292,17 @@ class AllToAllRunner:
         taps.sleep_injected(TAP)
         with timer.timing():
             dist.all_to_all_single(returned, dispatched, send, recv, group=pg)
-        mine = torch.tensor([t_dispatch, timer.seconds - t_dispatch], dtype=torch.float64)
+        failed = float("gap" in values)
+        mine = torch.tensor([t_dispatch, timer.seconds - t_dispatch, failed], dtype=torch.float64)
         everyone = [torch.empty_like(mine) for _ in self.ep.ranks]
         dist.all_gather(everyone, mine, group=self.ep.pg)
-        times = [t.tolist() for t in everyone]
-        late, a2a = lateness(times, self.ep.index_of(dist.get_rank()))
         if "gap" in values:
             return values
+        if any(t[2].item() for t in everyone):  # a partner sent zeros: nothing comparable
+            values["gap"] = int(Gap.PARTNER_RAISED)
+            return values
+        times = [t[:2].tolist() for t in everyone]
+        late, a2a = lateness(times, self.ep.index_of(dist.get_rank()))
         values.update(
             plan=sign([got.cpu()]),
             dispatch=sign([dispatched.cpu()]),

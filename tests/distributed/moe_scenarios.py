@@ -72,6 +72,29 @@ def write_catalog(path: str, specs: Any, tokens_per_rank: int, ep_size: int) -> 
     return len(targets)
 
 
+def _arm_all_to_all(session: Any, parallel: Any, broken: set[int], fired: list[Any]) -> None:
+    """Check that all-to-all replay talks on SCOUT's own EP group (never the model's
+    training EP group or WORLD), and make this rank's payload raise at ``broken`` steps."""
+    from scout_core.topology.groups import is_diagnostic
+
+    a2a = session.replay.all_to_all
+    if a2a.targets:
+        assert a2a.ep is not None and is_diagnostic(a2a.ep.pg)
+        assert a2a.ep.pg is not parallel.ep_group and a2a.ep.pg is not dist.group.WORLD
+        assert a2a.ep.ranks == tuple(dist.get_process_group_ranks(parallel.ep_group))
+    if broken:
+        payload = a2a._payload
+
+        def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if session.step in broken:
+                fired.append(["a2a_payload_fails", session.step])
+                raise RuntimeError("injected payload failure")
+            out: torch.Tensor = payload(*args, **kwargs)
+            return out
+
+        a2a._payload = failing
+
+
 def scout_moe(
     specs_name: str, faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any]
 ) -> dict[str, Any]:
@@ -82,11 +105,11 @@ def scout_moe(
     ``up.weight`` in MoE layer ``layer`` (persistent); ``router_weight`` adds 1.0 to
     an element of that layer's router gate weight; ``slow_a2a`` makes the rank late by
     ``seconds`` into every replayed all-to-all from that step on
-    (:meth:`~scout_core.testing.Trigger.delay_all_to_all`).
+    (:meth:`~scout_core.testing.Trigger.delay_all_to_all`); ``a2a_payload_fails`` makes
+    the rank's replayed all-to-all payload raise at that step's round.
     """
     import scout_core as scout
     from scout_core.testing import Faults
-    from scout_core.topology.groups import is_diagnostic
     from scout_core.topology.mesh import MeshLayout
 
     rank = dist.get_rank()
@@ -108,13 +131,10 @@ def scout_moe(
             slow = range(f["step"], steps)
             injected.at(rank=f["rank"], steps=slow).delay_all_to_all(f["seconds"])
     injected.attach(model, opt)
-    faults = [f for f in faults if f["kind"] != "slow_a2a"]
+    broken = {f["step"] for f in faults if f["kind"] == "a2a_payload_fails" and f["rank"] == rank}
+    faults = [f for f in faults if f["kind"] not in ("slow_a2a", "a2a_payload_fails")]
     with scout.enable(model, opt, config=base, mesh=mesh) as session:
-        a2a = session.replay.all_to_all
-        if a2a.targets:  # SCOUT's own EP group, never the model's training one
-            assert a2a.ep is not None and is_diagnostic(a2a.ep.pg)
-            assert a2a.ep.pg is not parallel.ep_group and a2a.ep.pg is not dist.group.WORLD
-            assert a2a.ep.ranks == tuple(dist.get_process_group_ranks(parallel.ep_group))
+        _arm_all_to_all(session, parallel, broken, fired)
         session.on_boundary(lambda b: log.append([b.step, [r.kind for r in b.due]]))
         for step in range(steps):
             moe_train_step(model, opt, step, rank, parallel)

@@ -40,24 +40,48 @@ def _verdicts(results: list[Any]) -> list[dict[str, Any]]:
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in results:
         for v in r["verdicts"]:
-            seen[(v["step"], v["surface"], v["failure"], tuple(v["outliers"]))] = v
+            key = (v["step"], v["surface"], v["failure"], tuple(v["outliers"]), tuple(v["group"]))
+            seen[key] = v
     return [seen[k] for k in sorted(seen, key=str)]
 
 
-def _slow_case(world: int) -> None:
+def _slow_case(world: int, broken: int | None = None) -> None:
     """Rank 2 is late by 0.25 s into every replayed all-to-all from step 1 on. Its EP
     partner (rank 3) waits inside the same calls, so rank 3's time in the call is the
-    longest of its position; only the lateness names the right rank."""
+    longest of its position; only the lateness names the right rank.
+
+    With ``broken``, that rank (at the other EP position, in another EP group) cannot
+    build its payload at step 3: it sends zeros, and its EP partner, which received
+    them, must not be blamed: both positions read that round inconclusive."""
     cfg = {"recipes": ["all_to_all"], "all_to_all_interval": 1}
     faults = [{"rank": SLOW_RANK, "step": 1, "kind": "slow_a2a", "seconds": DELAY_S}]
+    if broken is not None:
+        faults.append({"rank": broken, "step": 3, "kind": "a2a_payload_fails"})
     steps = 6
     results = _run(world, faults, steps, cfg)
+    verdicts = _verdicts(results)
+    gaps = [v for v in verdicts if v["status"] == "inconclusive"]
+    if broken is not None:
+        assert ["a2a_payload_fails", 3] in results[broken]["fired"]
+        # One gap record per position peer group, at step 3, naming who is missing what.
+        assert sorted((v["step"], v["surface"].rsplit("/", 1)[1]) for v in gaps) == [
+            (3, "gap"),
+            (3, "gap"),
+        ], gaps
+        partner = broken - 1 if broken % 2 else broken + 1
+        missing = {r: why for v in gaps for r, why in v["detail"]["missing"].items()}
+        assert missing == {
+            str(broken): "the replayed call raised",
+            str(partner): "an EP partner's part of the replayed all-to-all failed",
+        }
+    assert not gaps or broken is not None, gaps
+    results_verdicts = [v for v in verdicts if v["status"] != "inconclusive"]
     assert {s for kind, s in results[SLOW_RANK]["fired"] if kind == "collective"} == set(
         range(1, steps)
     )
     catalog = results[0]["catalog"]
     assert catalog == [["all_to_all", "layers.0.moe"], ["all_to_all", "layers.1.moe"]]
-    verdicts = _verdicts(results)
+    verdicts = results_verdicts
     assert verdicts, "the late rank was not found"
     # Every verdict is a rank-scoped comm_straggler naming rank 2 on its lateness.
     for v in verdicts:
@@ -68,15 +92,17 @@ def _slow_case(world: int) -> None:
         late = v["detail"]["evidence"][v["group"].index(SLOW_RANK)]
         assert late >= 1.5 * DELAY_S, v  # late twice a round: dispatch and combine
     # Confirmed after straggler_rounds (2) consecutive rounds of the all_to_all series:
-    # the fault starts at step 1, so step 2 is the first it can be.
+    # the fault starts at step 1, so step 2 is the first it can be. A round whose
+    # lateness went missing (step 3 with ``broken``) neither confirms nor clears.
     assert min(v["step"] for v in verdicts) == 2
-    assert {v["step"] for v in verdicts} == set(range(2, steps))
+    expected = set(range(2, steps)) - ({3} if broken is not None else set())
+    assert {v["step"] for v in verdicts} == expected
     named = {r for v in verdicts for r in v["outliers"]}
     assert named == {SLOW_RANK}  # never the partner that waited (rank 3), nor anyone else
 
 
 def test_late_all_to_all_names_the_rank_ep2_by_expert_dp3() -> None:
-    _slow_case(6)
+    _slow_case(6, broken=5)
 
 
 @pytest.mark.slow
