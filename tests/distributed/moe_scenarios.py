@@ -105,8 +105,9 @@ def scout_moe(
     ``up.weight`` in MoE layer ``layer`` (persistent); ``router_weight`` adds 1.0 to
     an element of that layer's router gate weight; ``slow_a2a`` makes the rank late by
     ``seconds`` into every replayed all-to-all from that step on
-    (:meth:`~scout_core.testing.Trigger.delay_all_to_all`); ``a2a_payload_fails`` makes
-    the rank's replayed all-to-all payload raise at that step's round.
+    (:meth:`~scout_core.testing.injectors.Trigger.delay_all_to_all`);
+    ``a2a_payload_fails`` makes the rank's replayed all-to-all payload raise at that
+    step's round.
     """
     import scout_core as scout
     from scout_core.testing import Faults

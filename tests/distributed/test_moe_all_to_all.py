@@ -4,9 +4,10 @@ Each MoE layer's dispatch and combine are replayed on SCOUT's own EP groups
 (``{0,1}``, ``{2,3}``, ...) with a plan and payload drawn from seeds broadcast on the
 expert-DP peer groups (``{0,2,4}``, ``{1,3,5}``), which compare what they received
 exactly and their lateness into the exchange statistically. One rank made late into
-every replayed all-to-all (:meth:`scout_core.testing.Trigger.delay_all_to_all`) is a
-rank-scoped ``comm_straggler`` naming it, and nobody else: not its EP partner, which
-waited for it in the very same calls.
+every replayed all-to-all
+(:meth:`scout_core.testing.injectors.Trigger.delay_all_to_all`) is a rank-scoped
+``comm_straggler`` naming it, and nobody else: not its EP partner, which waited for
+it in the very same calls.
 
 CI runs 6 ranks (EP 2 x expert-DP 3, the smallest layout where a position peer group
 can name a rank); the 8-rank acceptance layout (EP 2 x expert-DP 4) runs under

@@ -143,3 +143,24 @@ def test_targets_take_the_router_width_and_the_experts_dtype() -> None:
     targets = all_to_all_targets(found.routers, found.experts)
     assert list(targets) == ["layers.0.moe", "layers.1.moe"]
     assert {(t.width, t.dtype) for t in targets.values()} == {(24, torch.float64)}
+
+
+def test_the_track_is_synthetic_and_one_rotating_series() -> None:
+    from scout_core.replay.schedule import Schedule, Track
+
+    sched = Schedule(
+        layers=[],
+        embedding=None,
+        lm_head=None,
+        optimizer=False,
+        intervals={},
+        recipes=(),
+        variants=1,
+        tracks=[Track(ALL_TO_ALL, 1, ("layers.0.moe", "layers.1.moe"))],
+    )
+    assert [r.path for r in (sched.due(0)[0], sched.due(1)[0])] == ["layers.0.moe", "layers.1.moe"]
+    assert sched.modules_due(0) == set()  # nothing to capture: the payload is synthetic
+    recipes = [Recipe(ALL_TO_ALL, f"layers.{i}.moe", i) for i in range(2)]
+    assert [r.name for r in recipes] == ["all_to_all/layers.0.moe", "all_to_all/layers.1.moe"]
+    # The layers' rounds form one timing series: a late rank's streak runs across them.
+    assert {r.series for r in recipes} == {"all_to_all"}
