@@ -72,9 +72,16 @@ def write_catalog(path: str, specs: Any, tokens_per_rank: int, ep_size: int) -> 
     return len(targets)
 
 
-def _arm_all_to_all(session: Any, parallel: Any, broken: set[int], fired: list[Any]) -> None:
+A2A_PAYLOAD = ("a2a_payload_fails", "a2a_corrupt_send")
+"""Faults on this rank's replayed all-to-all payload, keyed by kind."""
+
+
+def _arm_all_to_all(
+    session: Any, parallel: Any, payload_faults: dict[int, str], fired: list[Any]
+) -> None:
     """Check that all-to-all replay talks on SCOUT's own EP group (never the model's
-    training EP group or WORLD), and make this rank's payload raise at ``broken`` steps."""
+    training EP group or WORLD), and arm this rank's payload faults (step → kind)."""
+    from scout_core.testing import flip_bit
     from scout_core.topology.groups import is_diagnostic
 
     a2a = session.replay.all_to_all
@@ -82,17 +89,21 @@ def _arm_all_to_all(session: Any, parallel: Any, broken: set[int], fired: list[A
         assert a2a.ep is not None and is_diagnostic(a2a.ep.pg)
         assert a2a.ep.pg is not parallel.ep_group and a2a.ep.pg is not dist.group.WORLD
         assert a2a.ep.ranks == tuple(dist.get_process_group_ranks(parallel.ep_group))
-    if broken:
+    if payload_faults:
         payload = a2a._payload
 
-        def failing(*args: Any, **kwargs: Any) -> torch.Tensor:
-            if session.step in broken:
-                fired.append(["a2a_payload_fails", session.step])
+        def faulty(*args: Any, **kwargs: Any) -> torch.Tensor:
+            kind = payload_faults.get(session.step)
+            if kind is not None:
+                fired.append([kind, session.step])
+            if kind == "a2a_payload_fails":
                 raise RuntimeError("injected payload failure")
             out: torch.Tensor = payload(*args, **kwargs)
+            if kind == "a2a_corrupt_send":  # row 0 goes to EP position 0
+                flip_bit(out, index=0, bit=0)
             return out
 
-        a2a._payload = failing
+        a2a._payload = faulty
 
 
 def scout_moe(
@@ -107,7 +118,8 @@ def scout_moe(
     ``seconds`` into every replayed all-to-all from that step on
     (:meth:`~scout_core.testing.injectors.Trigger.delay_all_to_all`);
     ``a2a_payload_fails`` makes the rank's replayed all-to-all payload raise at that
-    step's round.
+    step's round, ``a2a_corrupt_send`` flips the lowest bit of its first row (sent to EP
+    position 0).
     """
     import scout_core as scout
     from scout_core.testing import Faults
@@ -132,10 +144,12 @@ def scout_moe(
             slow = range(f["step"], steps)
             injected.at(rank=f["rank"], steps=slow).delay_all_to_all(f["seconds"])
     injected.attach(model, opt)
-    broken = {f["step"] for f in faults if f["kind"] == "a2a_payload_fails" and f["rank"] == rank}
-    faults = [f for f in faults if f["kind"] not in ("slow_a2a", "a2a_payload_fails")]
+    payload_faults = {
+        f["step"]: f["kind"] for f in faults if f["kind"] in A2A_PAYLOAD and f["rank"] == rank
+    }
+    faults = [f for f in faults if f["kind"] != "slow_a2a" and f["kind"] not in A2A_PAYLOAD]
     with scout.enable(model, opt, config=base, mesh=mesh) as session:
-        _arm_all_to_all(session, parallel, broken, fired)
+        _arm_all_to_all(session, parallel, payload_faults, fired)
         session.on_boundary(lambda b: log.append([b.step, [r.kind for r in b.due]]))
         for step in range(steps):
             moe_train_step(model, opt, step, rank, parallel)

@@ -46,47 +46,52 @@ def _verdicts(results: list[Any]) -> list[dict[str, Any]]:
     return [seen[k] for k in sorted(seen, key=str)]
 
 
-def _slow_case(world: int, broken: int | None = None) -> None:
+def _slow_case(world: int, *, more: bool = False) -> None:
     """Rank 2 is late by 0.25 s into every replayed all-to-all from step 1 on. Its EP
     partner (rank 3) waits inside the same calls, so rank 3's time in the call is the
     longest of its position; only the lateness names the right rank.
 
-    With ``broken``, that rank (at the other EP position, in another EP group) cannot
-    build its payload at step 3: it sends zeros, and its EP partner, which received
-    them, must not be blamed: both positions read that round inconclusive."""
+    With ``more`` (6 ranks), in the same run: rank 5 cannot build its payload at step 3
+    (it sends zeros; its EP partner rank 4, which received them, must not be blamed:
+    both positions read that round inconclusive), and rank 1 flips a bit of the rows it
+    sends rank 0 at step 5 (rank 0's ``dispatch`` and rank 1's ``combine`` differ from
+    their position peers': both are ``sdc``, on those surfaces only)."""
     cfg = {"recipes": ["all_to_all"], "all_to_all_interval": 1}
     faults = [{"rank": SLOW_RANK, "step": 1, "kind": "slow_a2a", "seconds": DELAY_S}]
-    if broken is not None:
-        faults.append({"rank": broken, "step": 3, "kind": "a2a_payload_fails"})
+    if more:
+        faults.append({"rank": 5, "step": 3, "kind": "a2a_payload_fails"})
+        faults.append({"rank": 1, "step": 5, "kind": "a2a_corrupt_send"})
     steps = 6
     results = _run(world, faults, steps, cfg)
-    verdicts = _verdicts(results)
-    gaps = [v for v in verdicts if v["status"] == "inconclusive"]
-    if broken is not None:
-        assert ["a2a_payload_fails", 3] in results[broken]["fired"]
-        # One gap record per position peer group, at step 3, naming who is missing what.
-        assert sorted((v["step"], v["surface"].rsplit("/", 1)[1]) for v in gaps) == [
-            (3, "gap"),
-            (3, "gap"),
-        ], gaps
-        partner = broken - 1 if broken % 2 else broken + 1
-        missing = {r: why for v in gaps for r, why in v["detail"]["missing"].items()}
-        assert missing == {
-            str(broken): "the replayed call raised",
-            str(partner): "an EP partner's part of the replayed all-to-all failed",
-        }
-    assert not gaps or broken is not None, gaps
-    results_verdicts = [v for v in verdicts if v["status"] != "inconclusive"]
     assert {s for kind, s in results[SLOW_RANK]["fired"] if kind == "collective"} == set(
         range(1, steps)
     )
     catalog = results[0]["catalog"]
     assert catalog == [["all_to_all", "layers.0.moe"], ["all_to_all", "layers.1.moe"]]
-    verdicts = results_verdicts
-    assert verdicts, "the late rank was not found"
-    # Every verdict is a rank-scoped comm_straggler naming rank 2 on its lateness.
-    for v in verdicts:
-        assert v["failure"] == "comm_straggler", v
+    verdicts = _verdicts(results)
+    gaps = [v for v in verdicts if v["status"] == "inconclusive"]
+    sdc = [v for v in verdicts if v["failure"] == "sdc"]
+    slow = [v for v in verdicts if v["failure"] == "comm_straggler"]
+    assert len(gaps) + len(sdc) + len(slow) == len(verdicts), verdicts
+    if more:
+        assert ["a2a_payload_fails", 3] in results[5]["fired"]
+        assert ["a2a_corrupt_send", 5] in results[1]["fired"]
+        # One gap record per position peer group, at step 3, naming who is missing what.
+        assert [(v["step"], v["surface"].rsplit("/", 1)[1]) for v in gaps] == [(3, "gap")] * 2
+        missing = {r: why for v in gaps for r, why in v["detail"]["missing"].items()}
+        assert missing == {
+            "5": "the replayed call raised",
+            "4": "an EP partner's part of the replayed all-to-all failed",
+        }
+        # The corrupted rows landed at rank 0 and came back to rank 1.
+        found = sorted((v["step"], v["surface"].rsplit("/", 1)[1], v["outliers"]) for v in sdc)
+        assert found == [(5, "combine", [1]), (5, "dispatch", [0])], sdc
+        assert all(v["scope"] == "rank" and v["status"] == "attributed" for v in sdc)
+    else:
+        assert gaps == [] and sdc == [], verdicts
+    assert slow, "the late rank was not found"
+    # Every timing verdict is a rank-scoped comm_straggler naming rank 2 on its lateness.
+    for v in slow:
         assert v["outliers"] == [SLOW_RANK] and v["scope"] == "rank", v
         assert v["surface"].startswith("all_to_all/layers.") and v["surface"].endswith("/t_late"), v
         assert v["group"] == list(range(0, world, 2)), v  # its expert-DP position peers
@@ -94,16 +99,15 @@ def _slow_case(world: int, broken: int | None = None) -> None:
         assert late >= 1.5 * DELAY_S, v  # late twice a round: dispatch and combine
     # Confirmed after straggler_rounds (2) consecutive rounds of the all_to_all series:
     # the fault starts at step 1, so step 2 is the first it can be. A round whose
-    # lateness went missing (step 3 with ``broken``) neither confirms nor clears.
-    assert min(v["step"] for v in verdicts) == 2
-    expected = set(range(2, steps)) - ({3} if broken is not None else set())
-    assert {v["step"] for v in verdicts} == expected
-    named = {r for v in verdicts for r in v["outliers"]}
+    # lateness went missing (step 3 with ``more``) neither confirms nor clears.
+    expected = set(range(2, steps)) - ({3} if more else set())
+    assert {v["step"] for v in slow} == expected
+    named = {r for v in slow for r in v["outliers"]}
     assert named == {SLOW_RANK}  # never the partner that waited (rank 3), nor anyone else
 
 
 def test_late_all_to_all_names_the_rank_ep2_by_expert_dp3() -> None:
-    _slow_case(6, broken=5)
+    _slow_case(6, more=True)
 
 
 @pytest.mark.slow
