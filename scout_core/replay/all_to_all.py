@@ -59,7 +59,6 @@ as a rank. Limits: see ``docs/moe.md``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -70,7 +69,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scout_core.decision.agreement import all_ok
+from scout_core.decision.agreement import all_ok, digest
 from scout_core.decision.c3 import C3Result, Surface, exchange
 from scout_core.integration.adapter import ModuleRef
 from scout_core.replay import taps
@@ -158,11 +157,6 @@ def lateness(times: Sequence[Sequence[float]], me: int) -> tuple[float, float]:
     return late, a2a
 
 
-def _digest(obj: Any) -> int:
-    text = json.dumps(obj, separators=(",", ":"), sort_keys=True)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
 def _generator(seed: int, salt: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed + 1_000_003 * salt) % 2**63)
 
@@ -195,7 +189,7 @@ class AllToAllRunner:
         assert recipe.path is not None and self.ep is not None
         target = self.targets[recipe.path]
         group, name = self.peers.ranks, recipe.name
-        digest = _digest(
+        ready_digest = digest(
             {
                 "recipe": name,
                 "step": step,
@@ -207,7 +201,7 @@ class AllToAllRunner:
             }
         )
         ready = exchange(
-            [Surface(f"{name}/ready", Mode.EXACT, digest)],
+            [Surface(f"{name}/ready", Mode.EXACT, ready_digest)],
             group=self.peers.pg,
             ranks=group,
             kappa=self.kappa,
