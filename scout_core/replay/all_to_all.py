@@ -95,7 +95,11 @@ SURFACES = ("received", "plan", "dispatch", "combine")
 """Exact surfaces of an all-to-all round, in exchange order."""
 
 TAP = "ep"
-"""The injected-delay kind of the replayed all-to-all (:mod:`scout_core.replay.taps`)."""
+"""The injected-delay kind of a late arrival at the replayed all-to-all
+(:mod:`scout_core.replay.taps`): slept before the call."""
+LINK_TAP = "ep_link"
+"""The injected-delay kind of a slow exchange (a slow link at this rank): slept inside
+the timed call, so every partner waits as long as this rank does."""
 
 
 @dataclass(frozen=True)
@@ -280,11 +284,13 @@ class AllToAllRunner:
         dispatched = rows.new_empty((sum(recv), target.width))
         taps.sleep_injected(TAP)  # an injected late arrival: before the call, not in it
         with timer.timing():
+            taps.sleep_injected(LINK_TAP)  # an injected slow exchange: inside the call
             dist.all_to_all_single(dispatched, rows, recv, send, group=pg)
         t_dispatch = timer.seconds
         returned = rows.new_empty((sum(send), target.width))
         taps.sleep_injected(TAP)
         with timer.timing():
+            taps.sleep_injected(LINK_TAP)
             dist.all_to_all_single(returned, dispatched, send, recv, group=pg)
         failed = float("gap" in values)
         mine = torch.tensor([t_dispatch, timer.seconds - t_dispatch, failed], dtype=torch.float64)

@@ -189,15 +189,16 @@ class ReplayDriver:
         if fsdp or tp:
             kind, axis = ("shard", Axis.S) if fsdp else ("tp", Axis.T)
             comm_of = {r: (kind, layout.group_along(r, (axis,))) for r in layout.ranks}
-        # A slow t_a2a (all-to-all replay) points at the rank's EP group.
-        ep_of = {r: ("ep", layout.group_along(r, (Axis.E,))) for r in layout.ranks}
         self.verdicts = VerdictMaker(
             run_id=config.resolved_run_id(),
             hosts=self.hosts,
             rounds=config.straggler_rounds,
             min_excess_s=config.straggler_min_excess_s,
             min_ratio=config.straggler_min_ratio,
-            comm_group_of=lambda leaf, r: (ep_of if leaf == "t_a2a" else comm_of).get(r),
+            # A slow t_a2a (all-to-all replay) points at the rank's EP group.
+            comm_group_of=lambda leaf, r: (
+                ("ep", layout.group_along(r, (Axis.E,))) if leaf == "t_a2a" else comm_of.get(r)
+            ),
             peer_kind=self.peers.kind,
         )
         self.peer_size = len(self.peers.ranks)

@@ -184,18 +184,24 @@ class Trigger:
         entering it: ``"replica"`` (or ``"shard"`` under pure FSDP) is the peer group's
         replay-input and optimizer-slice broadcast (``t_bcast``), ``"shard"`` also each
         FSDP parameter gather, ``"tp"`` each TP parameter gather (``t_gather``),
-        ``"ep"`` each replayed MoE all-to-all (:meth:`delay_all_to_all`), ``"any"`` all
-        of them. Training's own collectives are never delayed."""
+        ``"ep"`` / ``"ep_link"`` each replayed MoE all-to-all, before / inside the call
+        (:meth:`delay_all_to_all`), ``"any"`` all of them. Training's own collectives are
+        never delayed."""
         return self._add("collective", group, float(seconds))
 
-    def delay_all_to_all(self, seconds: float) -> Faults:
-        """Make this rank late into each MoE all-to-all that replay runs on SCOUT's EP
-        group: it sleeps ``seconds`` right before entering the dispatch and again before
-        the combine, while its EP partners wait for it inside the call, as a rank that
-        reaches its all-to-all late (a stalled host, a slow kernel before it) does.
-        Training's own all-to-all is not delayed. The ``all_to_all`` recipe names this
-        rank a ``comm_straggler`` (``docs/moe.md``)."""
-        return self.delay_collective(seconds, group="ep")
+    def delay_all_to_all(self, seconds: float, *, link: bool = False) -> Faults:
+        """Make this rank's part of each MoE all-to-all that replay runs on SCOUT's EP
+        group slow, in the dispatch and again in the combine.
+
+        By default the rank is *late*: it sleeps ``seconds`` right before entering the
+        call while its EP partners wait for it inside, as a rank that reaches its
+        all-to-all late (a stalled host, a slow kernel before it) does; the
+        ``all_to_all`` recipe names this rank a rank-scoped ``comm_straggler``. With
+        ``link=True`` the *exchange* is slow: the sleep is inside the timed call, as a
+        slow link or NIC at this rank stalls every end of the exchange alike; that
+        names the EP group, not the rank (``docs/moe.md``). Training's own all-to-all
+        is not delayed."""
+        return self.delay_collective(seconds, group="ep_link" if link else "ep")
 
     def hang(self, seconds: float) -> Faults:
         """Freeze this rank's training thread for ``seconds`` when the step's first forward

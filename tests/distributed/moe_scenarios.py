@@ -115,8 +115,8 @@ def scout_moe(
     optimizer step: ``expert_weight`` adds 1.0 to an element of one local expert's
     ``up.weight`` in MoE layer ``layer`` (persistent); ``router_weight`` adds 1.0 to
     an element of that layer's router gate weight; ``slow_a2a`` makes the rank late by
-    ``seconds`` into every replayed all-to-all from that step on
-    (:meth:`~scout_core.testing.injectors.Trigger.delay_all_to_all`);
+    ``seconds`` into every replayed all-to-all from that step on (with ``"link": True``
+    its exchange is slow instead: :meth:`~scout_core.testing.injectors.Trigger.delay_all_to_all`);
     ``a2a_payload_fails`` makes the rank's replayed all-to-all payload raise at that
     step's round, ``a2a_corrupt_send`` flips the lowest bit of its first row (sent to EP
     position 0).
@@ -142,7 +142,8 @@ def scout_moe(
     for f in faults:
         if f["kind"] == "slow_a2a":
             slow = range(f["step"], steps)
-            injected.at(rank=f["rank"], steps=slow).delay_all_to_all(f["seconds"])
+            trigger = injected.at(rank=f["rank"], steps=slow)
+            trigger.delay_all_to_all(f["seconds"], link=f.get("link", False))
     injected.attach(model, opt)
     payload_faults = {
         f["step"]: f["kind"] for f in faults if f["kind"] in A2A_PAYLOAD and f["rank"] == rank

@@ -110,6 +110,25 @@ def test_late_all_to_all_names_the_rank_ep2_by_expert_dp3() -> None:
     _slow_case(6, more=True)
 
 
+def test_slow_ep_link_names_the_ep_group_not_a_rank_ep2_by_expert_dp3() -> None:
+    """Rank 2's exchange itself is slow (a slow link at rank 2: the delay is inside the
+    call, so rank 3 waits exactly as long). Nobody is late, so no rank is named: both
+    position peer groups mark EP group {2, 3} slow on ``t_a2a`` (group-scoped
+    ``comm_straggler``), which is all an EP 2 exchange can tell (docs/moe.md)."""
+    cfg = {"recipes": ["all_to_all"], "all_to_all_interval": 1}
+    faults = [{"rank": 2, "step": 0, "kind": "slow_a2a", "seconds": DELAY_S, "link": True}]
+    results = _run(6, faults, 4, cfg)
+    verdicts = _verdicts(results)
+    found = {
+        (v["step"], v["surface"].rsplit("/", 1)[1], tuple(v["outliers"]), v["scope"])
+        for v in verdicts
+    }
+    assert found == {(s, "t_a2a", (2, 3), "group") for s in (1, 2, 3)}, verdicts
+    assert {v["failure"] for v in verdicts} == {"comm_straggler"}
+    for v in verdicts:
+        assert v["group"] == [2, 3] and v["detail"]["slow_groups"] == [["ep", [2, 3]]], v
+
+
 @pytest.mark.slow
 def test_late_all_to_all_names_the_rank_ep2_by_expert_dp4() -> None:
     _slow_case(8)
