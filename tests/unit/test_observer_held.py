@@ -140,6 +140,10 @@ def test_a_rank_in_a_collective_whose_group_excludes_the_cause_stays_named() -> 
     assert _named(release_held(decided, LAYOUT)) == [((4,), "hang"), ((5,), "hang")]
     decided = [(_behind(4, "idle", 3), 0), (_behind(5, "collective", 3, in_t), 1)]
     assert _named(release_held(decided, LAYOUT)) == [((4,), "hang")]
+    # batched point-to-point: members unknown to the record, the instance decides
+    in_p2p = {"collective": "batch_isend_irecv", "group": "p2p"}
+    decided = [(_behind(4, "idle", 3), 0), (_behind(5, "collective", 3, in_p2p), 1)]
+    assert _named(release_held(decided, LAYOUT)) == [((4,), "hang")]
 
 
 def test_every_held_rank_of_an_instance_is_attached_to_its_root() -> None:

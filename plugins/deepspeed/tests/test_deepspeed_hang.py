@@ -88,7 +88,7 @@ def _latency(times: dict[str, Any], label: str) -> float:
 def test_sigstop_of_a_zero_rank_is_a_hang_naming_it() -> None:
     from ds_hang_scenarios import zero_hang
 
-    culprit, times = 2, {}
+    culprit, times = 2, dict[str, Any]()
     results = run_ranks(
         zero_hang,
         4,
@@ -112,7 +112,7 @@ def test_sigstop_of_a_zero_rank_is_a_hang_naming_it() -> None:
 def test_sigstop_in_a_pipeline_stage_names_it_not_the_other_stage() -> None:
     from ds_hang_scenarios import pipeline_hang
 
-    culprit, times = 4, {}
+    culprit, times = 4, dict[str, Any]()
     results = run_ranks(
         pipeline_hang,
         6,
