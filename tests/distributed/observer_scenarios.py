@@ -109,6 +109,27 @@ def _gil(r: _Rank) -> None:
     r.step()
 
 
+BUSY_S = 3 * HANG_S
+"""How long the peers keep progressing after the silent rank's last publish (`late`)."""
+
+
+def _late(r: _Rank) -> None:
+    """The culprit goes silent while its peers keep progressing for ``BUSY_S``, then
+    wait for it in the next collective: its silence at the verdict is far longer than
+    ``hang_timeout_s``, and the record must state the silence measured."""
+    from scout_core.observer.record import Stage
+
+    if r.culprit:
+        _mark("silent-from", time.monotonic())  # after its last publish
+        time.sleep(BUSY_S + 4 * HANG_S)  # well past the verdict
+    else:
+        for _ in range(int(BUSY_S / 0.05)):  # the same count on every peer: equal op ids
+            r.handle.publisher.publish(Stage.LAYER)  # compute that publishes progress
+            time.sleep(0.05)
+        _mark(f"blocked-{r.rank}", time.monotonic())  # before its collective's publish
+    r.step()
+
+
 def _wrong_collective(r: _Rank) -> None:
     import torch.distributed as dist
 
@@ -155,6 +176,7 @@ def _checkpoint_stall(r: _Rank) -> None:
 
 _FAULTS = {
     "sigstop": _sigstop,
+    "late": _late,
     "gil": _gil,
     "wrong_collective": _wrong_collective,
     "wrong_shape": _wrong_shape,

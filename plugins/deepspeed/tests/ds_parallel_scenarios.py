@@ -131,7 +131,7 @@ def _section(**over: Any) -> dict[str, Any]:
         "embedding_interval": 4,
         "lm_head_interval": 4,
         "optimizer_interval": 4,
-        "observer": False,
+        "observer": True,  # the hang observer runs beside every DeepSpeed test (issue 10)
     }
     base.update(over)
     return base
