@@ -33,6 +33,7 @@ and ``PipelineEngine`` under ZeRO 0-3:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -56,6 +57,7 @@ from scout_core.plugin_api import (
     find_lm_head,
 )
 from scout_deepspeed import zero3
+from scout_deepspeed.moe import moe_parts
 from scout_deepspeed.collectives import Repointer
 from scout_deepspeed.layout import (
     agree_or_raise,
@@ -110,9 +112,11 @@ def pipeline_layers(module: nn.Module) -> tuple[ModuleRef, ...]:
 def _discover(engine: Any, config: Config) -> Discovered:
     module: nn.Module = engine.module
     if not is_pipeline(engine) or config.layers is not None:
-        return discover_modules(
+        found = discover_modules(
             module, layers=config.layers, embedding=config.embedding, lm_head=config.lm_head
         )
+        routers, experts = moe_parts(module)
+        return dataclasses.replace(found, routers=routers, experts=experts)
     layers = pipeline_layers(module)
     emb = find_embedding(module, config.embedding)
     head = find_lm_head(module, layers, config.lm_head)
@@ -157,6 +161,11 @@ class DeepSpeedAdapter(AdapterBase):
     gates_checkpoints = True
     """The plugin gates DeepSpeed's own checkpoints (save/load_checkpoint), so the core
     keeps no in-memory gate copies for this adapter."""
+    replays_ep_blocks = True
+    """A block holding a DeepSpeed ``MoE`` layer stays in the hidden-layer rotation under
+    expert parallelism: :meth:`call` re-points its all-to-alls to SCOUT's own groups
+    (:mod:`scout_deepspeed.collectives`). Its gate and experts also get the core's
+    ``router`` and ``experts`` recipes (:mod:`scout_deepspeed.moe`)."""
 
     def __init__(self, engine: Any, config: Config) -> None:
         if not dist.is_available() or not dist.is_initialized():
