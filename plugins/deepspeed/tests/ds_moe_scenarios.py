@@ -8,9 +8,9 @@ ZeRO-1 with the ``router`` and ``experts`` recipes on a shape catalog written by
 A fault ``{"rank", "step", "kind", "layer"}`` acts on one rank from that step on,
 re-applied before every forward (ZeRO-1 copies the all-gathered parameters back into
 the module after each step, so a corruption of the module's weight lasts until the
-next step; re-applying it makes it persistent): ``expert_weight`` sets an element of
-local expert 0's ``fc1.weight`` in MoE layer ``layer``; ``router_weight`` an element
-of that layer's gate ``wg.weight``.
+next step; re-applying it makes it persistent): ``expert_weight`` sets row 0 of local
+expert 0's ``fc1.weight`` in MoE layer ``layer`` to 0.5; ``router_weight`` sets row 0
+of that layer's gate ``wg.weight`` to 10 (expert 0 then wins most tokens).
 """
 
 from __future__ import annotations
@@ -51,15 +51,17 @@ def _arm(engine: Any, rank: int, faults: list[dict[str, Any]], step: list[int]) 
         moe = engine.module.layers[f["layer"]].moe.deepspeed_moe
         if f["kind"] == "expert_weight":
             module = moe.experts.deepspeed_experts[0]
-            weight = module.fc1.weight
+            weight, value = module.fc1.weight, 0.5
         else:
             module = moe.gate
-            weight = module.wg.weight
+            weight, value = module.wg.weight, 10.0
 
-        def corrupt(_m: torch.nn.Module, _a: Any, w: Any = weight, at: int = f["step"]) -> None:
+        def corrupt(
+            _m: torch.nn.Module, _a: Any, w: Any = weight, at: int = f["step"], v: float = value
+        ) -> None:
             if step[0] >= at:
                 with torch.no_grad():
-                    w[0, 0] = 0.5
+                    w[0] = v
 
         module.register_forward_pre_hook(corrupt)
 
