@@ -83,3 +83,44 @@ def moe_run(faults: list[dict[str, Any]], steps: int, over: dict[str, Any]) -> d
     }
     session.close()
     return out
+
+
+class _OneGemmExperts(torch.nn.Module):
+    """Stands in for ``GroupedMLP`` on CPU (which needs the CUDA ``grouped_gemm``
+    package to be built): every local expert's weights in one tensor, no module per
+    expert, exactly what makes Megatron's grouped experts unreplayable one by one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight1 = torch.nn.Parameter(torch.zeros(32, EXPERTS * 32))
+
+
+def grouped_refusal(stand_in: bool) -> dict[str, Any]:
+    """The parts and the warning of a model whose layer 1 has grouped experts: a real
+    ``GroupedMLP`` (``stand_in`` False, on a GPU host) or :class:`_OneGemmExperts`."""
+    import logging
+
+    from scout_megatron import testing as mgt
+    from scout_megatron.adapter import discover
+
+    from scout_core import Config
+
+    mgt.initialize(tensor_model_parallel_size=1, seed=1234)
+    msgs: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msgs.append(record.getMessage())
+
+    logging.getLogger("scout_megatron.moe").addHandler(Keep())
+    if stand_in:
+        model = mgt.build_model(mgt.TinyGPT(num_moe_experts=EXPERTS))
+        model.decoder.layers[1].mlp.experts = _OneGemmExperts()
+    else:
+        model = mgt.build_model(mgt.TinyGPT(num_moe_experts=EXPERTS, moe_grouped_gemm=True))
+    found = discover([model], Config())
+    return {
+        "special": {k: v.path for k, v in found.special().items()},
+        "warnings": msgs,
+        "experts_class": type(model.decoder.layers[1].mlp.experts).__name__,
+    }
