@@ -57,7 +57,6 @@ from scout_core.plugin_api import (
     find_lm_head,
 )
 from scout_deepspeed import zero3
-from scout_deepspeed.moe import moe_parts
 from scout_deepspeed.collectives import Repointer
 from scout_deepspeed.layout import (
     agree_or_raise,
@@ -65,6 +64,7 @@ from scout_deepspeed.layout import (
     engine_layout,
     is_pipeline,
 )
+from scout_deepspeed.moe import moe_parts
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

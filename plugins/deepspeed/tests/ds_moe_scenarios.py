@@ -66,7 +66,9 @@ def _arm(engine: Any, rank: int, faults: list[dict[str, Any]], step: list[int]) 
         module.register_forward_pre_hook(corrupt)
 
 
-def moe_recipes_run(faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any]) -> dict[str, Any]:
+def moe_recipes_run(
+    faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any]
+) -> dict[str, Any]:
     """Train ``steps`` iterations with the router/expert recipes and ``faults``."""
     import scout_deepspeed
 

@@ -75,8 +75,8 @@ from scout_core.plugin_api import (
     diagnostic_groups,
     hook_free_twin,
 )
-from scout_megatron.moe import MoeParts, call_part, moe_parts
 from scout_megatron.modules import chunk_modules
+from scout_megatron.moe import MoeParts, call_part, moe_parts
 from scout_megatron.optimizers import inner_optimizers
 from scout_megatron.regroup import Regrouper
 from scout_megatron.rng import tracker_streams

@@ -99,7 +99,9 @@ def _check_refusal(out: dict[str, Any], cls: str) -> None:
         "experts:0": "decoder.layers.0.mlp.experts",
     }
     (line,) = out["warnings"]
-    assert line.startswith(f"the experts of MoE layer decoder.layers.1.mlp are not replayed: {cls} ")
+    assert line.startswith(
+        f"the experts of MoE layer decoder.layers.1.mlp are not replayed: {cls} "
+    )
     assert "one grouped GEMM" in line and "its router is replayed" in line
 
 

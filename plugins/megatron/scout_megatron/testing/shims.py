@@ -184,7 +184,7 @@ def cpu_moe_router() -> Callable[[], None]:
     had_gemm = hasattr(moe_utils, "te_general_gemm")
 
     @functools.wraps(gating)
-    def cpu_gating(self: Any, input: torch.Tensor) -> Any:  # noqa: A002 - Megatron's name
+    def cpu_gating(self: Any, input: torch.Tensor) -> Any:
         with cpu_dist_checkpointing():
             return gating(self, input)
 
