@@ -8,7 +8,8 @@ and ``PipelineEngine`` under ZeRO 0-3:
 * **modules**: the repeated blocks, embedding and LM head of ``engine.module`` found
   by the core's discovery; a ``PipelineModule`` keeps its stage's layers as numbered
   children (``"3"``, ``"4"``), so there the repeated layers are the largest set of
-  same-class numbered children on this stage;
+  same-class numbered children on this stage; every ``MOELayer``'s gate and local
+  experts as the core's MoE router and experts parts (:mod:`scout_deepspeed.moe`);
 * **optimizer**: the torch optimizer inside DeepSpeed's wrappers
   (``engine.optimizer.optimizer`` under ZeRO / bf16 / fp16), resolved after
   ``deepspeed.initialize``; it steps once per gradient-accumulation boundary, or,

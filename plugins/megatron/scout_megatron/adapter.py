@@ -14,7 +14,8 @@ and tested one by one in this package:
 * **modules** (:mod:`scout_megatron.modules`): the ``decoder.layers`` of every chunk
   (paths ``decoder.layers.<i>``, or ``chunk<c>.decoder.layers.<i>`` with virtual
   pipeline stages), the ``embedding`` of the first stage and the ``output_layer`` of
-  the last;
+  the last, and the router and ``SequentialMLP`` experts of each ``MoELayer``
+  (:mod:`scout_megatron.moe`: grouped-GEMM experts are refused with a logged reason);
 * **optimizers** (:mod:`scout_megatron.optimizers`): the torch optimizers inside the
   Megatron optimizer (``.optimizer``, every ``ChainedOptimizer`` member, none for
   stubs), each stepping once per iteration. Under ``DistributedOptimizer`` they step
@@ -266,7 +267,9 @@ class MegatronAdapter(AdapterBase):
         """Run a hook-free twin of ``module`` on ``state`` with its groups re-pointed.
 
         The autograd graph keeps the re-pointed groups, so the replay's backward
-        (after this returns) talks on them too.
+        (after this returns) talks on them too. An MoE router's call leaves Megatron's
+        aux-loss logging as it was, and an expert's ``(output, bias)`` becomes one tensor
+        (:func:`scout_megatron.moe.call_part`).
         """
         twin = _drop_framework_hooks(hook_free_twin(module))
 

@@ -113,11 +113,11 @@ def grouped_refusal(stand_in: bool) -> dict[str, Any]:
             msgs.append(record.getMessage())
 
     logging.getLogger("scout_megatron.moe").addHandler(Keep())
+    model: Any = mgt.build_model(
+        mgt.TinyGPT(num_moe_experts=EXPERTS, moe_grouped_gemm=not stand_in)
+    )
     if stand_in:
-        model = mgt.build_model(mgt.TinyGPT(num_moe_experts=EXPERTS))
         model.decoder.layers[1].mlp.experts = _OneGemmExperts()
-    else:
-        model = mgt.build_model(mgt.TinyGPT(num_moe_experts=EXPERTS, moe_grouped_gemm=True))
     found = discover([model], Config())
     return {
         "special": {k: v.path for k, v in found.special().items()},
