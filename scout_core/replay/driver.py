@@ -116,7 +116,8 @@ class ReplayDriver:
                 embedding.path if embedding else "none",
                 lm_head.path if lm_head else "none",
             )
-        moe = moe_recipes(layers, special, layout, config)
+        keep = bool(getattr(adapter, "replays_ep_blocks", False))
+        moe = moe_recipes(layers, special, layout, config, keep_ep_blocks=keep)
         layers, routers = moe.layers, moe.routers
         refs = {r.path: r for r in [*layers, *routers]}
         for extra in (embedding, lm_head):
@@ -279,7 +280,10 @@ class ReplayDriver:
         if self.schedule.any_due(step):
             due = tuple(self.schedule.due(step, optimizer_slices=self.opt.slices()))
             if self.peer_size >= 2:
-                rounds = tuple(self._run(due, step))
+                # Replay takes gradients; a framework may step its optimizer, and so
+                # fire the boundary, under torch.no_grad() (Megatron's optimizer.step).
+                with torch.enable_grad():
+                    rounds = tuple(self._run(due, step))
         self._step = step + 1
         if self.schedule.any_due(step + 1):
             self.capturer.arm(step + 1, self.schedule.modules_due(step + 1))

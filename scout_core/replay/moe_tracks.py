@@ -14,7 +14,9 @@ and turns them into up to three added schedule tracks:
 
 Under expert parallelism the blocks that hold an MoE layer leave the hidden-layer
 rotation: replaying such a block would run its dispatch all-to-all, which the model
-sends on its own training EP group, and SCOUT never talks on a training group.
+sends on its own training EP group, and SCOUT never talks on a training group. An
+adapter that re-points that all-to-all to SCOUT's own groups during a replayed call
+says so with ``replays_ep_blocks = True`` (DeepSpeed's does), and its blocks stay.
 """
 
 from __future__ import annotations
@@ -58,13 +60,15 @@ def moe_recipes(
     special: Mapping[str, ModuleRef],
     layout: MeshLayout,
     config: Config,
+    *,
+    keep_ep_blocks: bool = False,
 ) -> MoERecipes:
-    """The MoE part of the schedule: the hidden layers left (:func:`_without_ep_blocks`),
-    the routers replayed like layers, the expert and all-to-all targets and the added
-    tracks."""
+    """The MoE part of the schedule: the hidden layers left (:func:`_without_ep_blocks`,
+    unless the adapter replays such blocks safely: ``keep_ep_blocks``), the routers
+    replayed like layers, the expert and all-to-all targets and the added tracks."""
     routers, experts = moe_modules(special)
     ep = layout.size(Axis.E) > 1
-    layers = _without_ep_blocks(layers, experts, ep, config)
+    layers = _without_ep_blocks(layers, experts, ep and not keep_ep_blocks, config)
     tracks: list[Track] = []
     a2a = all_to_all_targets(routers, experts) if ep and ALL_TO_ALL in config.recipes else {}
     if ROUTER not in config.recipes:
