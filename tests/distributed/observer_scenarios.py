@@ -186,6 +186,20 @@ _FAULTS = {
 }
 
 
+_AWAIT_VERDICT = {"sigstop"}
+"""Scenarios whose test checks that every trainer got the verdict through its callback."""
+VERDICT_WAIT_S = 10.0
+
+
+def _await_verdict(handle: Any, timeout_s: float) -> None:
+    """Wait (bounded) for the observer's verdict to reach this trainer: the test lets the
+    frozen rank go as soon as the record file exists, and the verdict travels to each
+    trainer on its own, so a rank may finish its steps before its copy has arrived."""
+    deadline = time.monotonic() + timeout_s
+    while not handle.verdicts and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) -> dict[str, Any]:
     """One rank of a fault scenario; returns what the test asserts on."""
     import torch.distributed as dist
@@ -212,6 +226,8 @@ def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) ->
     except RuntimeError as exc:  # the mismatch scenarios end by the group's timeout
         out["error"] = str(exc)[:200]
     if handle is not None and close_patch is not None:
+        if name in _AWAIT_VERDICT:
+            _await_verdict(handle, VERDICT_WAIT_S)
         out["verdicts"] = [v.to_dict() for v in handle.verdicts]
         out["stats"] = handle.stats().__dict__
         close_patch()
