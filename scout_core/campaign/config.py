@@ -5,7 +5,8 @@ about a per-fault tuning: replay every step (a hidden layer each step, the optim
 slice every step, embedding and LM head every fourth), the hang observer on with a
 short hang timeout (:data:`HANG_TIMEOUT_S`, still several healthy steps long on a
 loaded CPU box), the checkpoint gate off (a trial scores localization, not recovery),
-and the report directory and run id of the trial.
+and the report directory and run id of the trial. The runner sends the settings
+to the rank bodies as plain JSON (``trial["scout"]``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from scout_core.config import Config
 
-__all__ = ["HANG_TIMEOUT_S", "STALL_S", "fault_spec", "trial_config"]
+__all__ = ["HANG_TIMEOUT_S", "STALL_S", "fault_spec", "trial_settings"]
 
 HANG_TIMEOUT_S = 3.0
 """The observer's hang timeout in every trial (seconds)."""
@@ -38,8 +39,9 @@ def fault_spec(kind: str, victim: int | None, step: int) -> dict[str, Any]:
     }
 
 
-def trial_config(report_dir: str, trial: Mapping[str, Any], **overrides: Any) -> Config:
-    """The configuration of one trial (module doc); ``overrides`` win."""
+def trial_settings(report_dir: str, trial: Mapping[str, Any]) -> dict[str, Any]:
+    """The SCOUT settings of one trial (module doc), as ``Config`` keyword arguments: a
+    plugin's rank body passes them the way its framework takes SCOUT settings."""
     fields: dict[str, Any] = {
         "report_dir": report_dir,
         "run_id": f"campaign-{trial['index']}",
@@ -51,5 +53,5 @@ def trial_config(report_dir: str, trial: Mapping[str, Any], **overrides: Any) ->
         "hang_timeout_s": HANG_TIMEOUT_S,
         "gate": False,
     }
-    fields.update(overrides)
-    return Config(**fields)
+    Config(**fields)  # valid now, not in four ranks later
+    return fields

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scout_core.campaign.config import STALL_S, fault_spec
+from scout_core.campaign.config import STALL_S, fault_spec, trial_settings
 from scout_core.campaign.plan import Setup, Trial, missing_module, setup_named
 from scout_core.campaign.score import TrialScore, score_trial
 
@@ -44,9 +44,7 @@ class CampaignResult:
     seconds: float = 0.0
 
 
-def _stopper(
-    victim: int, report_dir: Path, times: dict[str, float]
-) -> Callable[[list[Any]], None]:
+def _stopper(victim: int, report_dir: Path, times: dict[str, float]) -> Callable[[list[Any]], None]:
     """``run_ranks``'s ``on_start`` for a SIGSTOP trial (module doc)."""
     from scout_core.records.reading import load_report
     from scout_core.testing.trial import STOP_MARKER
@@ -91,7 +89,10 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
     from scout_core.testing.harness import run_ranks
 
     report_dir = out_dir / f"trial-{trial.index:03d}-{trial.setup}-{trial.kind}"
-    payload = trial.to_dict() | {"fault": fault_spec(trial.kind, trial.victim, trial.step)}
+    payload = trial.to_dict() | {
+        "fault": fault_spec(trial.kind, trial.victim, trial.step),
+        "scout": trial_settings(str(report_dir), trial.to_dict()),
+    }
     times: dict[str, float] = {}
     on_start = None
     if trial.kind == "hang_sigstop" and trial.victim is not None:
@@ -109,10 +110,15 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
         )
     except (ScoutError, OSError) as exc:
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        log = report_dir.with_name(report_dir.name + ".error.txt")
+        log.write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")  # the ranks' logs
     injected_at = times.get("stopped")
-    for r in results:
-        if isinstance(r, dict) and r.get("victim") and injected_at is None:
-            injected_at = r.get("injected_at")
+    victim = next((r for r in results if isinstance(r, dict) and r.get("victim")), None)
+    fired = True
+    if victim is not None:
+        injected_at = injected_at or victim.get("injected_at")
+        # the fault never struck (a hook found nothing to corrupt): not SCOUT's miss
+        fired = injected_at is not None
     trained = min((int(r.get("trained", 0)) for r in results), default=0)
     if report_dir.is_dir():
         report = load_report(report_dir, strict=False)
@@ -129,6 +135,7 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
         trained=trained,
         run_id=f"campaign-{trial.index}",
         error=error,
+        fired=fired,
     )
 
 

@@ -8,7 +8,7 @@ non-empty; a claim is **true** when it names the victim and its failure is one t
 fault kind accepts (:data:`ACCEPTED`).
 
 Per trial (:func:`score_trial`): the outcome (``detected``, ``wrong_rank``,
-``wrong_class``, ``missed``, ``clean``, ``false_alarm``, ``error``), the claims,
+``wrong_class``, ``missed``, ``clean``, ``false_alarm``, ``error``, ``not_injected``), the claims,
 time to verdict, clean steps and findings at clean steps. Over trials
 (:func:`summarize`): precision, recall, exact-rank accuracy, time to verdict
 (median, worst; seconds and steps) and false positives per 1,000 clean steps.
@@ -129,10 +129,12 @@ def score_trial(
     trained: int,
     run_id: str | None = None,
     error: str | None = None,
+    fired: bool = True,
 ) -> TrialScore:
     """Score one trial (``trial``: a :class:`~scout_core.campaign.plan.Trial` as a dict)
     from its ``report``; ``injected_at`` is the Unix time the fault struck, ``trained``
-    the steps the trial completed."""
+    the steps the trial completed, ``fired`` false when the fault never struck (the
+    trial is then ``not_injected`` and left out of every score)."""
     kind, victim, step = str(trial["kind"]), trial["victim"], int(trial["step"])
     found = claims(report, run_id)
     named = [c for c in found if c.outliers]
@@ -153,7 +155,9 @@ def score_trial(
         ttv_steps = first.step - step
         if injected_at is not None:
             ttv_s = max(0.0, first.time - injected_at)
-    if error is not None and not found:
+    if not fired and not clean:
+        outcome = "not_injected"
+    elif error is not None and not found:
         outcome = "error"
     elif clean:
         outcome = "false_alarm" if found else "clean"
@@ -196,7 +200,8 @@ def _spread(values: Sequence[float]) -> dict[str, float | None]:
 
 def summarize(scores: Iterable[TrialScore]) -> dict[str, Any]:
     """The campaign's scores over ``scores`` (definitions: docs/campaign.md)."""
-    rows = list(scores)
+    every = list(scores)
+    rows = [s for s in every if s.outcome != "not_injected"]
     injected = [s for s in rows if s.victim is not None]
     detected = [s for s in injected if s.outcome == "detected"]
     judged = [s for s in injected if s.exact_rank is not None]
@@ -208,6 +213,7 @@ def summarize(scores: Iterable[TrialScore]) -> dict[str, Any]:
         "clean_controls": len(rows) - len(injected),
         "detected": len(detected),
         "errors": sum(s.error is not None for s in rows),
+        "not_injected": len(every) - len(rows),
         "precision": _ratio(sum(s.true_claims for s in rows), sum(s.named_claims for s in rows)),
         "recall": _ratio(len(detected), len(injected)),
         "exact_rank": _ratio(sum(bool(s.exact_rank) for s in judged), len(judged)),

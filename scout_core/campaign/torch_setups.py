@@ -3,7 +3,7 @@
 :func:`trial_rank` runs on every rank of a trial (spawned by
 :func:`scout_core.testing.run_ranks`): it builds :class:`~scout_core.testing.TinyLM`
 under the setup's parallelism, enables SCOUT through the torch plugin with the
-campaign's configuration (:func:`scout_core.campaign.config.trial_config`), arms the
+campaign's configuration (``trial["scout"]``: :func:`scout_core.campaign.config.trial_settings`), arms the
 trial's fault (:class:`~scout_core.testing.trial.TrialFault`) and trains. The evidence
 goes to the trial's report directory; the runner scores it from there.
 
@@ -70,7 +70,7 @@ def build(layout: str) -> tuple[nn.Module, nn.Module]:
 
 def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) -> dict[str, Any]:
     """One rank of a trial; returns :meth:`TrialFault.result` plus the steps trained."""
-    from scout_core.campaign.config import trial_config
+    from scout_core.config import Config
     from scout_core.integration.torch_plugin import enable_torch
     from scout_core.testing.trial import TrialFault
 
@@ -83,7 +83,7 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     layers = [f"layers.{i}" for i in range(len(model.layers))]
     fault.attach(wrapped, opt, layers=layers, param="layers.0.norm.weight")
     data_rank = rank // 2 if layout == "dptp" else rank  # TP partners share a batch
-    config = trial_config(report_dir, trial)
+    config = Config(**trial["scout"])
     trained = 0
     with enable_torch(wrapped, opt, config) as session:
         for step in fault.batches(session, int(trial["steps"])):

@@ -150,8 +150,10 @@ def _describe(score: TrialScore) -> str:
         for c in score.claims
     )
     ttv = "" if score.ttv_s is None else f" after {score.ttv_s:.1f} s"
-    return f"{score.outcome}{ttv}" + (f" ({said})" if said else "") + (
-        f" [{score.error}]" if score.error else ""
+    return (
+        f"{score.outcome}{ttv}"
+        + (f" ({said})" if said else "")
+        + (f" [{score.error}]" if score.error else "")
     )
 
 

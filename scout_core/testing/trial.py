@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import nullcontext
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from scout_core.testing.injectors import BitFlip, Faults
+from scout_core.testing.injectors import BitFlip, Faults, flip_bit
 
 __all__ = ["FAULT_KINDS", "STOP_MARKER", "TrialFault", "hold_gil"]
 
@@ -60,9 +60,7 @@ FAULT_KINDS: tuple[str, ...] = (
 )
 """Every fault kind a trial can carry; ``clean`` injects nothing (a control)."""
 
-_HOOKED = frozenset(
-    {"param_sdc", "compute_sdc", "optimizer_sdc", "compute_straggler", "comm_straggler"}
-)
+_HOOKED = frozenset({"compute_sdc", "optimizer_sdc", "compute_straggler", "comm_straggler"})
 """Kinds armed through :class:`Faults` hooks by :meth:`TrialFault.attach`."""
 
 STOP_MARKER = "campaign-stop-ready"
@@ -98,6 +96,8 @@ class TrialFault:
         self.injected_at: float | None = None
         self._faults: Faults | None = None
         self._side: Any = None
+        self._param: tuple[Any, str, Callable[[Any], Any]] | None = None
+        self._fired: list[list[Any]] = []
 
     @property
     def mine(self) -> bool:
@@ -114,23 +114,33 @@ class TrialFault:
             self._side = dist.new_group(backend="gloo", timeout=timeout)
 
     def attach(
-        self, model: Any, optimizer: Any, *, layers: Sequence[str], param: str
+        self,
+        model: Any,
+        optimizer: Any,
+        *,
+        layers: Sequence[str],
+        param: str,
+        storage: Callable[[Any], Any] | None = None,
     ) -> TrialFault:
-        """Arm the hook-based faults: ``layers`` are the repeated blocks' module paths
-        (as ``model`` names them), ``param`` a parameter the optimizer steps."""
+        """Arm the hook-based faults. ``layers``: the repeated blocks' module paths as
+        ``model`` names them; ``param``: a trained parameter's name; ``storage``: where
+        that parameter's values really live on this rank (default its local tensor; a
+        framework that keeps them elsewhere, ZeRO-3's partition, says so). ``optimizer``
+        is the one that holds the state (a framework's inner optimizer)."""
+        from scout_core.replay.optimizer import local_tensor
+
+        self._param = (model, param, storage or local_tensor)
         faults = Faults()
         window = range(self.step, self.step + self.window)
-        if self.kind == "param_sdc":
-            # a high mantissa bit: the weight stays plausible, the training diverges
-            faults.at(rank=self.victim, step=self.step).corrupt_param(param, BitFlip(bit=20))
-        elif self.kind == "compute_sdc":
+        if self.kind == "compute_sdc":
             # a faulty unit stays faulty: the lowest mantissa bit of every block's output
             when = faults.at(rank=self.victim, steps=range(self.step, self.step + 1000))
             for name in layers:
                 when.corrupt_output(name, BitFlip(bit=0))
         elif self.kind == "optimizer_sdc":
+            # a high mantissa bit of a moment estimate of the first parameter with state
             faults.at(rank=self.victim, step=self.step).corrupt_optimizer_state(
-                param, BitFlip(bit=20)
+                None, BitFlip(bit=20)
             )
         elif self.kind == "compute_straggler":
             when = faults.at(rank=self.victim, steps=window)
@@ -162,6 +172,8 @@ class TrialFault:
             return
         if self.kind in _HOOKED:
             self._mark_injected()  # the hooks strike inside this step
+        elif self.kind == "param_sdc":
+            self._corrupt_param()
         elif self.kind == "hang_sigstop":
             self._mark_injected()
             _write_marker(STOP_MARKER, {"pid": os.getpid(), "rank": self.rank})
@@ -186,6 +198,9 @@ class TrialFault:
     def result(self) -> dict[str, Any]:
         """JSON for the runner: the victim's injection time (Unix seconds) and what fired."""
         fired = [list(f) for f in self._faults.fired()] if self._faults is not None else []
+        fired += self._fired
+        if self.mine and self.kind in _HOOKED and not fired:
+            self.injected_at = None  # the hooks found nothing to act on: no fault
         return {
             "rank": self.rank,
             "kind": self.kind,
@@ -200,6 +215,18 @@ class TrialFault:
             self._faults.detach()
 
     # -- internals ----------------------------------------------------------------------
+
+    def _corrupt_param(self) -> None:
+        """A high mantissa bit of the parameter's first local element, as the step starts:
+        the weight stays plausible, and this rank's replica has silently diverged."""
+        if self._param is None:
+            raise RuntimeError("param_sdc needs attach() first")
+        model, name, storage = self._param
+        from scout_core.integration.discovery import unwrap
+
+        flip_bit(storage(unwrap(model).get_parameter(name)), bit=20)
+        self._mark_injected()
+        self._fired.append(["param", name, self.step])
 
     def _mark_injected(self) -> None:
         if self.injected_at is None:
