@@ -64,7 +64,7 @@ SETUPS: tuple[Setup, ...] = (
             "scout_deepspeed.campaign:trial_rank",
             ("deepspeed", "scout_deepspeed"),
             {"zero_stage": stage},
-            60.0,
+            150.0,
         )
         for stage in (1, 2, 3)
     ),
@@ -74,7 +74,7 @@ SETUPS: tuple[Setup, ...] = (
         "scout_deepspeed.campaign:trial_rank",
         ("deepspeed", "scout_deepspeed"),
         {"pipeline": 2},
-        60.0,
+        150.0,
     ),
     Setup(
         "megatron",
@@ -82,7 +82,7 @@ SETUPS: tuple[Setup, ...] = (
         "scout_megatron.campaign:trial_rank",
         ("megatron", "scout_megatron"),
         {"tp": 2},
-        90.0,
+        240.0,
     ),
     Setup(
         "torchtitan",
@@ -90,7 +90,7 @@ SETUPS: tuple[Setup, ...] = (
         "scout_torchtitan.campaign:trial_rank",
         ("torchtitan", "scout_torchtitan"),
         {},
-        90.0,
+        240.0,
     ),
 )
 """Every setup SCOUT supports, in the order tables list them."""
@@ -146,7 +146,7 @@ class Trial:
 
 FIRST_STEP = 2
 """The earliest injection step: steps before it are clean in every trial."""
-AFTER = 6
+AFTER = 5
 """Steps a trial runs after its injection step: time for the rotation of replayed
 layers to come round and for two straggler rounds."""
 

@@ -3,8 +3,9 @@
 :func:`trial_rank` runs on every rank of a trial (spawned by
 :func:`scout_core.testing.run_ranks`): it builds :class:`~scout_core.testing.TinyLM`
 under the setup's parallelism, enables SCOUT through the torch plugin with the
-campaign's configuration (``trial["scout"]``: :func:`scout_core.campaign.config.trial_settings`), arms the
-trial's fault (:class:`~scout_core.testing.trial.TrialFault`) and trains. The evidence
+campaign's settings (``trial["scout"]``, from
+:func:`scout_core.campaign.config.trial_settings`), arms the trial's fault
+(:class:`~scout_core.testing.trial.TrialFault`) and trains. The evidence
 goes to the trial's report directory; the runner scores it from there.
 
 The layouts are PyTorch's own recipes: ``ddp`` (pure data parallel), ``fsdp``
@@ -80,7 +81,11 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
     fault = TrialFault(trial["fault"])
     fault.prepare()
-    layers = [f"layers.{i}" for i in range(len(model.layers))]
+    layers = [
+        name
+        for name, _ in model.named_modules()
+        if name.count(".") == 1 and name.startswith("layers.")
+    ]
     fault.attach(wrapped, opt, layers=layers, param="layers.0.norm.weight")
     data_rank = rank // 2 if layout == "dptp" else rank  # TP partners share a batch
     config = Config(**trial["scout"])

@@ -108,7 +108,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 _COLUMNS = (
-    f"{'':<20} {'trials':>6} {'found':>5} {'recall':>6} {'prec.':>6} {'exact':>6} "
+    f"{'':<20} {'trials':>6} {'found':>5} {'err':>3} {'recall':>6} {'prec.':>6} {'exact':>6} "
     f"{'ttv s med/worst':>16} {'ttv steps':>9} {'FP/1k clean':>11}"
 )
 
@@ -117,7 +117,8 @@ def _row(name: str, s: dict[str, Any]) -> str:
     ttv = f"{_fmt(s['ttv_s']['median'], '.2f')}/{_fmt(s['ttv_s']['worst'], '.2f')}"
     steps = f"{_fmt(s['ttv_steps']['median'], '.0f')}/{_fmt(s['ttv_steps']['worst'], '.0f')}"
     return (
-        f"{name:<20} {s['trials']:>6} {s['detected']:>5} {_fmt(s['recall'], '.0%'):>6} "
+        f"{name:<20} {s['trials']:>6} {s['detected']:>5} {s['errors']:>3} "
+        f"{_fmt(s['recall'], '.0%'):>6} "
         f"{_fmt(s['precision'], '.0%'):>6} {_fmt(s['exact_rank'], '.0%'):>6} {ttv:>16} "
         f"{steps:>9} {_fmt(s['fp_per_1k_clean_steps'], '.1f'):>11}"
     )
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"scout campaign: {exc}", file=sys.stderr)
         return 2
-    mode = "quick" if args.quick else "long"
+    custom = args.trials or args.setup or args.kind
+    mode = "quick" if args.quick else ("custom" if custom else "long")
     print(f"scout campaign: seed {args.seed}, {len(plan)} trials ({mode})")
     for t in plan:
         print(f"  plan {t.label()} ({t.steps} steps)")
