@@ -50,6 +50,8 @@ class Setup:
     """Passed to the rank body (the layout, the ZeRO stage ...)."""
     startup_s: float = 30.0
     """Rough start-up cost on a loaded CPU box, for the trial's hard timeout."""
+    init_process_group: bool = True
+    """Whether the harness initialises ``torch.distributed`` (TorchTitan does it itself)."""
 
 
 SETUPS: tuple[Setup, ...] = (
@@ -78,7 +80,7 @@ SETUPS: tuple[Setup, ...] = (
     ),
     Setup(
         "megatron",
-        4,
+        6,
         "scout_megatron.campaign:trial_rank",
         ("megatron", "scout_megatron"),
         {"tp": 2},
@@ -86,11 +88,12 @@ SETUPS: tuple[Setup, ...] = (
     ),
     Setup(
         "torchtitan",
-        4,
+        6,
         "scout_torchtitan.campaign:trial_rank",
         ("torchtitan", "scout_torchtitan"),
-        {},
+        {"tp": 2},
         240.0,
+        init_process_group=False,
     ),
 )
 """Every setup SCOUT supports, in the order tables list them."""

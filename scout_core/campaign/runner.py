@@ -107,6 +107,7 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
             timeout_s=setup.startup_s + _STEP_BUDGET_S * trial.steps + 2 * STALL_S,
             env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
             on_start=on_start,
+            init_process_group=setup.init_process_group,
         )
     except (ScoutError, OSError) as exc:
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

@@ -158,7 +158,7 @@ class TrialFault:
         None); the victim's fetch of its injection step stalls for an input stall."""
         loader = _Loader(steps, self.step if self.mine and self.kind == "input_stall" else -1)
         loader.stall_s = self.stall_s
-        loader.on_stall = self._mark_injected
+        loader.on_stall = self.mark_injected
         watched = loader if session is None else session.watch_dataloader(loader)
         yield from watched
 
@@ -171,15 +171,15 @@ class TrialFault:
         if not self.mine:
             return
         if self.kind in _HOOKED:
-            self._mark_injected()  # the hooks strike inside this step
+            self.mark_injected()  # the hooks strike inside this step
         elif self.kind == "param_sdc":
             self._corrupt_param()
         elif self.kind == "hang_sigstop":
-            self._mark_injected()
+            self.mark_injected()
             _write_marker(STOP_MARKER, {"pid": os.getpid(), "rank": self.rank})
-            time.sleep(self.stall_s)  # stopped in here by the runner, then continued
+            time.sleep(2.0)  # stopped in here by the runner (within ms), then continued
         elif self.kind == "hang_gil":
-            self._mark_injected()
+            self.mark_injected()
             threading.Thread(target=hold_gil, args=(self.stall_s,), daemon=True).start()
             time.sleep(0.05)  # hand the GIL to the spinning thread
 
@@ -192,7 +192,7 @@ class TrialFault:
         with stage:
             _write_marker(f"ckpt-{self.rank}.json", {"step": step})
             if self.mine:
-                self._mark_injected()
+                self.mark_injected()
                 time.sleep(self.stall_s)
 
     def result(self) -> dict[str, Any]:
@@ -225,10 +225,12 @@ class TrialFault:
         from scout_core.integration.discovery import unwrap
 
         flip_bit(storage(unwrap(model).get_parameter(name)), bit=20)
-        self._mark_injected()
+        self.mark_injected()
         self._fired.append(["param", name, self.step])
 
-    def _mark_injected(self) -> None:
+    def mark_injected(self) -> None:
+        """Stamp the moment the fault struck (the first call counts), for a rank body that
+        strikes it itself (a framework's own dataloader stalling, say)."""
         if self.injected_at is None:
             self.injected_at = time.time()
 
@@ -239,7 +241,7 @@ class TrialFault:
         x = torch.ones(4)
         try:
             if self.mine:
-                self._mark_injected()
+                self.mark_injected()
                 dist.broadcast(x, src=0, group=self._side)
             else:
                 dist.all_reduce(x, group=self._side)
