@@ -17,12 +17,12 @@ time to verdict, clean steps and findings at clean steps. Over trials
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from scout_core.records.reading import Report
-from scout_core.records.record import VERDICT_SCHEMA
+from scout_core.records.record import VERDICT_SCHEMA, Record
 
 __all__ = ["ACCEPTED", "Claim", "TrialScore", "claims", "score_trial", "summarize"]
 
@@ -56,24 +56,25 @@ class Claim:
     """Verdict records carrying this claim."""
 
 
+def _failing(report: Report, run_id: str | None) -> Iterator[Record]:
+    """The verdict records of ``report`` (of run ``run_id``, when given) reporting a failure."""
+    for r in report.records:
+        wanted = run_id is None or r.run_id == run_id
+        if wanted and r.schema == VERDICT_SCHEMA and r.failure is not None:
+            yield r
+
+
 def claims(report: Report, run_id: str | None = None) -> list[Claim]:
     """The claims of ``report`` (of run ``run_id`` only, when given), in first-seen order."""
-    first: dict[tuple[str, tuple[int, ...]], Claim] = {}
-    for r in report.records:
-        if r.schema != VERDICT_SCHEMA or r.failure is None:
-            continue
-        if run_id is not None and r.run_id != run_id:
-            continue
-        key = (r.failure.value, tuple(r.outliers))
-        seen = first.get(key)
-        if seen is None or (r.step, r.time) < (seen.step, seen.time):
-            count = 1 if seen is None else seen.records + 1
-            first[key] = Claim(key[0], key[1], r.step, r.time, r.surface, count)
-        else:
-            first[key] = Claim(
-                seen.failure, seen.outliers, seen.step, seen.time, seen.surface, seen.records + 1
-            )
-    return sorted(first.values(), key=lambda c: (c.step, c.time))
+    seen: dict[tuple[str, tuple[int, ...]], list[Record]] = {}
+    for r in _failing(report, run_id):
+        assert r.failure is not None
+        seen.setdefault((r.failure.value, tuple(r.outliers)), []).append(r)
+    out = []
+    for (failure, outliers), records in seen.items():
+        first = min(records, key=lambda r: (r.step, r.time))
+        out.append(Claim(failure, outliers, first.step, first.time, first.surface, len(records)))
+    return sorted(out, key=lambda c: (c.step, c.time))
 
 
 def _findings_at_clean_steps(
@@ -82,12 +83,8 @@ def _findings_at_clean_steps(
     """Distinct (step, failure, outliers) of verdicts at clean steps: every step of a
     clean control (``before`` None), else the steps before the injection."""
     out: set[tuple[int, str, tuple[int, ...]]] = set()
-    for r in report.records:
-        if r.schema != VERDICT_SCHEMA or r.failure is None:
-            continue
-        if run_id is not None and r.run_id != run_id:
-            continue
-        if before is None or r.step < before:
+    for r in _failing(report, run_id):
+        if r.failure is not None and (before is None or r.step < before):
             out.add((r.step, r.failure.value, tuple(r.outliers)))
     return sorted(out)
 
