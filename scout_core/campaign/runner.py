@@ -15,6 +15,7 @@ the stall time has passed), and ``SIGCONT``\\ s it so the job ends normally.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -99,6 +100,7 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
         on_start = _stopper(trial.victim, report_dir, times)
     error: str | None = None
     results: list[Any] = []
+    start = time.monotonic()
     try:
         results = run_ranks(
             setup.target,
@@ -129,7 +131,7 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
         report = Report(directory=report_dir, records=(), by_rank={})
     if error is not None:  # the job died: count the steps its evidence reached
         trained = max((rec.step + 1 for rec in report.records), default=0)
-    return score_trial(
+    score = score_trial(
         trial.to_dict(),
         report,
         injected_at=injected_at,
@@ -138,6 +140,7 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
         error=error,
         fired=fired,
     )
+    return dataclasses.replace(score, seconds=round(time.monotonic() - start, 1))
 
 
 def run_campaign(

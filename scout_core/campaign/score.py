@@ -111,6 +111,8 @@ class TrialScore:
     clean_steps: int
     clean_findings: int
     error: str | None = None
+    seconds: float | None = None
+    """The trial's wall time, start-up included (set by the runner)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
