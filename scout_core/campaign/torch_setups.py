@@ -86,7 +86,9 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
         for name, _ in model.named_modules()
         if name.count(".") == 1 and name.startswith("layers.")
     ]
-    fault.attach(wrapped, opt, layers=layers, param="layers.0.norm.weight")
+    first = layers[0]  # the first parameter of the first repeated block, as in every setup
+    param = f"{first}.{next(n for n, _ in model.get_submodule(first).named_parameters())}"
+    fault.attach(wrapped, opt, layers=layers, param=param)
     data_rank = rank // 2 if layout == "dptp" else rank  # TP partners share a batch
     config = Config(**trial["scout"])
     trained = 0

@@ -110,7 +110,8 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     if session is None or session.adapter is None:
         raise RuntimeError("SCOUT did not attach to the DeepSpeed engine")
     layers = [ref.path for ref in session.adapter.repeated_layers()]
-    param = next(name for name, _ in module.named_parameters())
+    first = layers[0]  # the first parameter of the first repeated block, as in every setup
+    param = f"{first}.{next(n for n, _ in module.get_submodule(first).named_parameters())}"
     fault = TrialFault(trial["fault"])
     fault.prepare()
     fault.attach(module, inner_optimizer(engine), layers=layers, param=param, storage=_storage)

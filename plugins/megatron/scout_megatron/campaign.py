@@ -40,7 +40,8 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
         for name, _ in model.named_modules()
         if name.startswith("decoder.layers.") and name.count(".") == 2
     ]
-    param = next(name for name, _ in model.named_parameters())
+    first = layers[0]  # the first parameter of the first repeated block, as in every setup
+    param = f"{first}.{next(n for n, _ in model.get_submodule(first).named_parameters())}"
     fault.attach(model, inner, layers=layers, param=param)
     trained = 0
     try:

@@ -102,7 +102,8 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     model = trainer.model_parts[0]
     blocks = block_paths(model, [ref.module for ref in titan_modules(trainer.model_parts).layers])
     inner = trainer.optimizers.optimizers[0]
-    param = next(name for name, _ in model.named_parameters())
+    first = blocks[0]  # the first parameter of the first repeated block, as in every setup
+    param = f"{first}.{next(n for n, _ in model.get_submodule(first).named_parameters())}"
     fault.attach(model, inner, layers=blocks, param=param)
     driver = _Driver(fault, session)
     slow = fault.step if fault.mine and fault.kind == "input_stall" else -1
