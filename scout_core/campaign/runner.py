@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import threading
 import time
@@ -31,6 +32,8 @@ from scout_core.campaign.score import TrialScore, score_trial
 
 __all__ = ["CampaignResult", "run_campaign", "run_trial"]
 
+_PORT_TAKEN = "EADDRINUSE"
+"""In a failed trial's logs: a rendezvous port was taken by another process (retried)."""
 _STEP_BUDGET_S = 8.0
 """Hard-timeout allowance per training step on a loaded CPU box (generous: a timed-out
 trial is scored from what it wrote, and counted as an error)."""
@@ -101,20 +104,30 @@ def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
     error: str | None = None
     results: list[Any] = []
     start = time.monotonic()
-    try:
-        results = run_ranks(
-            setup.target,
-            setup.world,
-            args=(payload, str(report_dir), setup.options),
-            timeout_s=setup.startup_s + _STEP_BUDGET_S * trial.steps + 2 * STALL_S,
-            env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
-            on_start=on_start,
-            init_process_group=setup.init_process_group,
-        )
-    except (ScoutError, OSError) as exc:
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        log = report_dir.with_name(report_dir.name + ".error.txt")
-        log.write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")  # the ranks' logs
+    log = report_dir.with_name(report_dir.name + ".error.txt")
+    for attempt in (1, 2):
+        error = None
+        times.clear()
+        log.unlink(missing_ok=True)
+        try:
+            results = run_ranks(
+                setup.target,
+                setup.world,
+                args=(payload, str(report_dir), setup.options),
+                timeout_s=setup.startup_s + _STEP_BUDGET_S * trial.steps + 2 * STALL_S,
+                env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+                on_start=on_start,
+                init_process_group=setup.init_process_group,
+            )
+        except (ScoutError, OSError) as exc:
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            log.write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")  # the ranks' logs
+            if attempt == 1 and _PORT_TAKEN in str(exc):
+                # another process took the free port between the harness's pick and the
+                # bind: not the trial's doing; run it again from scratch, once
+                shutil.rmtree(report_dir, ignore_errors=True)
+                continue
+        break
     injected_at = times.get("stopped")
     victim = next((r for r in results if isinstance(r, dict) and r.get("victim")), None)
     fired = True

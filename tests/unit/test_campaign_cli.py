@@ -89,3 +89,24 @@ def test_the_progress_bar_draws_on_stderr_only_when_shown(
         advance("#0 ddp clean")
         advance("#1 ddp hang_gil")
     assert "2/2" in err.getvalue()
+
+
+def test_a_trial_whose_port_was_taken_runs_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scout_core.testing import RankFailedError
+
+    calls: list[int] = []
+
+    def flaky(*args: object, **kwargs: object) -> list[dict[str, object]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RankFailedError("rank 0 failed:\nDistNetworkError: ... EADDRINUSE ...")
+        return [{"rank": r, "victim": False, "injected_at": None, "trained": 7} for r in range(4)]
+
+    monkeypatch.setattr("scout_core.testing.harness.run_ranks", flaky)
+    trial = plan.draw_plan(0, trials=1, setups=["ddp"], kinds=["clean"])[0]
+    score = runner.run_trial(trial, plan.setup_named("ddp"), tmp_path)
+    assert len(calls) == 2
+    assert (score.outcome, score.error, score.clean_steps) == ("clean", None, 7)
+    assert not list(tmp_path.glob("*.error.txt"))
