@@ -167,9 +167,12 @@ class Trigger:
         """Corrupt a parameter's (already reduced) gradient before the optimizer step."""
         return self._add("grad", param, how)
 
-    def corrupt_optimizer_state(self, param: str, how: Corruption, *, key: str = "") -> Faults:
+    def corrupt_optimizer_state(
+        self, param: str | None, how: Corruption, *, key: str = ""
+    ) -> Faults:
         """Corrupt an optimizer slot of ``param`` (``key`` e.g. ``exp_avg``; default the first
-        floating slot) before the step."""
+        floating slot) before the step. ``param=None``: the first parameter, in the
+        optimizer's group order, that has state (a framework's flat partition, say)."""
         return self._add("optim", param, (how, key))
 
     def delay_compute(self, module: str, seconds: float) -> Faults:
@@ -326,10 +329,16 @@ class Faults:
             for f in self.faults:
                 if f.kind not in {"param", "grad", "optim"} or not self._active(f):
                     continue
-                assert f.target is not None
-                param = self._params.get(f.target)
-                if param is None:
-                    param = root.get_parameter(f.target)
+                if f.target is None:  # optimizer state, of the first parameter holding some
+                    held = [q for g in optimizer.param_groups for q in g["params"]]
+                    found = next((q for q in held if optimizer.state.get(q)), None)
+                    if found is None:
+                        continue  # no state yet (first step): nothing to corrupt
+                    param = found
+                else:
+                    param = self._params.get(f.target)
+                    if param is None:
+                        param = root.get_parameter(f.target)
                 p = local_tensor(param)
                 if f.kind == "param":
                     f.payload.apply_(p)
