@@ -114,6 +114,8 @@ class ObserverBase:
         self.last_op = -1
         self.quiet_since = time.monotonic()
         self.rang_at: float | None = None
+        self.start_step: int | None = None
+        """The step of this rank's first publish (the watch loop's start-up rule)."""
         self.episode_verdict = False
         """A verdict was reached while this rank was silent: no new attribution until
         it progresses again (a job under a verdict is being torn down, or recovered)."""

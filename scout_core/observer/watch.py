@@ -30,7 +30,7 @@ import time
 
 from scout_core.observer.core import ObserverBase
 from scout_core.observer.escalation import escalate
-from scout_core.observer.record import Stage
+from scout_core.observer.record import Snapshot, Stage
 from scout_core.observer.store_host import ring
 from scout_core.observer.verdict import Verdict
 from scout_core.vocabulary import Failure, Scope, Status
@@ -42,6 +42,17 @@ _STALL_STAGES = frozenset({Stage.DATALOADER, Stage.CHECKPOINT_READ, Stage.CHECKP
 
 class SilenceWatch(ObserverBase):
     """The watch loop: the observer process's main thread."""
+
+    def _starting(self, snap: Snapshot) -> bool:
+        """Idle at the step this rank first published: the job has not begun training.
+
+        A job-wide wait there (every rank idle, no one in a collective, the DataLoader or
+        checkpoint I/O) is the framework's own start-up between attaching SCOUT and the
+        first forward, not a stall; it is never rung for (docs/observer.md, "Start-up").
+        """
+        if self.start_step is None:
+            self.start_step = snap.step
+        return snap.stage == Stage.IDLE and snap.step == self.start_step
 
     def watch(self) -> None:
         s = self.spec
@@ -63,10 +74,11 @@ class SilenceWatch(ObserverBase):
             woke_at = None
             threshold = s.stage_timeout_s if snap.stage in _STALL_STAGES else s.hang_timeout_s
             due = quiet_since + threshold
-            if snap.op_id == 0:
-                # Nothing published yet: the trainer is still building its model and
-                # groups, which may take any time. The clock starts at first progress
-                # (a peer that did publish still rings for a rank stuck before it).
+            if snap.op_id == 0 or self._starting(snap):
+                # Nothing published yet, or idle before the first step: the trainer is
+                # still building its model and groups, compiling or loading, which may
+                # take any time. The clock starts at first progress, and a peer that is
+                # already waiting in a collective still rings for a rank stuck before it.
                 self.rec.wait_for_progress(threshold)
                 continue
             if now >= due:

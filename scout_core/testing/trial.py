@@ -31,6 +31,7 @@ slow for ``window`` steps so that ``straggler_rounds`` consecutive replay rounds
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import threading
@@ -69,14 +70,31 @@ then waits: the runner stops it there, before the step's collectives."""
 
 
 def hold_gil(seconds: float) -> None:
-    """Spin in C for about ``seconds`` without releasing the GIL: ``sum`` over a range
-    never returns to the interpreter's eval loop, so no other thread of the process runs
-    (the training thread is frozen, as under a stuck C extension)."""
-    n = 1_000_000
-    t = time.perf_counter()
-    sum(range(n))
-    per = max((time.perf_counter() - t) / n, 1e-9)
-    sum(range(int(seconds / per)))
+    """Hold the GIL for ``seconds``, as a stuck C extension does: no other thread of the
+    process runs meanwhile (the training thread is frozen).
+
+    ``nanosleep`` is called through :class:`ctypes.PyDLL`, which keeps the GIL during
+    the call (``ctypes.CDLL`` would release it), so the hold is exact. Where libc's
+    ``nanosleep`` cannot be found, a ``sum`` over a range spins in C for about
+    ``seconds`` instead (it never returns to the eval loop, so it keeps the GIL too)."""
+    try:
+        nanosleep = ctypes.PyDLL(None).nanosleep
+    except (OSError, AttributeError):
+        n = 1_000_000
+        t = time.perf_counter()
+        sum(range(n))
+        per = max((time.perf_counter() - t) / n, 1e-9)
+        sum(range(int(seconds / per)))
+        return
+    whole = int(seconds)
+    ask = _Timespec(whole, int((seconds - whole) * 1e9))
+    left = _Timespec()
+    while nanosleep(ctypes.byref(ask), ctypes.byref(left)) != 0:  # a signal: sleep the rest
+        ask = _Timespec(left.tv_sec, left.tv_nsec)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
 class TrialFault:

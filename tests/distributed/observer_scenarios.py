@@ -175,6 +175,7 @@ def _checkpoint_stall(r: _Rank) -> None:
 
 
 _FAULTS = {
+    "slow_start": _Rank.step,
     "sigstop": _sigstop,
     "late": _late,
     "gil": _gil,
@@ -218,6 +219,11 @@ def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) ->
         _mark(f"observer-{rank}", handle.pid)
     r = _Rank(handle, culprit)
     out: dict[str, Any] = {"rank": rank}
+    if name == "slow_start":
+        # A framework's start-up after SCOUT attached: one published collective, then
+        # every rank idle for 3x the hang timeout before its first step.
+        dist.all_reduce(r.x, group=r.train)
+        time.sleep(3 * HANG_S)
     for _ in range(3):
         r.step()
     try:

@@ -172,3 +172,19 @@ def test_gil_held_by_a_spinning_thread_is_a_hang_with_stacks(tmp_path: Path) -> 
         if r != CULPRIT:
             path = report / f"stacks-rank-{r}.txt"
             assert not path.exists() or path.read_text() == ""
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_idle_start_up_before_the_first_step_is_no_stall(tmp_path: Path) -> None:
+    # Every rank published (a collective) and then sat idle for 3x hang_timeout_s before
+    # its first step, as a framework does between attaching SCOUT and its first forward
+    # (the campaign's TorchTitan clean control saw a group_stall there): no record.
+    report = tmp_path / "report"
+    results = run_ranks(
+        scenario, WORLD, args=("slow_start", free_port(), str(report), 0), timeout_s=90
+    )
+    assert not report.exists() or load_report(report).records == ()
+    for r in results:
+        assert r["verdicts"] == []
+        assert r["stats"]["rounds"] == 0

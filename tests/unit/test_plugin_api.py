@@ -78,6 +78,8 @@ TESTING = {
     "VOCAB",
     "signature",
     "signature_many",
+    "TrialFault",
+    "FAULT_KINDS",
 }
 
 
