@@ -38,6 +38,8 @@ from scout_core.checkpoint.catalog import GateCatalog, round_outcome
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
 from scout_core.checkpoint.recovery import resume
 from scout_core.decision.gate import Outcome, Retrieval, worst
+from scout_core.decision.gate_wire import WIDTH, fold_words
+from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.boundary import Boundary
@@ -82,6 +84,7 @@ class GateHandle:
         writer: EvidenceWriter | None,
         extra_state: ExtraState | None = None,
         restore_extra: RestoreExtra | None = None,
+        vote: BoundaryVote[Boundary] | None = None,
     ) -> None:
         config = driver.config
         self.driver = driver
@@ -113,6 +116,7 @@ class GateHandle:
         (``Config.on_sdc = "terminate"`` sets it: the session ends the job)."""
         self._warned = False
         self._closed = False
+        self._seat = None if vote is None else vote.seat("checkpoint gate", WIDTH, self._words)
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
@@ -128,7 +132,19 @@ class GateHandle:
 
     # -- the boundary --------------------------------------------------------------------
 
+    def _words(self, boundary: Boundary) -> list[int] | None:
+        """This rank's gate flags for the boundary vote; None when the gate does not
+        decide at ``boundary`` (no catalog recipe due, or a selection pending)."""
+        found = self.catalog.evaluate(boundary)
+        if found is None or self.pending is not None:
+            return None
+        return self.coordinator.vote_words(boundary.step, *found)
+
     def _on_boundary(self, boundary: Boundary) -> None:
+        voted = None
+        if self._seat is not None and boundary.due:
+            maxima = self._seat.result(boundary)  # the boundary's one all-reduce
+            voted = None if maxima is None else fold_words(maxima)
         found = self.catalog.evaluate(boundary)
         if found is None:
             return
@@ -144,7 +160,7 @@ class GateHandle:
         outcome, slots = found
         step = boundary.step
         extra = None if self.extra_state is None else self.extra_state()
-        result = self.coordinator.on_boundary(step, outcome, slots, extra=extra)
+        result = self.coordinator.on_boundary(step, outcome, slots, extra=extra, job=voted)
         self.history.append(result)
         if result.retrieval is not None:
             self.pending = result.retrieval

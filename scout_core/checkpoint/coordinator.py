@@ -38,8 +38,8 @@ from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, repli
 from scout_core.checkpoint.records import GateRecorder
 from scout_core.checkpoint.recovery import Restored, recover
 from scout_core.decision.agreement import check_group
-from scout_core.decision.gate import Action, Decision, Gate, Outcome, Retrieval
-from scout_core.decision.gate_wire import combine, combine_outcome
+from scout_core.decision.gate import Action, Decision, Gate, JobFlags, Outcome, Retrieval
+from scout_core.decision.gate_wire import combine, combine_outcome, words
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
 from scout_core.records.evidence import EvidenceWriter
@@ -116,6 +116,7 @@ class CheckpointCoordinator:
         *,
         extra: Mapping[str, Any] | None = None,
         machines_accessible: bool = True,
+        job: JobFlags | None = None,
     ) -> BoundaryResult:
         """Algorithm 3's ``CheckpointSave`` at the replay boundary of ``step``.
 
@@ -123,11 +124,15 @@ class CheckpointCoordinator:
         peer groups together, e.g. :func:`~scout_core.decision.gate.worst` of them) and
         ``recipes`` the catalog indices of the recipes checked (``None`` when this
         rank has no result). ``extra`` is the caller's state to capture with the
-        model. Collective over the diagnostic group.
+        model. Collective over the diagnostic group, unless ``job`` is given: the
+        flags every rank already combined for this boundary (a seat of the session's
+        :class:`~scout_core.decision.vote.BoundaryVote` carries them in the one
+        all-reduce the boundary runs; :meth:`vote_words` is this rank's share).
         """
         gate = self.gate
         local = gate.local_flags(step, outcome, recipes)
-        job = combine(local, group=self.group)
+        if job is None:
+            job = combine(local, group=self.group)
         decision = gate.decide(job, local)
         detail = {
             "q": gate.q,
@@ -170,6 +175,13 @@ class CheckpointCoordinator:
         if decision.action is Action.ROTATE:
             self._rotate(decision, step, detail)
         return BoundaryResult(decision, capture_s=snap.blocking_s)
+
+    def vote_words(
+        self, step: int, outcome: Outcome, recipes: int | Iterable[int] | None
+    ) -> list[int]:
+        """This rank's flag words for the boundary at ``step`` (what :meth:`on_boundary`
+        would all-reduce), for a boundary vote that combines them with other parts'."""
+        return words(self.gate.local_flags(step, outcome, recipes))
 
     def _rotate(self, decision: Decision, step: int, detail: Mapping[str, Any]) -> None:
         self.memory.rotate()

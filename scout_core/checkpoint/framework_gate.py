@@ -12,7 +12,8 @@ the framework's save and load through :meth:`FrameworkGate.save` and
 The gate subscribes to the replay driver's boundary events. Per boundary it reads
 this rank's outcome and the catalog slots checked (:class:`~.catalog.GateCatalog`),
 combines the flags job-wide on a diagnostic group
-(:func:`~scout_core.decision.gate_wire.combine`) and lets the pure Algorithm-3
+(:func:`~scout_core.decision.gate_wire.combine`, or the session's one boundary
+all-reduce, :mod:`scout_core.decision.vote`) and lets the pure Algorithm-3
 machine (:class:`~scout_core.decision.gate.Gate`) decide. The decision moves the
 saved tags' roles in the :class:`~.certification.Ledger` and its sidecar:
 
@@ -70,7 +71,8 @@ from scout_core.decision.gate import (
     retrieval,
     worst,
 )
-from scout_core.decision.gate_wire import combine, combine_outcome
+from scout_core.decision.gate_wire import WIDTH, combine, combine_outcome, fold_words, words
+from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import CheckpointError
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.boundary import Boundary
@@ -92,6 +94,7 @@ class FrameworkGate:
         *,
         group: dist.ProcessGroup,
         writer: EvidenceWriter | None,
+        vote: BoundaryVote[Boundary] | None = None,
     ) -> None:
         self.driver = driver
         self.catalog = catalog
@@ -110,6 +113,7 @@ class FrameworkGate:
         self._merged: set[str] = set()
         self._writes = False
         self._closed = False
+        self._seat = None if vote is None else vote.seat("checkpoint gate", WIDTH, self._words)
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
@@ -122,13 +126,25 @@ class FrameworkGate:
 
     # -- the boundary --------------------------------------------------------------------
 
+    def _words(self, boundary: Boundary) -> list[int] | None:
+        """This rank's flag words for the boundary vote (None: nothing to decide)."""
+        found = self.catalog.evaluate(boundary)
+        if found is None or self.pending is not None:
+            return None
+        return words(self.gate.local_flags(boundary.step, *found))
+
     def _on_boundary(self, boundary: Boundary) -> None:
+        voted = None
+        if self._seat is not None and boundary.due:
+            maxima = self._seat.result(boundary)  # the boundary's one all-reduce
+            voted = None if maxima is None else fold_words(maxima)
         found = self.catalog.evaluate(boundary)
         if found is None or self.pending is not None:
             return  # after SDC nothing is certified until a load restores
         outcome, slots = found
         local = self.gate.local_flags(boundary.step, outcome, slots)
-        self._apply(self.gate.decide(combine(local, group=self.group), local))
+        job = combine(local, group=self.group) if voted is None else voted
+        self._apply(self.gate.decide(job, local))
 
     def _apply(self, d: Decision) -> None:
         ledger, step = self.ledger, d.step
