@@ -104,6 +104,7 @@ class GateHandle:
             checkpoint_dir=config.checkpoint_dir,
             peer_replication=config.peer_replication,
             sweep=self.sweep,
+            memory=config.gate_memory,
         )
         self.history: deque[BoundaryResult] = deque(maxlen=_HISTORY)
         """The most recent boundary results, oldest first."""

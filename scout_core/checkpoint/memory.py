@@ -28,7 +28,9 @@ megabyte). Every tensor is still copied at every capture: PyTorch's version
 counters miss writes through ``.data`` (which ZeRO and Megatron use), so skipping
 "unchanged" tensors could keep stale state. A released snapshot must not be read
 any more; what a capture does not reuse is freed, so the gate never holds more
-than three generations' worth of host memory (:meth:`InMemoryCheckpoints.held_bytes`).
+than three generations' worth of host memory (:meth:`InMemoryCheckpoints.held_bytes`;
+:attr:`~InMemoryCheckpoints.peak_bytes` is the most it held at once). A lean gate
+(``Config.gate_memory``, the coordinator) holds two.
 
 [Peer replication]
 With replication on, each rank sends its flattened snapshot to the next rank of a
@@ -169,6 +171,9 @@ class InMemoryCheckpoints:
         self.replica: PeerReplica | None = None
         """The peer's candidate this rank holds, when replication is on."""
         self._copier = _HostCopier()
+        self.peak_bytes = 0
+        """The most host bytes the gate held at any moment (measured at the end of each
+        capture's copy, when old generations, leftover pool and the new copy coexist)."""
         self._hooks: list[RemovableHandle] = [
             opt.register_step_pre_hook(self._before_step) for opt in self.optimizers
         ]
@@ -205,6 +210,7 @@ class InMemoryCheckpoints:
         self._copier.begin()
         tree = capture_tree(self.model, self.optimizers, self.rng_streams, extra, self._copier)
         event = self._copier.finish()
+        self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
         self._copier.pool = {}  # what this capture did not reuse is freed
         snap = Snapshot(step=step, tree=tree, _event=event, buffers=self._copier.made)
         snap.blocking_s = time.monotonic() - start
@@ -238,9 +244,12 @@ class InMemoryCheckpoints:
     def held_bytes(self) -> int:
         """Host bytes this rank's gate holds: every distinct buffer of the generations
         and of the reuse pool (a generation named twice counts once)."""
+        return self._bytes()
+
+    def _bytes(self, *more: Buffers) -> int:
         seen: dict[int, int] = {}
         snaps = {id(g): g for g in (self.latest, self.candidate, self.verified) if g is not None}
-        groups = [s.buffers for s in snaps.values()] + [self._copier.pool]
+        groups = [s.buffers for s in snaps.values()] + [self._copier.pool, *more]
         for buffers in groups:
             for tensors in buffers.values():
                 for t in tensors:

@@ -23,7 +23,7 @@ def vote_rank() -> dict[str, Any]:
         calls.append("all_reduce")
         return real(*args, **kwargs)
 
-    dist.all_reduce = counted  # type: ignore[assignment]  # test-only counter
+    dist.all_reduce = counted  # test-only counter
     try:
         vote: BoundaryVote[str] = BoundaryVote(diagnostic_group())
         flags = vote.seat("flags", 2, lambda e: [rank, -rank])
