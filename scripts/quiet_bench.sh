@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Issue 15's acceptance figures on a quiet machine, inside a fixed time budget:
+# benchmarks/healthy_path.py --layers 12, 32 and 64, median of 3 runs each, for this
+# checkout ("after") and an earlier one ("before"), plus one CUDA run when a GPU is present.
+#
+#   git archive <before-commit> | (mkdir -p .before && tar -x -C .before)   # untracked
+#   BUDGET_S=400 bash scripts/quiet_bench.sh
+#
+# Knobs (environment): BEFORE (default .before; skipped when absent), BUDGET_S (default
+# 400: every stage gets what is left, minus a reserve for the summary), PYTHON (default
+# python3), LAYERS (default "12 32 64"), STEPS_<layers> (default 210 / 130 / 90 for
+# 12 / 32 / 64: 10 warm-up steps then whole 20-step periods, so every recipe phase is
+# measured equally often; 110 for other sizes), CUDA_STEPS (default 110; the CUDA run
+# uses the first size), BENCH_OUT (default $OUT if set, else ./quiet-bench-out).
+#
+# Each run is one process pair (2 ranks, DDP over Gloo, one thread per rank) that
+# trains the model with and without SCOUT, interleaved step by step, so both see the
+# same load. For one model size the 3 "after" and 3 "before" runs run at the same time
+# (12 rank processes; on 16 cores nothing waits for a core); the CUDA run shares the
+# first stage. Every run writes its own JSON; whatever finished before the budget ran
+# out is summarised at the end (benchmarks/healthy_compare.py: medians as JSON, then
+# the markdown table for docs/replay.md), so a run stopped by `timeout` still prints.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+BEFORE=${BEFORE:-.before}
+BUDGET_S=${BUDGET_S:-400}
+RESERVE_S=15
+OUTDIR=${BENCH_OUT:-${OUT:-$ROOT/quiet-bench-out}}
+mkdir -p "$OUTDIR"
+START=$(date +%s)
+DEADLINE=$((START + BUDGET_S))
+
+left() { echo $((DEADLINE - $(date +%s) - RESERVE_S)); }
+
+echo "quiet_bench: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), budget ${BUDGET_S}s, out $OUTDIR"
+"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+echo "after: $(git rev-parse --short HEAD 2>/dev/null || echo 'this tree')"
+TREES=(after)
+if [ -d "$BEFORE/scout_core" ]; then
+  TREES+=(before)
+  echo "before: $BEFORE ($(cat "$BEFORE/.commit" 2>/dev/null || echo 'git archive'))"
+else
+  echo "before: $BEFORE not found, only this checkout is measured" >&2
+fi
+CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+
+path_of() {  # the PYTHONPATH of a tree label
+  case "$1" in
+    before) echo "$(cd "$BEFORE" && pwd)" ;;
+    *) echo "$ROOT" ;;
+  esac
+}
+
+run_one() {  # tree layers n steps device [extra args...]: one run, in the background
+  local tree=$1 layers=$2 n=$3 steps=$4 device=$5
+  shift 5
+  local limit
+  limit=$(left)
+  local out="$OUTDIR/$tree-$layers-$n.json"
+  PYTHONPATH="$(path_of "$tree")" timeout -k 5 "$limit" "$PY" benchmarks/healthy_path.py \
+    --layers "$layers" --steps "$steps" --repeats 1 --warm 10 --device "$device" "$@" \
+    >"$out.part" 2>"$OUTDIR/$tree-$layers-$n.log" && mv "$out.part" "$out" &
+}
+
+stage() {  # layers steps: 3 runs per tree at once, waited for
+  local layers=$1 steps=$2
+  if [ "$(left)" -lt 20 ]; then
+    echo "quiet_bench: no budget left for $layers layers, skipped" >&2
+    return
+  fi
+  local t0
+  t0=$(date +%s)
+  for tree in "${TREES[@]}"; do
+    for n in 1 2 3; do
+      run_one "$tree" "$layers" "$n" "$steps" cpu
+    done
+  done
+  if [ "$layers" = "$FIRST" ] && [ "$CUDA" = 1 ]; then
+    run_one cuda "$layers" 1 "${CUDA_STEPS:-110}" cuda
+  fi
+  wait
+  echo "quiet_bench: $layers layers done in $(($(date +%s) - t0))s ($(ls "$OUTDIR"/*-"$layers"-*.json 2>/dev/null | wc -l) runs finished)"
+}
+
+steps_for() {  # STEPS_<layers> if set, else the default of that size
+  local var="STEPS_$1" default=110
+  case "$1" in 12) default=210 ;; 32) default=130 ;; 64) default=90 ;; esac
+  echo "${!var:-$default}"
+}
+
+FIRST=""
+for layers in ${LAYERS:-12 32 64}; do
+  FIRST=${FIRST:-$layers}
+  stage "$layers" "$(steps_for "$layers")"
+done
+
+echo "quiet_bench: total $(($(date +%s) - START))s"
+for log in "$OUTDIR"/*.log; do  # a failed run says why (its last lines)
+  if [ -s "$log" ] && ! [ -f "${log%.log}.json" ]; then
+    echo "--- $(basename "$log") (no result):"
+    tail -n 5 "$log"
+  fi
+done
+"$PY" benchmarks/healthy_compare.py "$OUTDIR"
