@@ -53,15 +53,28 @@ path_of() {  # the PYTHONPATH of a tree label
   esac
 }
 
+PIDS=()
+NAMES=()
 run_one() {  # tree layers n steps device [extra args...]: one run, in the background
   local tree=$1 layers=$2 n=$3 steps=$4 device=$5
   shift 5
-  local limit
-  limit=$(left)
-  local out="$OUTDIR/$tree-$layers-$n.json"
-  PYTHONPATH="$(path_of "$tree")" timeout -k 5 "$limit" "$PY" benchmarks/healthy_path.py \
+  local name="$OUTDIR/$tree-$layers-$n"
+  PYTHONPATH="$(path_of "$tree")" timeout -k 5 "$(left)" "$PY" benchmarks/healthy_path.py \
     --layers "$layers" --steps "$steps" --repeats 1 --warm 10 --device "$device" "$@" \
-    >"$out.part" 2>"$OUTDIR/$tree-$layers-$n.log" && mv "$out.part" "$out" &
+    >"$name.part" 2>"$name.log" &
+  PIDS+=($!)
+  NAMES+=("$name")
+}
+
+collect() {  # wait for this stage's runs; a run that finished keeps its JSON
+  local i
+  for i in "${!PIDS[@]}"; do
+    if wait "${PIDS[$i]}"; then
+      mv "${NAMES[$i]}.part" "${NAMES[$i]}.json"
+    fi
+  done
+  PIDS=()
+  NAMES=()
 }
 
 stage() {  # layers steps: 3 runs per tree at once, waited for
@@ -80,9 +93,31 @@ stage() {  # layers steps: 3 runs per tree at once, waited for
   if [ "$layers" = "$FIRST" ] && [ "$CUDA" = 1 ]; then
     run_one cuda "$layers" 1 "${CUDA_STEPS:-110}" cuda
   fi
-  wait
+  collect
   echo "quiet_bench: $layers layers done in $(($(date +%s) - t0))s ($(ls "$OUTDIR"/*-"$layers"-*.json 2>/dev/null | wc -l) runs finished)"
 }
+
+summary() {
+  echo "quiet_bench: total $(($(date +%s) - START))s"
+  for log in "$OUTDIR"/*.log; do  # a failed run says why (its last lines)
+    if [ -s "$log" ] && ! [ -f "${log%.log}.json" ]; then
+      echo "--- $(basename "$log") (no result):"
+      tail -n 5 "$log"
+    fi
+  done
+  "$PY" benchmarks/healthy_compare.py "$OUTDIR"
+}
+
+stopped() {  # an outer `timeout` or ^C: stop this script's runs, print what finished
+  trap - TERM INT
+  echo "quiet_bench: stopped, summarising what finished" >&2
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+  summary
+  exit 124
+}
+trap stopped TERM INT
 
 steps_for() {  # STEPS_<layers> if set, else the default of that size
   local var="STEPS_$1" default=110
@@ -96,11 +131,4 @@ for layers in ${LAYERS:-12 32 64}; do
   stage "$layers" "$(steps_for "$layers")"
 done
 
-echo "quiet_bench: total $(($(date +%s) - START))s"
-for log in "$OUTDIR"/*.log; do  # a failed run says why (its last lines)
-  if [ -s "$log" ] && ! [ -f "${log%.log}.json" ]; then
-    echo "--- $(basename "$log") (no result):"
-    tail -n 5 "$log"
-  fi
-done
-"$PY" benchmarks/healthy_compare.py "$OUTDIR"
+summary
