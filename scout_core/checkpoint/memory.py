@@ -171,6 +171,10 @@ class InMemoryCheckpoints:
         self.replica: PeerReplica | None = None
         """The peer's candidate this rank holds, when replication is on."""
         self._copier = _HostCopier()
+        self.reuse = True
+        """Copy into released generations' buffers (the default). ``False`` allocates
+        fresh host buffers at every capture, as the gate did before buffer reuse: the
+        baseline ``benchmarks/checkpoint_capture.py`` measures against."""
         self.peak_bytes = 0
         """The most host bytes the gate held at any moment (measured at the end of each
         capture's copy, when old generations, leftover pool and the new copy coexist)."""
@@ -207,6 +211,8 @@ class InMemoryCheckpoints:
         if rotating and self.candidate is not None:
             dropped, self.verified = self.verified, None
             self._release(dropped)
+        if not self.reuse:
+            self._copier.pool = {}
         self._copier.begin()
         tree = capture_tree(self.model, self.optimizers, self.rng_streams, extra, self._copier)
         event = self._copier.finish()
