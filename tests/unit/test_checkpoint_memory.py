@@ -184,3 +184,24 @@ def test_the_gate_never_holds_more_than_three_generations() -> None:
     assert peak <= 3 * state + 3 * 8192
     assert peak >= 2 * state  # candidate and verified are both held after two cycles
     mem.close()
+
+
+def test_without_reuse_every_capture_copies_into_fresh_buffers() -> None:
+    # The baseline benchmarks/checkpoint_capture.py measures: the same generations, new
+    # host buffers at every capture (the released ones are freed first).
+    model, opt = make()
+    train(model, opt, 2)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    mem.reuse = False
+    first = mem.capture(1)
+    params = _ptrs(first)
+    kept = list(flatten(first.tree)[1].values())  # keep the old buffers alive: no address reuse
+    train(model, opt, 1)
+    second = mem.capture(2)
+    assert not _ptrs(second) & params
+    after = fingerprint(model, opt)
+    train(model, opt, 2)
+    mem.restore(second)
+    assert fingerprint(model, opt) == after
+    assert kept and mem.peak_bytes >= mem.held_bytes() > 0
+    mem.close()
