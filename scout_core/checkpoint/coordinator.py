@@ -48,9 +48,10 @@ import torch
 import torch.distributed as dist
 
 from scout_core.checkpoint.durable import DurableStore
-from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, replicate_to_peer
+from scout_core.checkpoint.memory import InMemoryCheckpoints
 from scout_core.checkpoint.records import GateRecorder
 from scout_core.checkpoint.recovery import Restored, recover
+from scout_core.checkpoint.replicas import PeerReplica, replicate_to_peer
 from scout_core.config.checks import GATE_MEMORY
 from scout_core.decision.agreement import check_group
 from scout_core.decision.gate import Action, Decision, Gate, JobFlags, Outcome, Retrieval
