@@ -34,11 +34,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.catalog import GateCatalog, round_outcome
+from scout_core.checkpoint.catalog import GateCatalog, GateSeat, round_outcome
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
 from scout_core.checkpoint.recovery import resume
 from scout_core.decision.gate import Outcome, Retrieval, worst
-from scout_core.decision.gate_wire import WIDTH, fold_words
 from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
 from scout_core.records.evidence import EvidenceWriter
@@ -117,7 +116,7 @@ class GateHandle:
         (``Config.on_sdc = "terminate"`` sets it: the session ends the job)."""
         self._warned = False
         self._closed = False
-        self._seat = None if vote is None else vote.seat("checkpoint gate", WIDTH, self._words)
+        self._seat = GateSeat(vote, catalog, lambda: self.coordinator.gate, self._holding, group)
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
@@ -133,19 +132,11 @@ class GateHandle:
 
     # -- the boundary --------------------------------------------------------------------
 
-    def _words(self, boundary: Boundary) -> list[int] | None:
-        """This rank's gate flags for the boundary vote; None when the gate does not
-        decide at ``boundary`` (no catalog recipe due, or a selection pending)."""
-        found = self.catalog.evaluate(boundary)
-        if found is None or self.pending is not None:
-            return None
-        return self.coordinator.vote_words(boundary.step, *found)
+    def _holding(self) -> bool:
+        return self.pending is not None
 
     def _on_boundary(self, boundary: Boundary) -> None:
-        voted = None
-        if self._seat is not None and boundary.due:
-            maxima = self._seat.result(boundary)  # the boundary's one all-reduce
-            voted = None if maxima is None else fold_words(maxima)
+        voted = self._seat.job(boundary)  # None without a vote: the coordinator combines
         found = self.catalog.evaluate(boundary)
         if found is None:
             return

@@ -55,7 +55,7 @@ from scout_core.checkpoint.replicas import PeerReplica, replicate_to_peer
 from scout_core.config.checks import GATE_MEMORY
 from scout_core.decision.agreement import check_group
 from scout_core.decision.gate import Action, Decision, Gate, JobFlags, Outcome, Retrieval
-from scout_core.decision.gate_wire import combine, combine_outcome, words
+from scout_core.decision.gate_wire import combine, combine_outcome
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
 from scout_core.records.evidence import EvidenceWriter
@@ -148,7 +148,7 @@ class CheckpointCoordinator:
         model. Collective over the diagnostic group, unless ``job`` is given: the
         flags every rank already combined for this boundary (a seat of the session's
         :class:`~scout_core.decision.vote.BoundaryVote` carries them in the one
-        all-reduce the boundary runs; :meth:`vote_words` is this rank's share).
+        all-reduce the boundary runs: :class:`~.catalog.GateSeat`).
         """
         gate = self.gate
         local = gate.local_flags(step, outcome, recipes)
@@ -201,13 +201,6 @@ class CheckpointCoordinator:
         if decision.action is Action.ROTATE:
             self._rotate(decision, step, detail)
         return BoundaryResult(decision, capture_s=snap.blocking_s)
-
-    def vote_words(
-        self, step: int, outcome: Outcome, recipes: int | Iterable[int] | None
-    ) -> list[int]:
-        """This rank's flag words for the boundary at ``step`` (what :meth:`on_boundary`
-        would all-reduce), for a boundary vote that combines them with other parts'."""
-        return words(self.gate.local_flags(step, outcome, recipes))
 
     def _rotate(self, decision: Decision, step: int, detail: Mapping[str, Any]) -> None:
         self.memory.rotate()
