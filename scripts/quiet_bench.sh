@@ -11,13 +11,14 @@
 # python3), LAYERS (default "12 32 64"), STEPS_<layers> (default 210 / 130 / 90 for
 # 12 / 32 / 64: 10 warm-up steps then whole 20-step periods, so every recipe phase is
 # measured equally often; 110 for other sizes), CUDA_STEPS (default 110; the CUDA run
-# uses the first size), BENCH_OUT (default $OUT if set, else ./quiet-bench-out).
+# uses the first size), LEAN (default 1: one more run per other size with
+# --gate-memory lean), BENCH_OUT (default $OUT if set, else ./quiet-bench-out).
 #
 # Each run is one process pair (2 ranks, DDP over Gloo, one thread per rank) that
 # trains the model with and without SCOUT, interleaved step by step, so both see the
 # same load. For one model size the 3 "after" and 3 "before" runs run at the same time
 # (12 rank processes; on 16 cores nothing waits for a core); the CUDA run shares the
-# first stage. Every run writes its own JSON; whatever finished before the budget ran
+# first stage, a "lean" run (this checkout, gate_memory = lean) each other one. Every run writes its own JSON; whatever finished before the budget ran
 # out is summarised at the end (benchmarks/healthy_compare.py: medians as JSON, then
 # the markdown table for docs/replay.md), so a run stopped by `timeout` still prints.
 set -uo pipefail
@@ -92,6 +93,8 @@ stage() {  # layers steps: 3 runs per tree at once, waited for
   done
   if [ "$layers" = "$FIRST" ] && [ "$CUDA" = 1 ]; then
     run_one cuda "$layers" 1 "${CUDA_STEPS:-110}" cuda
+  elif [ "${LEAN:-1}" = 1 ]; then  # one run with the lean gate (memory at most 2x)
+    run_one lean "$layers" 1 "$steps" cpu --gate-memory lean
   fi
   collect
   echo "quiet_bench: $layers layers done in $(($(date +%s) - t0))s ($(ls "$OUTDIR"/*-"$layers"-*.json 2>/dev/null | wc -l) runs finished)"
