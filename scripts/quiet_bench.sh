@@ -8,9 +8,10 @@
 #
 # Knobs (environment): BEFORE (default .before; skipped when absent), BUDGET_S (default
 # 400: every stage gets what is left, minus a reserve for the summary), PYTHON (default
-# python3), LAYERS (default "12 32 64"), STEPS_<layers> (default 210 / 130 / 90 for
-# 12 / 32 / 64: 10 warm-up steps then whole 20-step periods, so every recipe phase is
-# measured equally often; 110 for other sizes), CUDA_STEPS (default 110; the CUDA run
+# python3), LAYERS (default "12 32 64"), STEPS_<layers> (default 170 / 110 / 70 for
+# 12 / 32 / 64: 10 warm-up steps then 8 / 5 / 3 whole 20-step periods, so every recipe
+# phase is measured equally often; about 50 / 80 / 105 s per stage at 0.14 / 0.37 /
+# 0.76 CPU-s per model step, measured on a Xeon core; 110 for other sizes), CUDA_STEPS (default 110; the CUDA run
 # uses the first size), LEAN (default 1: one more run per other size with
 # --gate-memory lean), BENCH_OUT (default $OUT if set, else ./quiet-bench-out).
 #
@@ -124,7 +125,7 @@ trap stopped TERM INT
 
 steps_for() {  # STEPS_<layers> if set, else the default of that size
   local var="STEPS_$1" default=110
-  case "$1" in 12) default=210 ;; 32) default=130 ;; 64) default=90 ;; esac
+  case "$1" in 12) default=170 ;; 32) default=110 ;; 64) default=70 ;; esac
   echo "${!var:-$default}"
 }
 
