@@ -3,25 +3,28 @@
 # benchmarks/healthy_path.py --layers 12, 32 and 64, median of 3 runs each, for this
 # checkout ("after") and an earlier one ("before"), plus one CUDA run when a GPU is present.
 #
-#   git archive <before-commit> | (mkdir -p .before && tar -x -C .before)   # untracked
-#   BUDGET_S=400 bash scripts/quiet_bench.sh
+#   mkdir -p .before && git archive 475fef4 | tar -x -C .before && echo 475fef4 > .before/.commit
+#   timeout 420 env BUDGET_S=400 bash scripts/quiet_bench.sh
+#
+# 475fef4 is main just before issue 15's work was merged (de52108^1, the replay branch).
 #
 # Knobs (environment): BEFORE (default .before; skipped when absent), BUDGET_S (default
 # 400: every stage gets what is left, minus a reserve for the summary), PYTHON (default
-# python3), LAYERS (default "12 32 64"), STEPS_<layers> (default 170 / 110 / 70 for
-# 12 / 32 / 64: 10 warm-up steps then 8 / 5 / 3 whole 20-step periods, so every recipe
-# phase is measured equally often; about 50 / 80 / 105 s per stage at 0.14 / 0.37 /
-# 0.76 CPU-s per model step, measured on a Xeon core; 110 for other sizes), CUDA_STEPS (default 110; the CUDA run
-# uses the first size), LEAN (default 1: one more run per other size with
-# --gate-memory lean), BENCH_OUT (default $OUT if set, else ./quiet-bench-out).
+# python3), LAYERS (default "12 32 64"), STEPS_<layers> (default 170 / 110 / 70 for 12 /
+# 32 / 64: 10 warm-up steps then 8 / 5 / 3 whole 20-step periods, so every recipe phase
+# is measured equally often; about 50 / 80 / 105 s per stage at 0.14 / 0.37 / 0.76 CPU-s
+# per model step, measured on a Xeon core; 110 for other sizes), CUDA_STEPS (default
+# 110; the CUDA run uses the first size), LEAN (default 1: one more run per other size
+# with --gate-memory lean), BENCH_OUT (default $OUT if set, else ./quiet-bench-out).
 #
-# Each run is one process pair (2 ranks, DDP over Gloo, one thread per rank) that
-# trains the model with and without SCOUT, interleaved step by step, so both see the
-# same load. For one model size the 3 "after" and 3 "before" runs run at the same time
-# (12 rank processes; on 16 cores nothing waits for a core); the CUDA run shares the
-# first stage, a "lean" run (this checkout, gate_memory = lean) each other one. Every run writes its own JSON; whatever finished before the budget ran
-# out is summarised at the end (benchmarks/healthy_compare.py: medians as JSON, then
-# the markdown table for docs/replay.md), so a run stopped by `timeout` still prints.
+# Each run is one process pair (2 ranks, DDP over Gloo, one thread per rank) that trains
+# the model with and without SCOUT, interleaved step by step, so both see the same load.
+# For one model size the 3 "after" and 3 "before" runs run at the same time (12 rank
+# processes; on 16 cores nothing waits for a core); the CUDA run shares the first stage,
+# a "lean" run (this checkout, gate_memory = lean) each other one. Every run writes its
+# own JSON; whatever finished before the budget ran out is summarised at the end
+# (benchmarks/healthy_compare.py: medians as JSON, then the markdown table for
+# docs/replay.md), so a run stopped by `timeout` still prints.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
