@@ -19,9 +19,9 @@ from a step on, using SCOUT's test injectors:
 * ``straggler:rank=R,step=S``: every block on rank R sleeps 100 ms per call from
   step S on (a slow rank that stays slow);
 * ``hang:rank=R,step=S``: rank R freezes for ``hang_timeout_s`` + 5 s when step S
-  starts (a hung trainer; its peers wait for it in the step's collectives). This
-  switches the hang observer on (``"observer": true``, ``hang_timeout_s`` 5 s unless
-  the ``"scout"`` section sets it).
+  starts (a hung trainer; its peers wait for it in the step's collectives). The hang
+  observer is on in ``ds_config.json`` (``"observer": true``); this sets
+  ``hang_timeout_s`` to 5 s unless the ``"scout"`` section sets it.
 
 Rank 0 prints every verdict; the evidence also lands in the report directory of
 the ``"scout"`` section (``scout report <dir>`` renders it).

@@ -51,7 +51,15 @@ __all__ = [
     "specs",
 ]
 
-RECIPES: tuple[str, ...] = ("hidden", "embedding", "lm_head", "optimizer", "router", "experts")
+RECIPES: tuple[str, ...] = (
+    "hidden",
+    "embedding",
+    "lm_head",
+    "optimizer",
+    "router",
+    "experts",
+    "all_to_all",
+)
 """The replay recipes ``Config.recipes`` may name, in catalog order."""
 
 ON_HANG_ACTIONS: tuple[str, ...] = ("report", "dump_stacks", "terminate")
@@ -84,6 +92,7 @@ RANGES: Mapping[str, tuple[float, float, bool]] = {
     "optimizer_interval": (1, 1_000_000, False),
     "router_interval": (1, 1_000_000, False),
     "expert_interval": (1, 1_000_000, False),
+    "all_to_all_interval": (1, 1_000_000, False),
     "optimizer_slice": (1, 1 << 26, False),
     "kappa": (0, 100, True),
     "straggler_rounds": (1, 1000, False),

@@ -89,6 +89,12 @@ class Config:
     """Replay the local experts of one MoE layer at one catalog representative every
     this many optimizer steps, rotating through the catalog (1..1,000,000)."""
 
+    all_to_all_interval: int = 20
+    """Replay one MoE layer's dispatch and combine all-to-all on SCOUT's expert-parallel
+    groups every this many optimizer steps, rotating through the MoE layers
+    (1..1,000,000). Only models with MoE layers under expert parallelism (a layout with
+    an expert axis) have all-to-alls to replay."""
+
     moe_catalog: str | None = None
     """Path of the MoE shape catalog (``scout catalog discover``) whose representatives
     expert replay rotates through. ``None``: expert replay is off (with a warning when
@@ -103,8 +109,8 @@ class Config:
 
     recipes: tuple[str, ...] = RECIPES
     """Replay recipes to run, any of ``hidden``, ``embedding``, ``lm_head``,
-    ``optimizer``, ``router``, ``experts`` (no repeats; the last two act only on MoE
-    models). An empty list turns numerical replay off and leaves
+    ``optimizer``, ``router``, ``experts``, ``all_to_all`` (no repeats; the last three
+    act only on MoE models). An empty list turns numerical replay off and leaves
     the hang observer."""
 
     variants: tuple[float, ...] = (0.1, 1.0, 10.0)

@@ -45,6 +45,12 @@ def default_rng_streams() -> tuple[RngStream, ...]:
 class AdapterBase:
     """The shared part of an adapter; subclasses add layout, materialise and call."""
 
+    replays_ep_blocks: bool = False
+    """Whether a block holding an expert-parallel MoE layer may stay in the hidden-layer
+    rotation: True only for an adapter whose ``call`` re-points the layer's dispatch
+    all-to-all to SCOUT's own groups (the driver reads it with ``getattr``, so an
+    adapter not built on this base may set it too; absent means False)."""
+
     def __init__(
         self,
         *,

@@ -17,7 +17,8 @@ online replay a rotation through them.
 
 Online, the ``experts`` recipe (:mod:`scout_core.replay.experts`) replays each MoE
 layer's experts at these representatives, rotating through the catalog named by
-``Config.moe_catalog``; all-to-all replay is not built yet (see ``docs/moe.md``).
+``Config.moe_catalog``. The layers' dispatch and combine are replayed by the
+``all_to_all`` recipe (:mod:`scout_core.replay.all_to_all`), which needs no catalog.
 """
 
 from __future__ import annotations

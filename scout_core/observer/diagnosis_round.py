@@ -116,7 +116,7 @@ class DiagnosisRound(ObserverBase):
                     return
                 lines = self.ops.get(f"r/{n}/out").decode().splitlines()
                 results = [GroupResult.from_json(json.loads(ln)) for ln in sorted(lines) if ln]
-                decided = merge(results, job=self.observed_ranks())
+                decided = merge(results, job=self.observed_ranks(), layout=self.layout)
                 if decided:
                     with self.lock:
                         self.last_op = self.rec.read().op_id
@@ -317,7 +317,7 @@ class DiagnosisRound(ObserverBase):
             return []
         lines = self.ops.get(f"r/{n}/out").decode().splitlines()
         results = [GroupResult.from_json(json.loads(line)) for line in sorted(lines) if line]
-        return merge(results, job=self.observed_ranks())
+        return merge(results, job=self.observed_ranks(), layout=self.layout)
 
     # -- a lost store --------------------------------------------------------------------
 

@@ -17,6 +17,9 @@ behind its peers inside a collective whose members the layout names
 
 A peer group whose members all sit in one collective is checked the same way: its
 stall is explained by the members it waits for, or is a stall of those collectives.
+A rank waiting inside a collective SCOUT's patch does not see (a DTensor collective)
+has no members to look up; once every group is merged, :mod:`.held` moves such a rank
+to the record of the named rank of its own model instance it waits for.
 
 :func:`resolve` applies this to one peer group's verdicts; :func:`merge` folds every
 group's result into the job's verdicts (stalls of the same collective merged into one
@@ -31,8 +34,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_core.observer.fingerprint import describe
+from scout_core.observer.held import release_held
 from scout_core.observer.record import Stage
 from scout_core.observer.verdict import RankEvidence, Verdict
+from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Scope, Status
 
 __all__ = ["GroupResult", "Stall", "Wait", "merge", "resolve"]
@@ -241,14 +246,18 @@ def _stall_key(s: Stall) -> tuple[str, str]:
     return (str(s.pending.get("collective")), str(s.pending.get("group")))
 
 
-def merge(results: Sequence[GroupResult], *, job: Sequence[int]) -> list[tuple[Verdict, int]]:
+def merge(
+    results: Sequence[GroupResult], *, job: Sequence[int], layout: MeshLayout | None = None
+) -> list[tuple[Verdict, int]]:
     """The job's verdicts from every peer group's result (identical on every observer),
     each with the rank whose observer writes its record.
 
     Each verdict carries the ranks its record is about in ``group``. Stalls of the
     same kind of collective become one ``group_stall`` over all their members; a wait
     is attached (``detail["waiting"]``) to every verdict naming a rank it waits for;
-    a wait nothing explains, on silent ranks, becomes an inconclusive ``hang``.
+    a wait nothing explains, on silent ranks, becomes an inconclusive ``hang``; a named
+    rank held up by a named rank of its own model instance (``layout``) is moved to that
+    rank's record as waiting (:func:`~.held.release_held`).
     """
     job_ranks = set(job)
     ordered = sorted(results, key=lambda r: r.group)
@@ -317,4 +326,4 @@ def merge(results: Sequence[GroupResult], *, job: Sequence[int]) -> list[tuple[V
             group=tuple(sorted({w.rank, *w.waits_for})),
         )
         decided.append((unexplained, lead))
-    return decided
+    return release_held(decided, layout)

@@ -153,6 +153,30 @@ def _detail(evidence: Sequence[RankEvidence]) -> dict[str, Any]:
     }
 
 
+def _silence(evidence: Sequence[RankEvidence], outliers: Sequence[int]) -> str:
+    """The measured silence of ``outliers`` and of the other ranks, for ``reason``.
+
+    Every figure is the time elapsed since that rank's last published progress, as its
+    observer measured it when the round started: never a configured timeout."""
+    named = [e for e in evidence if e.rank in outliers]
+    others = [e for e in evidence if e.rank not in outliers]
+    parts = [
+        f"rank {e.rank} has made no progress for {e.quiet_s:.1f} s "
+        f"({_stage_name(e.stage)} at step {e.step}, op {e.op_id})"
+        for e in named
+    ]
+    text = "; ".join(parts)
+    if others:
+        quiet = sorted(e.quiet_s for e in others)
+        span = (
+            f"{quiet[0]:.1f} s"
+            if quiet[-1] - quiet[0] < 0.05
+            else (f"{quiet[0]:.1f}-{quiet[-1]:.1f} s")
+        )
+        text += f"; ranks {[e.rank for e in others]} have been waiting {span}"
+    return text
+
+
 def decide_round(
     evidence: Sequence[RankEvidence], *, min_quiet_s: float, world_size: int
 ) -> list[Verdict]:
@@ -197,7 +221,12 @@ def decide_round(
                 tuple(outliers),
                 Scope.RANK,
                 majority[0],
-                {**detail, "majority": list(majority), "position": position},
+                {
+                    **detail,
+                    "majority": list(majority),
+                    "position": position,
+                    "reason": _silence(evidence, outliers),
+                },
             )
             for (failure, surface), outliers in by_failure.items()
         ]

@@ -45,6 +45,7 @@ class SilenceWatch(ObserverBase):
 
     def watch(self) -> None:
         s = self.spec
+        woke_at: float | None = None
         while True:
             snap = self.rec.read()
             now = time.monotonic()
@@ -52,9 +53,14 @@ class SilenceWatch(ObserverBase):
                 return
             with self.lock:
                 if snap.op_id != self.last_op:
-                    self.last_op, self.quiet_since = snap.op_id, now
+                    # The trainer's signal woke us at or before its last publish: count
+                    # the silence from then, so a stated silence is never shorter than
+                    # the real one (longer by at most the wake-up pause below).
+                    since = now if woke_at is None else min(woke_at, now)
+                    self.last_op, self.quiet_since = snap.op_id, since
                     self.rang_at, self.episode_verdict = None, False
                 quiet_since = self.quiet_since
+            woke_at = None
             threshold = s.stage_timeout_s if snap.stage in _STALL_STAGES else s.hang_timeout_s
             due = quiet_since + threshold
             if snap.op_id == 0:
@@ -69,6 +75,7 @@ class SilenceWatch(ObserverBase):
             else:
                 timeout = due - now
             if self.rec.wait_for_progress(timeout):
+                woke_at = time.monotonic()
                 time.sleep(min(0.1, threshold / 20))  # bound the trainer's wake-ups
 
     def _maybe_ring(self, now: float, threshold: float, step: int) -> None:

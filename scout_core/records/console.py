@@ -12,7 +12,9 @@ WARNING, on this module's logger (``scout_core.records.console``)::
 The line says who wrote it (``scout[rank R]``), what failed, who, when, where and the
 one line of evidence that ``scout report`` shows for the same record
 (:func:`scout_core.records.timeline.evidence_line`). Agreeing rounds, inconclusive
-rounds and gate decisions stay in the files. Python's last-resort handler prints
+rounds and gate decisions stay in the files, and so do the later *revisions* of an
+incident (a lasting straggler revises its incident every window with the same
+culprits): the console says an incident once, when it opens. Python's last-resort handler prints
 WARNING records to stderr when the application configured no logging, so the line is
 visible by default; an application that configures logging gets it through its own
 handlers, like any other library's warning.
@@ -34,6 +36,8 @@ def attribution_line(record: Record, rank: int) -> str | None:
     """The console line for ``record`` written by ``rank``, or ``None`` if it names no one."""
     if not record.outliers or record.action is not None:
         return None
+    if record.schema == INCIDENT_SCHEMA and _revision(record) > 0:
+        return None  # the same incident, said once when it opened (module doc)
     what = record.failure.value if record.failure is not None else "finding"
     if record.schema == INCIDENT_SCHEMA:
         what = f"incident: {what}"
@@ -44,6 +48,11 @@ def attribution_line(record: Record, rank: int) -> str | None:
         line += f" ({', '.join(record.hosts)})"
     evidence = evidence_line(record)
     return f"{line}: {evidence}" if evidence else line
+
+
+def _revision(record: Record) -> int:
+    revision = record.detail.get("revision", 0) if record.detail else 0
+    return revision if isinstance(revision, int) else 0
 
 
 def log_attribution(record: Record, rank: int) -> None:

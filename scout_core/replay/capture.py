@@ -113,9 +113,11 @@ class Capture:
     rng: dict[str, torch.Tensor]
     """Pre-call state of every RNG stream the adapter names."""
     out_requires_grad: tuple[bool, ...] = ()
-    """Per output tensor leaf: whether it required grad (and so expects a gradient)."""
+    """Per output tensor leaf: whether it required grad (and so may receive a gradient)."""
     grads: list[torch.Tensor | None] = field(default_factory=list)
     """Gradient that flowed into each output tensor leaf; None until it arrives."""
+    grads_seen: list[bool] = field(default_factory=list)
+    """Per output tensor leaf: whether backward reached it (its gradient hook fired)."""
     outputs_seen: bool = False
 
     @property
@@ -123,10 +125,16 @@ class Capture:
         return [x for x in self.leaves if isinstance(x, torch.Tensor)]
 
     def complete(self) -> bool:
-        """Inputs recorded and every output that required grad received one."""
+        """Inputs recorded and every output that backward reached has its gradient copied.
+
+        Read at the replay boundary, when this iteration's backward is over: an output
+        that required grad but that backward never reached received no gradient (the
+        model does not use it, e.g. an MoE gate's auxiliary loss left out of the loss),
+        and is replayed without one, on every peer alike. A gradient that arrived but
+        could not be copied leaves the capture incomplete.
+        """
         return self.outputs_seen and all(
-            g is not None or not rg
-            for g, rg in zip(self.grads, self.out_requires_grad, strict=True)
+            g is not None or not seen for g, seen in zip(self.grads, self.grads_seen, strict=True)
         )
 
 
@@ -228,6 +236,7 @@ class Capturer:
             outs = [x for x in flatten(output)[0] if isinstance(x, torch.Tensor)]
             cap.out_requires_grad = tuple(t.requires_grad for t in outs)
             cap.grads = [None] * len(outs)
+            cap.grads_seen = [False] * len(outs)
             for i, t in enumerate(outs):
                 if t.requires_grad:
                     t.register_hook(self._grad_hook(cap, i, copy))  # type: ignore[no-untyped-call]  # torch stub lacks annotations
@@ -237,6 +246,7 @@ class Capturer:
     @staticmethod
     def _grad_hook(cap: Capture, i: int, copy: Copy) -> Any:
         def hook(grad: torch.Tensor) -> None:
+            cap.grads_seen[i] = True
             if cap.grads[i] is None:
                 try:
                     cap.grads[i] = copy(grad)

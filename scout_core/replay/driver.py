@@ -39,6 +39,7 @@ from scout_core.decision.signature import signature_many
 from scout_core.errors import ConfigError, UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.replay.all_to_all import AllToAllRunner
 from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
 from scout_core.replay.capture import Capturer
 from scout_core.replay.control import ControlFlow
@@ -47,6 +48,7 @@ from scout_core.replay.moe_tracks import moe_recipes
 from scout_core.replay.optimizer import OptimizerReplay, local_tensor
 from scout_core.replay.runner import LayerRunner, RoundOutcome
 from scout_core.replay.schedule import (
+    ALL_TO_ALL,
     EMBEDDING,
     EXPERTS,
     HIDDEN,
@@ -114,7 +116,9 @@ class ReplayDriver:
                 embedding.path if embedding else "none",
                 lm_head.path if lm_head else "none",
             )
-        layers, routers, targets, tracks = moe_recipes(layers, special, layout, config)
+        keep = bool(getattr(adapter, "replays_ep_blocks", False))
+        moe = moe_recipes(layers, special, layout, config, keep_ep_blocks=keep)
+        layers, routers = moe.layers, moe.routers
         refs = {r.path: r for r in [*layers, *routers]}
         for extra in (embedding, lm_head):
             if extra is not None:
@@ -133,7 +137,7 @@ class ReplayDriver:
             recipes=config.recipes,
             variants=len(config.variants),
             spread=config.spread_recipes,
-            tracks=tracks,
+            tracks=moe.tracks,
         )
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         marker = embedding or (layers[0] if layers else lm_head)
@@ -163,13 +167,16 @@ class ReplayDriver:
         )
         self.experts = ExpertRunner(
             peers=self.peers,
-            targets=targets,
+            targets=moe.experts,
             materialize=adapter.materialize,
             call=adapter.call,
             variants=config.variants,
             kappa=config.kappa,
             deterministic=config.deterministic,
             threads=config.replay_threads,
+        )
+        self.all_to_all = AllToAllRunner(
+            peers=self.peers, ep=groups.get("e"), targets=moe.all_to_all, kappa=config.kappa
         )
         self.opt = OptimizerReplay(
             self.optimizers,
@@ -189,7 +196,10 @@ class ReplayDriver:
             rounds=config.straggler_rounds,
             min_excess_s=config.straggler_min_excess_s,
             min_ratio=config.straggler_min_ratio,
-            comm_group_of=lambda kind, r: comm_of.get(r),
+            # A slow t_a2a (all-to-all replay) points at the rank's EP group.
+            comm_group_of=lambda leaf, r: (
+                ("ep", layout.group_along(r, (Axis.E,))) if leaf == "t_a2a" else comm_of.get(r)
+            ),
             peer_kind=self.peers.kind,
         )
         self.peer_size = len(self.peers.ranks)
@@ -270,7 +280,10 @@ class ReplayDriver:
         if self.schedule.any_due(step):
             due = tuple(self.schedule.due(step, optimizer_slices=self.opt.slices()))
             if self.peer_size >= 2:
-                rounds = tuple(self._run(due, step))
+                # Replay takes gradients; a framework may step its optimizer, and so
+                # fire the boundary, under torch.no_grad() (Megatron's optimizer.step).
+                with torch.enable_grad():
+                    rounds = tuple(self._run(due, step))
         self._step = step + 1
         if self.schedule.any_due(step + 1):
             self.capturer.arm(step + 1, self.schedule.modules_due(step + 1))
@@ -286,6 +299,8 @@ class ReplayDriver:
                 outcome: RoundOutcome | None = self.opt.run(step, counts=counts)
             elif recipe.kind == EXPERTS:
                 outcome = self.experts.run(recipe, step)
+            elif recipe.kind == ALL_TO_ALL:
+                outcome = self.all_to_all.run(recipe, step)
             else:
                 outcome = self.runner.run(recipe, step, counts=counts)
             if outcome is None:
@@ -320,6 +335,9 @@ class ReplayDriver:
                 continue
             if recipe.kind == EXPERTS:  # synthetic inputs: no capture needed
                 rounds.append(self.experts.run(recipe, step))
+                continue
+            if recipe.kind == ALL_TO_ALL:
+                rounds.append(self.all_to_all.run(recipe, step))
                 continue
             assert recipe.path is not None
             kept = self.capturer.last(recipe.path)

@@ -63,7 +63,7 @@ from scout_core.replay.scope import Interval, deterministic_scope
 from scout_core.topology.groups import PeerGroup
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["ExpertRunner", "ExpertTarget", "expert_targets"]
+__all__ = ["ExpertRunner", "ExpertTarget", "expert_targets", "layer_of"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ class ExpertTarget:
     """The catalog classes this representative came from."""
 
 
-def _layer_of(path: str) -> str:
+def layer_of(path: str) -> str:
+    """The MoE layer of an experts container: ``layers.0.moe.experts`` → ``layers.0.moe``."""
     return path[: -len(".experts")] if path.endswith(".experts") else path
 
 
@@ -95,7 +96,7 @@ def expert_targets(experts: Sequence[ModuleRef], catalogs: CatalogSet) -> dict[s
     A layer that no class of ``catalogs`` covers has no targets (logged)."""
     out: dict[str, ExpertTarget] = {}
     for ref in experts:
-        layer = _layer_of(ref.path)
+        layer = layer_of(ref.path)
         up, down = f"{layer}.up", f"{layer}.down"
         d_model = None
         found: dict[tuple[int, ...], list[str]] = {}

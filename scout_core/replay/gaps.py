@@ -43,6 +43,9 @@ class Gap(IntEnum):
     """Parameters that require grad received no gradient from the replayed call."""
     NO_INPUT_GRADS = 5
     """Inputs that require grad received no gradient from the replayed call."""
+    PARTNER_RAISED = 6
+    """A partner of the replayed exchange (an EP all-to-all partner) could not build its
+    part, so what this peer received is not comparable."""
 
 
 _TEXT = {
@@ -52,6 +55,7 @@ _TEXT = {
     Gap.NO_OUTPUTS: "the replayed call returned no tensor",
     Gap.NO_PARAM_GRADS: "the replay produced no parameter gradients (param_grad)",
     Gap.NO_INPUT_GRADS: "the replay produced no input gradients (input_grad)",
+    Gap.PARTNER_RAISED: "an EP partner's part of the replayed all-to-all failed",
 }
 
 

@@ -1,35 +1,58 @@
-"""Which MoE recipes a job gets: the ``router`` and ``experts`` tracks of its schedule.
+"""Which MoE recipes a job gets: the ``router``, ``experts`` and ``all_to_all`` tracks.
 
 The driver asks the adapter for its MoE modules (``special_modules()`` roles
 ``router:<i>`` and ``experts:<i>``, :func:`~scout_core.integration.adapter.moe_modules`)
-and turns them into two added schedule tracks:
+and turns them into up to three added schedule tracks:
 
 * ``router``: each MoE layer's router, captured and replayed like a layer (its input
   has a fixed shape, so the dense rules apply);
 * ``experts``: one target per MoE layer and representative of the shape catalog named
-  by ``Config.moe_catalog`` (:func:`~scout_core.replay.experts.expert_targets`).
+  by ``Config.moe_catalog`` (:func:`~scout_core.replay.experts.expert_targets`);
+* ``all_to_all``: under expert parallelism (the layout has an expert axis), each MoE
+  layer's dispatch and combine, replayed on SCOUT's EP groups
+  (:func:`~scout_core.replay.all_to_all.all_to_all_targets`).
 
 Under expert parallelism the blocks that hold an MoE layer leave the hidden-layer
 rotation: replaying such a block would run its dispatch all-to-all, which the model
-sends on its own training EP group, and SCOUT never talks on a training group.
+sends on its own training EP group, and SCOUT never talks on a training group. An
+adapter that re-points that all-to-all to SCOUT's own groups during a replayed call
+says so with ``replays_ep_blocks = True`` (DeepSpeed's does), and its blocks stay.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from scout_core.config import Config
 from scout_core.errors import CatalogError, ConfigError
 from scout_core.integration.adapter import ModuleRef, moe_modules
 from scout_core.moe.catalog_set import CatalogSet
+from scout_core.replay.all_to_all import AllToAllTarget, all_to_all_targets
 from scout_core.replay.experts import ExpertTarget, expert_targets
-from scout_core.replay.schedule import EXPERTS, HIDDEN, ROUTER, Track
+from scout_core.replay.schedule import ALL_TO_ALL, EXPERTS, HIDDEN, ROUTER, Track
 from scout_core.topology.mesh import Axis, MeshLayout
 
-__all__ = ["moe_recipes"]
+__all__ = ["MoERecipes", "moe_recipes"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MoERecipes:
+    """The MoE part of a job's schedule (:func:`moe_recipes`)."""
+
+    layers: list[ModuleRef]
+    """The hidden layers left for the hidden-layer rotation."""
+    routers: tuple[ModuleRef, ...]
+    """The routers, replayed like layers (empty when ``router`` is off)."""
+    experts: dict[str, ExpertTarget]
+    """The ``experts`` track's targets."""
+    all_to_all: dict[str, AllToAllTarget]
+    """The ``all_to_all`` track's targets (empty without expert parallelism)."""
+    tracks: list[Track]
+    """The added tracks, in this order: ``router``, ``experts``, ``all_to_all``."""
 
 
 def moe_recipes(
@@ -37,12 +60,17 @@ def moe_recipes(
     special: Mapping[str, ModuleRef],
     layout: MeshLayout,
     config: Config,
-) -> tuple[list[ModuleRef], tuple[ModuleRef, ...], dict[str, ExpertTarget], list[Track]]:
-    """The MoE part of the schedule: the hidden layers left (:func:`_without_ep_blocks`),
-    the routers replayed like layers, the expert targets and the two added tracks."""
+    *,
+    keep_ep_blocks: bool = False,
+) -> MoERecipes:
+    """The MoE part of the schedule: the hidden layers left (:func:`_without_ep_blocks`,
+    unless the adapter replays such blocks safely: ``keep_ep_blocks``), the routers
+    replayed like layers, the expert and all-to-all targets and the added tracks."""
     routers, experts = moe_modules(special)
-    layers = _without_ep_blocks(layers, experts, layout.size(Axis.E) > 1, config)
+    ep = layout.size(Axis.E) > 1
+    layers = _without_ep_blocks(layers, experts, ep and not keep_ep_blocks, config)
     tracks: list[Track] = []
+    a2a = all_to_all_targets(routers, experts) if ep and ALL_TO_ALL in config.recipes else {}
     if ROUTER not in config.recipes:
         routers = ()
     if routers:
@@ -50,7 +78,9 @@ def moe_recipes(
     targets = _expert_targets(experts, config) if EXPERTS in config.recipes else {}
     if targets:
         tracks.append(Track(EXPERTS, config.expert_interval, tuple(targets)))
-    return layers, routers, targets, tracks
+    if a2a:
+        tracks.append(Track(ALL_TO_ALL, config.all_to_all_interval, tuple(a2a)))
+    return MoERecipes(layers, routers, targets, a2a, tracks)
 
 
 def _without_ep_blocks(
@@ -67,8 +97,9 @@ def _without_ep_blocks(
     if len(kept) < len(layers):
         log.warning(
             "hidden-layer replay leaves out %d block(s) holding expert-parallel MoE "
-            "layers (their all-to-all runs on the training EP group); their routers and "
-            "experts are replayed by the 'router' and 'experts' recipes",
+            "layers (their all-to-all runs on the training EP group); their routers, "
+            "experts and all-to-alls are replayed by the 'router', 'experts' and "
+            "'all_to_all' recipes",
             len(layers) - len(kept),
         )
     return kept

@@ -34,9 +34,12 @@ catalog, and :meth:`Schedule.due` yields its recipes (``path`` is the target,
 ``index`` its position). A kind whose targets are interchangeable (so one timing
 series compares them all, as for hidden layers) goes into :data:`ROTATING`; a kind
 that replays synthetic inputs instead of a capture goes into :data:`SYNTHETIC`. The
-driver adds two such tracks itself for MoE models: ``router`` (each MoE layer's router,
-captured like a layer) and ``experts`` (one target per MoE layer and catalog
-representative; one rotation of this track is one catalog rotation).
+driver adds up to three such tracks itself for MoE models: ``router`` (each MoE layer's
+router, captured like a layer), ``experts`` (one target per MoE layer and catalog
+representative; one rotation of this track is one catalog rotation) and, under expert
+parallelism, ``all_to_all`` (each MoE layer's dispatch and combine; synthetic and
+rotating: the layers' all-to-alls move hidden states of one width, so one timing series
+compares them all).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "ALL_TO_ALL",
     "EMBEDDING",
     "HIDDEN",
     "LM_HEAD",
@@ -67,13 +71,16 @@ ROUTER = "router"
 """MoE routers: captured and replayed like any layer (their input has a fixed shape)."""
 EXPERTS = "experts"
 """MoE experts at catalog representatives (:mod:`scout_core.replay.experts`)."""
+ALL_TO_ALL = "all_to_all"
+"""An MoE layer's dispatch and combine all-to-all on SCOUT's EP groups
+(:mod:`scout_core.replay.all_to_all`)."""
 
-ROTATING: set[str] = {HIDDEN}
+ROTATING: set[str] = {HIDDEN, ALL_TO_ALL}
 """Recipe kinds that rotate over interchangeable modules (same shapes, same work): their
 rounds form one timing series, so a straggler streak runs across the rotation. Every
 other kind keeps one series per target module."""
 
-SYNTHETIC: set[str] = {EXPERTS}
+SYNTHETIC: set[str] = {EXPERTS, ALL_TO_ALL}
 """Recipe kinds whose rounds replay synthetic inputs built from a broadcast seed, not a
 capture: their targets are no module paths, and :meth:`Schedule.modules_due` skips them."""
 

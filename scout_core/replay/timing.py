@@ -25,7 +25,9 @@ from scout_core.vocabulary import Failure, Mode, Scope, Status
 __all__ = ["Judge"]
 
 TIMING_COMPUTE = ("t_M",)
-TIMING_COMM = ("t_gather",)
+TIMING_COMM = ("t_gather", "t_a2a")
+TIMING_LATE = "t_late"
+"""A rank's lateness into an all-to-all (:mod:`scout_core.replay.all_to_all`)."""
 TIMING_GROUP = "t_bcast"
 _BASELINE_WINDOW = 16
 """Clean rounds of a group's broadcast time kept as its baseline (median)."""
@@ -162,6 +164,34 @@ class Judge:
                 outcome,
                 result,
                 failure=Failure.STRAGGLER,
+                outliers=confirmed,
+                scope=Scope.RANK,
+                detail=detail,
+            )
+        ]
+
+    def _late(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
+        """``t_late``: a rank that entered its EP all-to-all late, round after round,
+        while its position peers did not, is a rank-scoped ``comm_straggler`` (its EP
+        partners waited for it: their lateness is near zero, so they are never named)."""
+        if result.status is Status.INCONCLUSIVE:
+            return []
+        slow, median = self._slow(result)
+        confirmed = self._confirm(TIMING_LATE, outcome, result, slow)
+        if not confirmed or attribution_scope(len(result.ranks)) is not Scope.RANK:
+            return []
+        detail = {
+            "median_s": median,
+            "rounds": self.rounds,
+            "explanation": "entered the EP all-to-all late in consecutive rounds while "
+            "the ranks at its EP position in other replicas did not; its EP partners "
+            "waited for it",
+        }
+        return [
+            self._slow_record(
+                outcome,
+                result,
+                failure=Failure.COMM_STRAGGLER,
                 outliers=confirmed,
                 scope=Scope.RANK,
                 detail=detail,

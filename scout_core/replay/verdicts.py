@@ -23,6 +23,11 @@ because their inputs are:
   cross-PG validation of :mod:`scout_core.decision.diagnosis` and give a group-scoped
   ``comm_straggler`` (machine-scoped when groups of several kinds meet on one
   machine), never a compute straggler;
+* a ``t_late`` outlier (a rank's lateness into its EP all-to-all, compared across
+  the ranks at one EP position of every replica, :mod:`.all_to_all`) under the same
+  guards and ``straggler_rounds`` consecutive rounds of the ``all_to_all`` series is a
+  rank-scoped ``comm_straggler`` naming that rank; ``t_a2a`` (the EP group's exchange
+  time once all its members were in) goes the ``t_gather`` way, marking the EP group;
 * ``t_bcast`` is one collective of the whole peer group, so peers cannot be
   compared with each other (whoever waits for a late peer has a long interval,
   whoever does not has a short one): never name a rank from it. A stalled link
@@ -43,7 +48,7 @@ from scout_core.decision.c3 import C3Result
 from scout_core.records.evidence import Record
 from scout_core.replay import control, gaps
 from scout_core.replay.runner import RoundOutcome
-from scout_core.replay.timing import TIMING_COMPUTE, Judge
+from scout_core.replay.timing import TIMING_COMPUTE, TIMING_LATE, Judge
 from scout_core.topology.mesh import attribution_scope
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
@@ -133,6 +138,8 @@ class VerdictMaker(Judge):
                 records.extend(r for r in found if not (gaps and r.status is Status.INCONCLUSIVE))
             elif leaf in TIMING_COMPUTE:
                 records.extend(self._straggler(outcome, result))
+            elif leaf == TIMING_LATE:
+                records.extend(self._late(outcome, result))
         records.extend(self._comm(outcome))
         records.extend(self._group_comm(outcome))
         return records

@@ -5,6 +5,8 @@
   :func:`comm_delay` stalls this rank inside SCOUT's timed diagnostic collectives of
   one group kind (what a plugin's own timed collective reads through
   ``scout_core.plugin_api.injected_delay``).
+* :class:`TrialFault`: one ``scout campaign`` trial's fault (any of ``FAULT_KINDS``),
+  armed inside a setup's training loop; each plugin's campaign rank body uses it.
 * The shared conformance bodies: :func:`check_plugin`, :func:`check_adapter`,
   :func:`check_checkpoint_io`; :func:`installed_plugins` lists what the
   ``scout.plugins`` entry points load.
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
         runnable,
     )
     from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
+    from scout_core.testing.trial import FAULT_KINDS, TrialFault
 
 __all__ = [
     # running ranks
@@ -53,6 +56,8 @@ __all__ = [
     "AddNoise",
     "flip_bit",
     "comm_delay",
+    "TrialFault",
+    "FAULT_KINDS",
     # conformance
     "check_adapter",
     "check_plugin",
@@ -83,6 +88,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "flip_bit",
         "comm_delay",
     ),
+    "scout_core.testing.trial": ("TrialFault", "FAULT_KINDS"),
     "scout_core.testing.conformance": ("check_adapter", "check_plugin", "installed_plugins"),
     "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
     "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),

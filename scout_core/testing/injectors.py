@@ -13,7 +13,8 @@ that and nothing else::
 Injectors attach through the same public seams SCOUT uses (module forward hooks,
 ``Optimizer.register_step_pre_hook`` / ``register_step_post_hook``), so they never
 reach into SCOUT's internals, except two that simulate what a hook cannot: a slow
-link seen by SCOUT's own timed communication (:meth:`Trigger.delay_collective`)
+link seen by SCOUT's own timed communication (:meth:`Trigger.delay_collective`,
+:meth:`Trigger.delay_all_to_all`)
 and a rank that misses a capture (:meth:`Trigger.skip_capture`). Those register
 with :mod:`scout_core.replay.taps`, the one seam replay offers for fault
 simulation.
@@ -166,9 +167,12 @@ class Trigger:
         """Corrupt a parameter's (already reduced) gradient before the optimizer step."""
         return self._add("grad", param, how)
 
-    def corrupt_optimizer_state(self, param: str, how: Corruption, *, key: str = "") -> Faults:
+    def corrupt_optimizer_state(
+        self, param: str | None, how: Corruption, *, key: str = ""
+    ) -> Faults:
         """Corrupt an optimizer slot of ``param`` (``key`` e.g. ``exp_avg``; default the first
-        floating slot) before the step."""
+        floating slot) before the step. ``param=None``: the first parameter, in the
+        optimizer's group order, that has state (a framework's flat partition, say)."""
         return self._add("optim", param, (how, key))
 
     def delay_compute(self, module: str, seconds: float) -> Faults:
@@ -183,8 +187,24 @@ class Trigger:
         entering it: ``"replica"`` (or ``"shard"`` under pure FSDP) is the peer group's
         replay-input and optimizer-slice broadcast (``t_bcast``), ``"shard"`` also each
         FSDP parameter gather, ``"tp"`` each TP parameter gather (``t_gather``),
-        ``"any"`` all of them. Training's own collectives are never delayed."""
+        ``"ep"`` / ``"ep_link"`` each replayed MoE all-to-all, before / inside the call
+        (:meth:`delay_all_to_all`), ``"any"`` all of them. Training's own collectives are
+        never delayed."""
         return self._add("collective", group, float(seconds))
+
+    def delay_all_to_all(self, seconds: float, *, link: bool = False) -> Faults:
+        """Make this rank's part of each MoE all-to-all that replay runs on SCOUT's EP
+        group slow, in the dispatch and again in the combine.
+
+        By default the rank is *late*: it sleeps ``seconds`` right before entering the
+        call while its EP partners wait for it inside, as a rank that reaches its
+        all-to-all late (a stalled host, a slow kernel before it) does; the
+        ``all_to_all`` recipe names this rank a rank-scoped ``comm_straggler``. With
+        ``link=True`` the *exchange* is slow: the sleep is inside the timed call, as a
+        slow link or NIC at this rank stalls every end of the exchange alike; that
+        names the EP group, not the rank (``docs/moe.md``). Training's own all-to-all
+        is not delayed."""
+        return self.delay_collective(seconds, group="ep_link" if link else "ep")
 
     def hang(self, seconds: float) -> Faults:
         """Freeze this rank's training thread for ``seconds`` when the step's first forward
@@ -309,10 +329,16 @@ class Faults:
             for f in self.faults:
                 if f.kind not in {"param", "grad", "optim"} or not self._active(f):
                     continue
-                assert f.target is not None
-                param = self._params.get(f.target)
-                if param is None:
-                    param = root.get_parameter(f.target)
+                if f.target is None:  # optimizer state, of the first parameter holding some
+                    held = [q for g in optimizer.param_groups for q in g["params"]]
+                    found = next((q for q in held if optimizer.state.get(q)), None)
+                    if found is None:
+                        continue  # no state yet (first step): nothing to corrupt
+                    param = found
+                else:
+                    param = self._params.get(f.target)
+                    if param is None:
+                        param = root.get_parameter(f.target)
                 p = local_tensor(param)
                 if f.kind == "param":
                     f.payload.apply_(p)
@@ -357,7 +383,8 @@ class Faults:
 @contextmanager
 def comm_delay(kind: str, seconds: float) -> Iterator[None]:
     """Inside: this rank stalls ``seconds`` in each of SCOUT's timed diagnostic collectives
-    on a group of ``kind`` (``"replica"``, ``"shard"``, ``"tp"``, or ``"any"``), and in a
+    on a group of ``kind`` (``"replica"``, ``"shard"``, ``"tp"``, ``"ep"`` (before each
+    replayed MoE all-to-all) or ``"any"``), and in a
     plugin's own timed collective that reads ``plugin_api.injected_delay(kind)``.
 
     The model-free counterpart of :meth:`Trigger.delay_collective`, for a test that

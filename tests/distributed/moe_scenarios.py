@@ -72,6 +72,40 @@ def write_catalog(path: str, specs: Any, tokens_per_rank: int, ep_size: int) -> 
     return len(targets)
 
 
+A2A_PAYLOAD = ("a2a_payload_fails", "a2a_corrupt_send")
+"""Faults on this rank's replayed all-to-all payload, keyed by kind."""
+
+
+def _arm_all_to_all(
+    session: Any, parallel: Any, payload_faults: dict[int, str], fired: list[Any]
+) -> None:
+    """Check that all-to-all replay talks on SCOUT's own EP group (never the model's
+    training EP group or WORLD), and arm this rank's payload faults (step → kind)."""
+    from scout_core.testing import flip_bit
+    from scout_core.topology.groups import is_diagnostic
+
+    a2a = session.replay.all_to_all
+    if a2a.targets:
+        assert a2a.ep is not None and is_diagnostic(a2a.ep.pg)
+        assert a2a.ep.pg is not parallel.ep_group and a2a.ep.pg is not dist.group.WORLD
+        assert a2a.ep.ranks == tuple(dist.get_process_group_ranks(parallel.ep_group))
+    if payload_faults:
+        payload = a2a._payload
+
+        def faulty(*args: Any, **kwargs: Any) -> torch.Tensor:
+            kind = payload_faults.get(session.step)
+            if kind is not None:
+                fired.append([kind, session.step])
+            if kind == "a2a_payload_fails":
+                raise RuntimeError("injected payload failure")
+            out: torch.Tensor = payload(*args, **kwargs)
+            if kind == "a2a_corrupt_send":  # row 0 goes to EP position 0
+                flip_bit(out, index=0, bit=0)
+            return out
+
+        a2a._payload = faulty
+
+
 def scout_moe(
     specs_name: str, faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any]
 ) -> dict[str, Any]:
@@ -80,9 +114,15 @@ def scout_moe(
     A fault ``{"rank", "step", "kind", ...}`` acts on one rank after that step's
     optimizer step: ``expert_weight`` adds 1.0 to an element of one local expert's
     ``up.weight`` in MoE layer ``layer`` (persistent); ``router_weight`` adds 1.0 to
-    an element of that layer's router gate weight.
+    an element of that layer's router gate weight; ``slow_a2a`` makes the rank late by
+    ``seconds`` into every replayed all-to-all from that step on (with ``"link": True``
+    its exchange is slow instead: :meth:`~scout_core.testing.injectors.Trigger.delay_all_to_all`);
+    ``a2a_payload_fails`` makes the rank's replayed all-to-all payload raise at that
+    step's round, ``a2a_corrupt_send`` flips the lowest bit of its first row (sent to EP
+    position 0).
     """
     import scout_core as scout
+    from scout_core.testing import Faults
     from scout_core.topology.mesh import MeshLayout
 
     rank = dist.get_rank()
@@ -98,7 +138,19 @@ def scout_moe(
     fired: list[Any] = []
     log: list[Any] = []
     trace: list[Any] = []
+    injected = Faults()
+    for f in faults:
+        if f["kind"] == "slow_a2a":
+            slow = range(f["step"], steps)
+            trigger = injected.at(rank=f["rank"], steps=slow)
+            trigger.delay_all_to_all(f["seconds"], link=f.get("link", False))
+    injected.attach(model, opt)
+    payload_faults = {
+        f["step"]: f["kind"] for f in faults if f["kind"] in A2A_PAYLOAD and f["rank"] == rank
+    }
+    faults = [f for f in faults if f["kind"] != "slow_a2a" and f["kind"] not in A2A_PAYLOAD]
     with scout.enable(model, opt, config=base, mesh=mesh) as session:
+        _arm_all_to_all(session, parallel, payload_faults, fired)
         session.on_boundary(lambda b: log.append([b.step, [r.kind for r in b.due]]))
         for step in range(steps):
             moe_train_step(model, opt, step, rank, parallel)
@@ -117,6 +169,8 @@ def scout_moe(
                 trace.append([step, g.latest, g.candidate, g.verified])
         verdicts = [r.to_dict() for r in session.verdicts]
         catalog = [[r.kind, r.path] for r in session.replay.schedule.catalog]
+    injected.detach()
+    fired += [[kind, step] for kind, _, step in injected.fired()]
     return {
         "verdicts": verdicts,
         "fired": fired,

@@ -8,6 +8,9 @@ data-parallel group, flattened, after backward. Every collective goes through
 ``torch.distributed``, so SCOUT's patch sees each one and the observers compare
 equivalent ranks by the *role* of the group (:mod:`scout_core.observer.roles`).
 
+:func:`pp_body` is a pipeline job instead: 2 stages x 3 replicas, the stages talking
+through ``dist.send`` / ``dist.recv``.
+
 ``scout.enable`` runs with ``recipes=()`` (no numerical replay: the TP blocks issue
 training collectives, which replay must never reach) and the observer on.
 """
@@ -184,5 +187,84 @@ def dptp_body(fault: str, report_dir: str, steps: int, culprit: int) -> dict[str
     out["elapsed"] = time.monotonic() - start
     out["verdicts"] = [r.to_dict() for r in seen]
     out["stats"] = session.observer.stats().__dict__
+    session.close()
+    return out
+
+
+# -- pipeline: 2 stages x 3 replicas ------------------------------------------------------
+
+PP = 2
+
+
+class _Stage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def pp_body(report_dir: str, steps: int, culprit: int) -> dict[str, Any]:
+    """One rank of a PP 2 x DP 3 job (``pp-dp``: rank = stage + 2 x replica).
+
+    Stage 0 sends its activations to its replica's stage 1 and receives the input
+    gradient back (``dist.send`` / ``dist.recv``); each stage all-reduces its gradients
+    over its data-parallel group. Before step ``FAULT_STEP`` the culprit writes
+    ``freeze-ready`` and idles a moment, in which the test stops it with SIGSTOP.
+    """
+    import scout_core as scout
+    from scout_core.topology.mesh import MeshLayout
+
+    rank = dist.get_rank()
+    stage, replica = rank % PP, rank // PP
+    timeout = timedelta(seconds=TRAIN_TIMEOUT_S)
+    dp_groups = [dist.new_group([s, s + 2, s + 4], timeout=timeout) for s in range(PP)]
+    dp = dp_groups[stage]
+    partner = rank + 1 if stage == 0 else rank - 1
+    torch.manual_seed(stage)  # replicas of a stage hold equal weights
+    model = _Stage()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[Any] = []
+    cfg = scout.Config(
+        report_dir=report_dir,
+        run_id="pp-observer",
+        hang_timeout_s=HANG_S,
+        observer_join_timeout_s=20.0,
+        recipes=(),
+    )
+    layout = MeshLayout.from_order("pp-dp", pp=PP, dp=DP)
+    session = scout.enable(model, opt, mesh=layout, config=cfg, callback=seen.append)
+    out: dict[str, Any] = {"rank": rank, "peers": list(layout.peer_group(rank).ranks)}
+    for step in range(steps):
+        if step == FAULT_STEP and rank == culprit:
+            _mark("freeze-ready", time.monotonic())
+            time.sleep(1.0)  # the test stops this process here, before forward
+        gen = torch.Generator().manual_seed(1000 * step + replica)
+        if stage == 0:
+            act = model(torch.randn(4, DIM, generator=gen))
+            dist.send(act.detach().contiguous(), partner)
+            grad = torch.empty_like(act)
+            dist.recv(grad, partner)
+            act.backward(grad)
+        else:
+            x = torch.empty(4, DIM)
+            dist.recv(x, partner)
+            x.requires_grad_(True)
+            model(x).square().mean().backward()
+            assert x.grad is not None
+            dist.send(x.grad.contiguous(), partner)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=dp)
+        torch.nn.utils.vector_to_parameters(flat / DP, grads)
+        opt.step()
+        opt.zero_grad()
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["verdicts"] = [r.to_dict() for r in seen]
     session.close()
     return out

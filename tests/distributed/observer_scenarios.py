@@ -109,6 +109,27 @@ def _gil(r: _Rank) -> None:
     r.step()
 
 
+BUSY_S = 3 * HANG_S
+"""How long the peers keep progressing after the silent rank's last publish (`late`)."""
+
+
+def _late(r: _Rank) -> None:
+    """The culprit goes silent while its peers keep progressing for ``BUSY_S``, then
+    wait for it in the next collective: its silence at the verdict is far longer than
+    ``hang_timeout_s``, and the record must state the silence measured."""
+    from scout_core.observer.record import Stage
+
+    if r.culprit:
+        _mark("silent-from", time.monotonic())  # after its last publish
+        time.sleep(BUSY_S + 4 * HANG_S)  # well past the verdict
+    else:
+        for _ in range(int(BUSY_S / 0.05)):  # the same count on every peer: equal op ids
+            r.handle.publisher.publish(Stage.LAYER)  # compute that publishes progress
+            time.sleep(0.05)
+        _mark(f"blocked-{r.rank}", time.monotonic())  # before its collective's publish
+    r.step()
+
+
 def _wrong_collective(r: _Rank) -> None:
     import torch.distributed as dist
 
@@ -155,6 +176,7 @@ def _checkpoint_stall(r: _Rank) -> None:
 
 _FAULTS = {
     "sigstop": _sigstop,
+    "late": _late,
     "gil": _gil,
     "wrong_collective": _wrong_collective,
     "wrong_shape": _wrong_shape,
@@ -162,6 +184,20 @@ _FAULTS = {
     "input_stall": _input_stall,
     "checkpoint_stall": _checkpoint_stall,
 }
+
+
+_AWAIT_VERDICT = {"sigstop"}
+"""Scenarios whose test checks that every trainer got the verdict through its callback."""
+VERDICT_WAIT_S = 10.0
+
+
+def _await_verdict(handle: Any, timeout_s: float) -> None:
+    """Wait (bounded) for the observer's verdict to reach this trainer: the test lets the
+    frozen rank go as soon as the record file exists, and the verdict travels to each
+    trainer on its own, so a rank may finish its steps before its copy has arrived."""
+    deadline = time.monotonic() + timeout_s
+    while not handle.verdicts and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) -> dict[str, Any]:
@@ -190,6 +226,8 @@ def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) ->
     except RuntimeError as exc:  # the mismatch scenarios end by the group's timeout
         out["error"] = str(exc)[:200]
     if handle is not None and close_patch is not None:
+        if name in _AWAIT_VERDICT:
+            _await_verdict(handle, VERDICT_WAIT_S)
         out["verdicts"] = [v.to_dict() for v in handle.verdicts]
         out["stats"] = handle.stats().__dict__
         close_patch()

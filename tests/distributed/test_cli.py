@@ -119,7 +119,7 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
 
 
 def test_help_texts_carry_no_markup() -> None:
-    for argv in ([], ["demo"], ["report"], ["catalog"], ["simulate"], ["c3-round"]):
+    for argv in ([], ["demo"], ["report"], ["catalog"], ["simulate"], ["c3-round"], ["campaign"]):
         out = subprocess.run(
             [sys.executable, "-m", "scout_core", *argv, "--help"],
             capture_output=True,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from observer_scenarios import (
+    BUSY_S,
     HANG_S,
     first_verdict,
     free_port,
@@ -81,6 +82,58 @@ def test_sigstop_before_collective_is_a_hang_on_that_rank(tmp_path: Path) -> Non
         assert [v["failure"] for v in r["verdicts"]] == ["hang"], r
         assert r["stats"]["rounds"] == 1
         assert r["stats"]["collectives"] == 1  # the one C3 AllGather
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_a_hang_record_states_the_measured_silence_not_the_timeout(tmp_path: Path) -> None:
+    """Issue 10 item 6: every message states the real elapsed time.
+
+    Rank 2 goes silent while its peers keep progressing for 3 x hang_timeout_s, then
+    wait for it. The verdict comes only once the peers are silent too, so rank 2 has
+    been silent for far longer than the timeout: the record must say how long. Its
+    stated silence is bounded by what the test measured on the same (monotonic) clock:
+    at least the silence it had when a round could first decide (the peers blocked and
+    quiet for min_quiet_s), at most its silence when the record appeared.
+    """
+    report = tmp_path / "report"
+    times: dict[str, float | None] = {}
+
+    def watcher(ranks: list[RankProcess]) -> None:
+        scratch = ranks[0].result_path.parent
+        times["silent_from"] = wait_for(scratch / "silent-from", 90)
+        times["record"] = first_verdict(str(report), BUSY_S + HANG_S + 20)
+        times["blocked"] = max(
+            wait_for(scratch / f"blocked-{r}", 1) for r in range(WORLD) if r != CULPRIT
+        )
+
+    def on_start(ranks: list[RankProcess]) -> None:
+        threading.Thread(target=watcher, args=(ranks,), daemon=True).start()
+
+    results = run_ranks(
+        scenario,
+        WORLD,
+        args=("late", free_port(), str(report), CULPRIT),
+        timeout_s=120,
+        on_start=on_start,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    verdict = _only_verdict(report)
+    assert (verdict.failure.value, list(verdict.outliers)) == ("hang", [CULPRIT])
+    assert all("error" not in r for r in results)
+    silent_from, blocked = times["silent_from"], times["blocked"]
+    assert silent_from is not None and blocked is not None
+    stated = verdict.detail["quiet_s"][str(CULPRIT)]
+    assert f"rank {CULPRIT} has made no progress for {stated:.1f} s" in verdict.detail["reason"]
+    assert times["record"] is not None
+    min_quiet_s = 0.5 * HANG_S
+    earliest = blocked + min_quiet_s - silent_from  # a round could decide no sooner
+    at_record = times["record"] - silent_from
+    print(f"stated {stated:.2f} s; measured: >= {earliest:.2f} s, <= {at_record:.2f} s")
+    assert stated >= 3 * HANG_S  # the silence measured, not hang_timeout_s
+    # slack: an observer counts a silence from the signal that woke it, up to 0.1 s (plus
+    # scheduling) before the last publish; the ranks' round snapshots differ by < 0.3 s
+    assert earliest - 0.3 <= stated <= at_record + 0.5
 
 
 @pytest.mark.slow

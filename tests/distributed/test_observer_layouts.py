@@ -9,7 +9,10 @@ hold different shards, but whom a silent rank waits for is checked across groups
   naming rank 2 (its peers ran an all-reduce at that op id);
 * both ranks of TP group (2, 3) sit inside their all-reduce, which never completes:
   ``group_stall`` naming that TP group, no rank;
-* 40 clean steps: nothing, and no diagnosis round.
+* 40 clean steps: nothing, and no diagnosis round;
+* PP 2 x DP 3, SIGSTOP of rank 2 (stage 0): ``hang`` naming rank 2 only, compared
+  with its own stage; rank 3 of the other stage, waiting for it in ``recv``, is
+  recorded as waiting, never named.
 """
 
 from __future__ import annotations
@@ -146,3 +149,49 @@ def test_forty_clean_steps_under_dp_tp_record_nothing(tmp_path: Path) -> None:
     for res in results:
         assert res["verdicts"] == []
         assert res["stats"]["rounds"] == 0 and res["stats"]["collectives"] == 0
+
+
+@pytest.mark.timeout(260)
+def test_sigstop_in_a_pipeline_stage_names_it_not_the_other_stage(tmp_path: Path) -> None:
+    """PP 2 x DP 3 (plain PyTorch, send/recv between stages): rank 2 (stage 0) is stopped.
+    Its stage peers 0 and 4 wait for it in their gradient all-reduce: it is named. Its
+    replica's stage-1 rank 3 waits for it in ``recv``; 3 is behind its own stage peers
+    1 and 5 (which wait for 3 in theirs), and is recorded as waiting, never named."""
+    from observer_layout_scenarios import pp_body
+
+    report = tmp_path / "report"
+    times: dict[str, float | None] = {}
+    culprit = 2
+
+    def freezer(ranks: list[RankProcess]) -> None:
+        scratch = ranks[0].result_path.parent
+        pid = ranks[culprit].proc.pid
+        try:
+            wait_for(scratch / "freeze-ready", 150)
+            times["freeze"] = time.monotonic()
+            os.kill(pid, signal.SIGSTOP)
+            times["record"] = first_verdict(str(report), HANG_S + 15)
+        finally:
+            kill_quietly(pid, signal.SIGCONT)
+
+    def on_start(ranks: list[RankProcess]) -> None:
+        threading.Thread(target=freezer, args=(ranks,), daemon=True).start()
+
+    results = run_ranks(
+        pp_body, WORLD, args=(str(report), 6, culprit), timeout_s=200, env=ENV, on_start=on_start
+    )
+    verdicts = _records(report)
+    assert len(verdicts) == 1, _summary(verdicts)
+    v = verdicts[0]
+    assert (v.failure.value, v.status.value, list(v.outliers)) == ("hang", "attributed", [2])
+    assert list(v.group) == [0, 2, 4]  # stage 0 only: stage skew is never compared
+    assert v.detail["stages"]["2"] == "idle"
+    assert v.detail["waiting"]["3"]["for"] == [2]  # the other stage's partner waits
+    # a point-to-point wait (send and recv share one code: the record names it "send")
+    assert v.detail["waiting"]["3"]["pending"]["group"] == "p2p"
+    latency = times["record"] - times["freeze"]  # type: ignore[operator]
+    print(f"pp x dp sigstop: freeze -> record {latency:.2f} s")
+    assert latency <= HANG_S + 3.0  # the freeze lands up to 1 s before the stall starts
+    for res in results:
+        assert res["peers"] == ([0, 2, 4] if res["rank"] % 2 == 0 else [1, 3, 5])
+        assert [(r["failure"], r["outliers"]) for r in res["verdicts"]] == [("hang", [2])]

@@ -115,3 +115,49 @@ def test_a_vetoed_capture_still_makes_its_copy() -> None:
         remove()
     assert copies[0] == 1 and capturer.take(ref.path) is None
     capturer.close()
+
+
+class _Gate(nn.Module):
+    """Returns routing weights and an auxiliary loss, as DeepSpeed's ``TopKGate`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wg = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights = self.wg(x).softmax(-1)
+        return weights, weights.square().mean()
+
+
+def _gate_capture(copy: object = None) -> tuple[Capturer, str]:
+    torch.manual_seed(0)
+    gate = _Gate()
+    ref = ModuleRef("gate", gate, capture_copy=copy)  # type: ignore[arg-type]
+    capturer = Capturer([ref], [])
+    capturer.arm(0, [ref.path])
+    weights, _aux = gate(torch.randn(5, 4, requires_grad=True))
+    weights.sum().backward()  # the model leaves the auxiliary loss out of its loss
+    return capturer, ref.path
+
+
+def test_an_output_backward_never_reached_has_no_gradient_and_the_capture_completes() -> None:
+    capturer, path = _gate_capture()
+    cap = capturer.take(path)
+    assert cap is not None and cap.complete()
+    assert cap.out_requires_grad == (True, True) and cap.grads_seen == [True, False]
+    assert cap.grads[0] is not None and cap.grads[1] is None
+    capturer.close()
+
+
+def test_a_gradient_that_arrived_but_was_not_copied_leaves_the_capture_incomplete() -> None:
+    calls = [0]
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] > 1:  # the input copies; the output gradient's copy fails
+            raise RuntimeError("no SCOUT group for this mesh dim")
+        return t.detach().clone()
+
+    capturer, path = _gate_capture(copy)
+    assert capturer.take(path) is None
+    capturer.close()

@@ -31,9 +31,18 @@ EXPECTED_DEFAULTS = {
     "optimizer_interval": 20,
     "router_interval": 20,
     "expert_interval": 20,
+    "all_to_all_interval": 20,
     "moe_catalog": None,
     "spread_recipes": True,
-    "recipes": ("hidden", "embedding", "lm_head", "optimizer", "router", "experts"),
+    "recipes": (
+        "hidden",
+        "embedding",
+        "lm_head",
+        "optimizer",
+        "router",
+        "experts",
+        "all_to_all",
+    ),
     "variants": (0.1, 1.0, 10.0),
     "optimizer_slice": 65536,
     "kappa": 5.0,
@@ -125,6 +134,8 @@ def test_frozen_kw_only_and_replace_validates() -> None:
         ("observer_port", 10**400, "1..65535"),
         ("observer_join_timeout_s", 0.0, "in 1..3,600"),
         ("catalog_size", 0, "in 1..1,000,000"),
+        ("all_to_all_interval", 0, "in 1..1,000,000"),
+        ("all_to_all_interval", 1_000_001, "in 1..1,000,000"),
         ("hang_exit_code", 10**400, "1..255"),
         ("variants", [1.0] * 3 + [2.0, 3.0, 4.0, 5.0, 6.0, 7.0], "at most 8"),
         ("variants", [1.0, 1e9], "0.0001..10000"),
@@ -156,7 +167,7 @@ def test_unknown_recipe_lists_the_valid_ones() -> None:
         Config(recipes=("hidden", "routers"))
     message = str(info.value)
     assert "'routers'" in message
-    assert "hidden, embedding, lm_head, optimizer, router, experts" in message
+    assert "hidden, embedding, lm_head, optimizer, router, experts, all_to_all" in message
 
 
 def test_on_hang_lists_the_valid_actions() -> None:

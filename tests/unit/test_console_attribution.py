@@ -72,6 +72,30 @@ def test_records_naming_no_one_stay_out_of_the_console() -> None:
     assert attribution_line(_agree(), rank=0) is None
 
 
+def test_an_incident_is_said_once_not_at_every_revision(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A lasting straggler revises its incident every window; the console says it once.
+    from dataclasses import replace
+
+    from scout_core.records.incident_desk import coupled_partners
+    from scout_core.records.incidents import IncidentBook, merge_window
+    from scout_core.topology.mesh import MeshLayout
+
+    ddp = coupled_partners(MeshLayout.from_order("dp", dp=4))
+    book = IncidentBook("r")
+    windows = [[replace(_straggler(), step=s)] for s in (7, 8, 9)]
+    incidents = [book.add(merge_window(w, ddp))[0] for w in windows]
+    assert [i.detail["revision"] for i in incidents] == [0, 1, 2]
+    caplog.set_level(logging.WARNING, logger="scout_core")
+    with EvidenceWriter(str(tmp_path), 0, run_id="r") as writer:
+        for incident in incidents:
+            writer.write(incident)
+    lines = [r.getMessage() for r in caplog.records if r.name == "scout_core.records.console"]
+    assert len(lines) == 1
+    assert lines[0].startswith("scout[rank 0]: incident: straggler rank 2 at step 7")
+
+
 def test_the_writer_logs_attributions_at_warning(
     tmp_path: object, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,7 +13,7 @@ from scout_core.integration.discovery import discover
 from scout_core.moe import CatalogSet, TileModel, expert_classes
 from scout_core.moe import discover as discover_catalog
 from scout_core.replay.experts import expert_targets
-from scout_core.replay.schedule import EXPERTS, ROUTER, Recipe, Schedule, Track
+from scout_core.replay.schedule import ALL_TO_ALL, EXPERTS, ROUTER, Recipe, Schedule, Track
 from scout_core.testing.moe_models import MoESpec, TinyMoE
 
 HETERO = (MoESpec(4, 32), MoESpec(2, 16), MoESpec(8, 24))
@@ -129,11 +129,14 @@ def test_ep_blocks_leave_the_hidden_rotation(caplog: pytest.LogCaptureFixture) -
     found = discover(TinyMoE())
     cfg = Config(observer=False)
     ep = MeshLayout.from_order("e-d", e=2, d=2)
-    layers, routers, targets, tracks = moe_recipes(found.layers, found.special(), ep, cfg)
-    assert layers == [] and "leaves out 2 block(s)" in caplog.text
-    assert [t.kind for t in tracks] == [ROUTER]  # no catalog configured: no experts track
-    assert [r.path for r in routers] == ["layers.0.moe.router", "layers.1.moe.router"]
-    assert targets == {} and "no 'moe_catalog'" in caplog.text
+    moe = moe_recipes(found.layers, found.special(), ep, cfg)
+    assert moe.layers == [] and "leaves out 2 block(s)" in caplog.text
+    # No catalog configured: no experts track; the all-to-all track under EP.
+    assert [t.kind for t in moe.tracks] == [ROUTER, ALL_TO_ALL]
+    assert [r.path for r in moe.routers] == ["layers.0.moe.router", "layers.1.moe.router"]
+    assert moe.experts == {} and "no 'moe_catalog'" in caplog.text
+    assert list(moe.all_to_all) == ["layers.0.moe", "layers.1.moe"]
     no_ep = MeshLayout.from_order("e-d", e=1, d=4)
-    layers, *_ = moe_recipes(found.layers, found.special(), no_ep, cfg)
-    assert [r.path for r in layers] == ["layers.0", "layers.1"]
+    moe = moe_recipes(found.layers, found.special(), no_ep, cfg)
+    assert [r.path for r in moe.layers] == ["layers.0", "layers.1"]
+    assert moe.all_to_all == {} and [t.kind for t in moe.tracks] == [ROUTER]

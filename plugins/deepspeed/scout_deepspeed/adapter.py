@@ -8,7 +8,8 @@ and ``PipelineEngine`` under ZeRO 0-3:
 * **modules**: the repeated blocks, embedding and LM head of ``engine.module`` found
   by the core's discovery; a ``PipelineModule`` keeps its stage's layers as numbered
   children (``"3"``, ``"4"``), so there the repeated layers are the largest set of
-  same-class numbered children on this stage;
+  same-class numbered children on this stage; every ``MOELayer``'s gate and local
+  experts as the core's MoE router and experts parts (:mod:`scout_deepspeed.moe`);
 * **optimizer**: the torch optimizer inside DeepSpeed's wrappers
   (``engine.optimizer.optimizer`` under ZeRO / bf16 / fp16), resolved after
   ``deepspeed.initialize``; it steps once per gradient-accumulation boundary, or,
@@ -33,6 +34,7 @@ and ``PipelineEngine`` under ZeRO 0-3:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -63,6 +65,7 @@ from scout_deepspeed.layout import (
     engine_layout,
     is_pipeline,
 )
+from scout_deepspeed.moe import moe_parts
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -110,9 +113,11 @@ def pipeline_layers(module: nn.Module) -> tuple[ModuleRef, ...]:
 def _discover(engine: Any, config: Config) -> Discovered:
     module: nn.Module = engine.module
     if not is_pipeline(engine) or config.layers is not None:
-        return discover_modules(
+        found = discover_modules(
             module, layers=config.layers, embedding=config.embedding, lm_head=config.lm_head
         )
+        routers, experts = moe_parts(module)
+        return dataclasses.replace(found, routers=routers, experts=experts)
     layers = pipeline_layers(module)
     emb = find_embedding(module, config.embedding)
     head = find_lm_head(module, layers, config.lm_head)
@@ -157,6 +162,11 @@ class DeepSpeedAdapter(AdapterBase):
     gates_checkpoints = True
     """The plugin gates DeepSpeed's own checkpoints (save/load_checkpoint), so the core
     keeps no in-memory gate copies for this adapter."""
+    replays_ep_blocks = True
+    """A block holding a DeepSpeed ``MoE`` layer stays in the hidden-layer rotation under
+    expert parallelism: :meth:`call` re-points its all-to-alls to SCOUT's own groups
+    (:mod:`scout_deepspeed.collectives`). Its gate and experts also get the core's
+    ``router`` and ``experts`` recipes (:mod:`scout_deepspeed.moe`)."""
 
     def __init__(self, engine: Any, config: Config) -> None:
         if not dist.is_available() or not dist.is_initialized():

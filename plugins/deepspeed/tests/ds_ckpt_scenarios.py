@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ds_scenarios import _train_step, ds_config, scout_section
+from ds_scenarios import ds_config, scout_section, train_step
 
 
 def signatures(engine: Any) -> dict[str, str]:
@@ -57,7 +57,7 @@ class _Run:
 
     def train(self, upto: int) -> None:
         while self.session.step <= upto:
-            _train_step(self.engine, self.session.step, dist.get_rank())
+            train_step(self.engine, self.session.step, dist.get_rank())
 
     def save(self, tag: str) -> None:
         self.out["saved"][tag] = self.engine.save_checkpoint(self.dir, tag=tag)
@@ -164,7 +164,7 @@ def io_conformance(ckpt_dir: str) -> dict[str, Any]:
     steps = [0]
 
     def advance() -> None:
-        _train_step(engine, steps[0], dist.get_rank())
+        train_step(engine, steps[0], dist.get_rank())
         steps[0] += 1
 
     @contextmanager

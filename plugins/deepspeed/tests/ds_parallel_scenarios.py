@@ -94,12 +94,14 @@ class _Expert(nn.Module):
 class MoEBlock(nn.Module):
     """Pre-norm residual block whose MLP is a DeepSpeed ``MoE`` layer."""
 
-    def __init__(self, dim: int, ep: int) -> None:
+    def __init__(self, dim: int, ep: int, experts: int | None = None) -> None:
         from deepspeed.moe.layer import MoE
 
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        self.moe = MoE(dim, _Expert(dim), num_experts=ep, ep_size=ep, k=1, min_capacity=16)
+        self.moe = MoE(
+            dim, _Expert(dim), num_experts=experts or ep, ep_size=ep, k=1, min_capacity=16
+        )
         self.drop = nn.Dropout(0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,10 +111,10 @@ class MoEBlock(nn.Module):
 
 
 class MoELM(nn.Module):
-    def __init__(self, ep: int, layers: int = 2) -> None:
+    def __init__(self, ep: int, layers: int = 2, experts: int | None = None) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList(MoEBlock(DIM, ep) for _ in range(layers))
+        self.layers = nn.ModuleList(MoEBlock(DIM, ep, experts) for _ in range(layers))
         self.head = nn.Linear(DIM, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -131,7 +133,7 @@ def _section(**over: Any) -> dict[str, Any]:
         "embedding_interval": 4,
         "lm_head_interval": 4,
         "optimizer_interval": 4,
-        "observer": False,
+        "observer": True,  # the hang observer runs beside every DeepSpeed test (issue 10)
     }
     base.update(over)
     return base
@@ -179,8 +181,11 @@ def _signatures(engine: Any) -> dict[str, str]:
     }
 
 
-def _build(kind: str, stage: int, section: dict[str, Any] | None, sp_or_ep: int) -> Any:
-    """A fresh engine of ``kind`` ("ulysses" or "moe") through ``scout_deepspeed.initialize``."""
+def _build(
+    kind: str, stage: int, section: dict[str, Any] | None, sp_or_ep: int, experts: int | None = None
+) -> Any:
+    """A fresh engine of ``kind`` ("ulysses" or "moe", with ``experts`` experts per MoE
+    layer: default one per expert-parallel rank) through ``scout_deepspeed.initialize``."""
     import deepspeed
     import scout_deepspeed
 
@@ -201,7 +206,7 @@ def _build(kind: str, stage: int, section: dict[str, Any] | None, sp_or_ep: int)
     else:
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-        model = MoELM(sp_or_ep)
+        model = MoELM(sp_or_ep, experts=experts)
         params = split_params_into_different_moe_groups_for_optimizer(
             {"params": list(model.parameters()), "name": "params"}
         )

@@ -43,7 +43,7 @@ def scout_section(**over: Any) -> dict[str, Any]:
         "embedding_interval": 4,
         "lm_head_interval": 4,
         "optimizer_interval": 4,
-        "observer": False,
+        "observer": True,  # the hang observer runs beside every DeepSpeed test (issue 10)
     }
     base.update(over)
     return base
@@ -116,7 +116,7 @@ class ParamCorruption:
         self._advance = True
 
 
-def _train_step(engine: Any, step: int, rank: int) -> float:
+def train_step(engine: Any, step: int, rank: int) -> float:
     tokens = batch(step, rank, size=MICRO)
     logits = engine(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
@@ -183,7 +183,7 @@ def scenario(
     engine.module.register_forward_pre_hook(pc.pre_forward)
     opt.register_step_post_hook(pc.post_step)
     for step in range(steps):
-        _train_step(engine, step, rank)
+        train_step(engine, step, rank)
     out = {
         "verdicts": [r.to_dict() for r in session.verdicts],
         "rounds": len(rounds),
@@ -222,17 +222,16 @@ def _lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
 
 
-def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any]:
-    """A 2-stage PipelineEngine (embed, 4 blocks, head), data parallel within each stage."""
+def build_pipeline(section: dict[str, Any]) -> tuple[Any, Any]:
+    """A 2-stage PipelineEngine (embed, 4 blocks, head), data parallel within each stage,
+    with SCOUT on (``section`` over :func:`scout_section`); returns (engine, session)."""
     import deepspeed
     import scout_deepspeed
     from deepspeed.pipe import PipelineModule
-    from scout_deepspeed.adapter import inner_optimizer
 
     from scout_core.testing import Block
 
     deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule needs deepspeed.comm
-    rank = dist.get_rank()
     world = dist.get_world_size()
     torch.manual_seed(0)
     dim = 16
@@ -241,7 +240,7 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
         layers=layers, num_stages=2, loss_fn=_lm_loss, partition_method="uniform"
     )
     dp = world // 2
-    cfg = ds_config(1, scout_section(recipes=["hidden"]), world=dp)
+    cfg = ds_config(1, scout_section(**section), world=dp)
     cfg["gradient_accumulation_steps"] = 2
     cfg["train_batch_size"] = MICRO * 2 * dp
     engine, *_ = scout_deepspeed.initialize(
@@ -249,19 +248,29 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
     )
     session = scout_deepspeed.session_of(engine)
     assert session is not None and session.adapter is not None
+    return engine, session
+
+
+def pipeline_batches(engine: Any, step: int) -> Any:
+    """The two micro-batches of ``step`` for this rank's data replica."""
+    data_rank = engine.grid.get_data_parallel_id()
+    for micro in range(2):
+        tokens = batch(2 * step + micro, data_rank, size=MICRO)
+        yield tokens[:, :-1], tokens[:, 1:]
+
+
+def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Train the 2-stage pipeline ``steps`` iterations with the faults; report."""
+    from scout_deepspeed.adapter import inner_optimizer
+
+    rank = dist.get_rank()
+    engine, session = build_pipeline({"recipes": ["hidden"]})
     adapter = session.adapter
     rounds = round_log(session)
     opt = inner_optimizer(engine)
     inj = faults_from(faults).attach(engine.module, opt)
-    data_rank = engine.grid.get_data_parallel_id()
-
-    def micro_batches(step: int) -> Any:
-        for micro in range(2):
-            tokens = batch(2 * step + micro, data_rank, size=MICRO)
-            yield tokens[:, :-1], tokens[:, 1:]
-
     for step in range(steps):
-        engine.train_batch(data_iter=micro_batches(step))
+        engine.train_batch(data_iter=pipeline_batches(engine, step))
     out = {
         "verdicts": [r.to_dict() for r in session.verdicts],
         "rounds": len(rounds),
@@ -295,7 +304,7 @@ def clean_and_bitwise(stage: int, steps: int) -> dict[str, Any]:
         out[f"{label}_attached"] = session.adapter is not None
         rounds = round_log(session)
         torch.manual_seed(1)
-        losses = [_train_step(engine, step, rank) for step in range(steps)]
+        losses = [train_step(engine, step, rank) for step in range(steps)]
         out[label] = _state(engine)
         out[f"{label}_losses"] = [float(x).hex() for x in losses]
         if label == "on":

@@ -14,7 +14,8 @@ and tested one by one in this package:
 * **modules** (:mod:`scout_megatron.modules`): the ``decoder.layers`` of every chunk
   (paths ``decoder.layers.<i>``, or ``chunk<c>.decoder.layers.<i>`` with virtual
   pipeline stages), the ``embedding`` of the first stage and the ``output_layer`` of
-  the last;
+  the last, and the router and ``SequentialMLP`` experts of each ``MoELayer``
+  (:mod:`scout_megatron.moe`: grouped-GEMM experts are refused with a logged reason);
 * **optimizers** (:mod:`scout_megatron.optimizers`): the torch optimizers inside the
   Megatron optimizer (``.optimizer``, every ``ChainedOptimizer`` member, none for
   stubs), each stepping once per iteration. Under ``DistributedOptimizer`` they step
@@ -76,6 +77,7 @@ from scout_core.plugin_api import (
     hook_free_twin,
 )
 from scout_megatron.modules import chunk_modules
+from scout_megatron.moe import MoeParts, call_part, moe_parts
 from scout_megatron.optimizers import inner_optimizers
 from scout_megatron.regroup import Regrouper
 from scout_megatron.rng import tracker_streams
@@ -109,7 +111,8 @@ def as_chunks(model: Any) -> list[nn.Module]:
 
 
 def discover(chunks: Sequence[nn.Module], config: Config) -> Discovered:
-    """Layers, embedding and output layer of every chunk (paths as the module doc says)."""
+    """Layers, embedding and output layer of every chunk (paths as the module doc says),
+    and the routers and expert lists of their MoE layers (:mod:`scout_megatron.moe`)."""
     found = chunk_modules(chunks, config.layers or "decoder.layers")
     many = len(found) > 1
     layers: list[ModuleRef] = []
@@ -122,7 +125,14 @@ def discover(chunks: Sequence[nn.Module], config: Config) -> Discovered:
             embedding = ModuleRef(f"{prefix}{config.embedding or 'embedding'}", chunk.embedding)
         if chunk.output_layer is not None:
             lm_head = ModuleRef(f"{prefix}{config.lm_head or 'output_layer'}", chunk.output_layer)
-    return Discovered(layers=tuple(layers), embedding=embedding, lm_head=lm_head)
+    parts = moe_parts(layers)
+    return Discovered(
+        layers=tuple(layers),
+        embedding=embedding,
+        lm_head=lm_head,
+        routers=parts.routers,
+        experts=parts.experts,
+    )
 
 
 def _agree(problem: str | None) -> None:
@@ -202,6 +212,7 @@ class MegatronAdapter(AdapterBase):
             optimizers=[i.optimizer for i in inner],
             extra_rng=[RngStream(s.name, s.get, s.set) for s in tracker_streams()],
         )
+        self._moe = MoeParts(found.routers, found.experts)
         self.bind_groups({})
 
     def _regrouper(self, groups: Mapping[str, PeerGroup], tp: Any) -> Regrouper:
@@ -256,11 +267,17 @@ class MegatronAdapter(AdapterBase):
         """Run a hook-free twin of ``module`` on ``state`` with its groups re-pointed.
 
         The autograd graph keeps the re-pointed groups, so the replay's backward
-        (after this returns) talks on them too.
+        (after this returns) talks on them too. An MoE router's call leaves Megatron's
+        aux-loss logging as it was, and an expert's ``(output, bias)`` becomes one tensor
+        (:func:`scout_megatron.moe.call_part`).
         """
         twin = _drop_framework_hooks(hook_free_twin(module))
-        with self._regrouper_for(module).repointed(twin):
-            return torch.func.functional_call(twin, dict(state), args, kwargs)
+
+        def run() -> Any:
+            with self._regrouper_for(module).repointed(twin):
+                return torch.func.functional_call(twin, dict(state), args, kwargs)
+
+        return call_part(self._moe, module, run)
 
     def replay_groups(self, ref: ModuleRef) -> dict[str, tuple[tuple[int, ...], str]]:
         """Every multi-rank group ``ref`` holds and what replay uses instead (for tests)."""

@@ -200,6 +200,7 @@ def frozen(culprit: int, at_step: int, steps: int, over: dict[str, Any]) -> dict
         "steps": session.step,
         "stages": [h["detail"]["stages"] for h in hangs],
         "position": [h["detail"].get("position") for h in hangs],
+        "records": [v.to_dict() for v in session.verdicts],
     }
     session.close()
     mgt.teardown()

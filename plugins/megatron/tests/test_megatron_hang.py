@@ -1,17 +1,14 @@
 """A SIGSTOPped rank of a DP3 x TP2 Megatron job is named ``hang`` within hang_timeout_s + 2 s.
 
-The culprit is stopped right before an iteration: its TP partner waits for it inside
-Megatron's tensor-parallel all-reduce (the embedding's, the first of the iteration),
-the other ranks inside the data-parallel gradient all-reduce. The hang observer (one
-process per rank, its own store and Gloo group) sees the culprit's progress stay
-behind and names it; the test continues the process afterwards, so the job finishes
-and every rank's session holds the verdict.
-
-The TP partner is behind the majority too (it never got past the all-reduce it shares
-with the culprit), so the core observer's exact consensus on (step, op) names it as
-well; its evidence says it is blocked in a collective while the culprit is idle
-(``stages``). Naming only the idle rank needs a refinement of the observer's verdict
-rule (see docs/megatron.md, "Hangs").
+The culprit (rank 3) is stopped right before an iteration. Its TP partner (rank 2)
+waits for it inside Megatron's tensor-parallel all-reduce (the first of the
+iteration); the other ranks finish their forward and backward and wait inside the
+data-parallel gradient all-reduce. The observers compare each rank with its replica
+peers only (the same TP position): the culprit's group (1, 3, 5) sees it behind,
+idle, and names it; the partner's group (0, 2, 4) sees the partner behind inside a
+TP all-reduce whose other member is the named culprit, so the partner is recorded
+as *waiting for it* in the culprit's record, never named. The test continues the
+process afterwards, so the job finishes and every rank's session holds the verdict.
 """
 
 from __future__ import annotations
@@ -58,12 +55,6 @@ def _first_hang(report: Path, timeout: float) -> float | None:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.xfail(
-    strict=True,
-    reason="expects one job-wide hang record (group = all 6 ranks); observer rounds now run "
-    "per peer group (issue 10 item 3), so the record's group is the culprit's replica group "
-    "[1, 3, 5]. The hang is still named in 3.6 s; the assertions must be rewritten.",
-)
 def test_sigstop_is_a_hang_on_that_rank() -> None:
     from mg_scout_scenarios import frozen
 
@@ -94,16 +85,23 @@ def test_sigstop_is_a_hang_on_that_rank() -> None:
     print(f"SIGSTOP -> hang record {latency:.2f} s (hang_timeout_s={HANG_S})")
     assert latency <= HANG_S + 2.0
     partner = CULPRIT - 1  # global rank = t + 2d: the TP partner of rank 3 is rank 2
+    replicas = [CULPRIT % 2, CULPRIT % 2 + 2, CULPRIT % 2 + 4]  # its peer group: [1, 3, 5]
     for r in results:
         assert r["steps"] == 6
-        hangs = [v for v in r["verdicts"] if v[2] == "hang"]
-        assert len(hangs) == 1, r["verdicts"]
-        assert [v for v in r["verdicts"] if v[2] != "hang"] == []
-        step, surface, _, status, outliers, scope, group = hangs[0]
-        assert step == 4  # the iteration the culprit never started
-        assert (surface, status, scope, group) == ("progress", "attributed", "rank", list(range(6)))
-        assert CULPRIT in outliers and set(outliers) <= {CULPRIT, partner}, outliers
-        (stages,) = r["stages"]
-        assert stages[str(CULPRIT)] == "idle"  # stopped: not inside any collective
-        assert {stages[str(x)] for x in range(6) if x != CULPRIT} == {"collective"}
-        assert r["position"] == [{str(x): "behind" for x in outliers}]
+        # one record for the job, handed to every rank: the culprit's group names it
+        assert r["verdicts"] == [[4, "progress", "hang", "attributed", [CULPRIT], "rank", replicas]]
+        (record,) = r["records"]
+        detail = record["detail"]
+        assert detail["stages"] == {str(x): "collective" for x in replicas} | {
+            str(CULPRIT): "idle"  # stopped: not inside any collective
+        }
+        assert {detail["pending"][str(x)]["group"] for x in replicas if x != CULPRIT} == {"d"}
+        assert detail["position"] == {str(CULPRIT): "behind"}
+        assert detail["coordinates"][str(CULPRIT)] < detail["majority"]
+        # the TP partner, behind in its own peer group, waits for the culprit: not named
+        assert detail["waiting"] == {
+            str(partner): {"for": [CULPRIT], "pending": detail["waiting"][str(partner)]["pending"]}
+        }
+        assert detail["waiting"][str(partner)]["pending"]["group"] == "t"
+        named = {x for v in r["records"] for x in v["outliers"]}
+        assert named == {CULPRIT} and partner not in named

@@ -8,7 +8,8 @@ replaying every recipe every step. One rank misbehaves through SCOUT's own injec
   adapter pass the shared conformance checks on the live trainer);
 * a 200 ms straggler on rank 3 → ``straggler`` naming rank 3;
 * rank 4 frozen with SIGSTOP → ``hang`` within ``hang_timeout_s`` + 2 s, naming rank 4
-  (with its TP partner, see the test);
+  only: its TP partner 5, held up in a DTensor collective the observer cannot see, is
+  recorded as waiting for it (``scout_core/observer/held.py``), never named;
 * 30 clean steps → no record that names a rank or is inconclusive.
 """
 
@@ -26,6 +27,7 @@ from scout_core.testing import run_ranks
 pytestmark = pytest.mark.distributed
 
 HANG_S = 20.0
+FREEZE_HANG_S = 4.0  # the SIGSTOP test: short, so the verdict lands well before the resume
 SETTINGS: dict[str, Any] = {
     "replay_interval": 1,
     "embedding_interval": 1,
@@ -43,9 +45,10 @@ def _run(
     steps: int,
     inject: str = "",
     timeout_s: float = 400,
+    settings: dict[str, Any] | None = None,
     **extra_env: str,
 ) -> list[dict[str, Any]]:
-    settings = {**SETTINGS, "report_dir": str(tmp / "report")}
+    settings = {**SETTINGS, **(settings or {}), "report_dir": str(tmp / "report")}
     argv = titan_argv(
         assets,
         steps=steps,
@@ -121,21 +124,24 @@ def test_a_sigstopped_rank_is_a_hang_within_the_timeout(
         tmp_path,
         steps=6,
         inject="hang:rank=4,step=3",
+        settings={"hang_timeout_s": FREEZE_HANG_S},
         SCOUT_TITAN_FREEZE_FILE=str(freeze),
     )
     frozen_at = float(freeze.read_text())
     for out in results:
-        (hang,) = [v for v in out["verdicts"] if v["failure"] == "hang"]
+        # one record for the job, from the frozen rank's peer group, on every rank
+        (hang,) = out["verdicts"]
         latency = hang["time"] - frozen_at
         print(f"rank {out['seen']['rank']}: SIGSTOP -> hang verdict {latency:.2f} s")
-        assert latency <= HANG_S + 2.0
-        assert hang["status"] == "attributed" and hang["step"] == 3
-        # The frozen rank is the furthest behind, idle; its TP partner waits in a
-        # DTensor collective the observer cannot see, so it reads as behind too.
-        assert hang["outliers"] == [4, 5]
+        assert latency <= FREEZE_HANG_S + 2.0
+        assert (hang["failure"], hang["status"], hang["step"]) == ("hang", "attributed", 3)
+        assert hang["outliers"] == [4] and hang["group"] == [0, 2, 4]
         assert hang["detail"]["stages"]["4"] == "idle"
-        coords = hang["detail"]["coordinates"]
-        assert coords["4"] < coords["5"] < hang["detail"]["majority"]
+        # Its TP partner 5 is behind its own peers (1, 3), inside a DTensor collective
+        # the observer cannot see (last published stage: a layer): held up, not named.
+        assert hang["detail"]["waiting"] == {"5": {"for": [4], "pending": {}, "stage": "layer"}}
+        named = {r for v in out["verdicts"] for r in v["outliers"]}
+        assert named == {4}, out["verdicts"]
     assert results[4]["fired"] == [["hang", None, 3]]
 
 

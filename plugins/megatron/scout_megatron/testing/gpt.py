@@ -71,6 +71,13 @@ class TinyGPT:
     """Hidden and attention dropout; > 0 exercises Megatron's RNG streams."""
     recompute: bool = False
     """Full activation recompute of every layer (``recompute_granularity='full'``)."""
+    num_moe_experts: int | None = None
+    """Experts per MoE layer (every layer an MoE layer); None: dense MLPs."""
+    moe_topk: int = 2
+    """Experts each token is routed to."""
+    moe_grouped_gemm: bool = False
+    """Experts as one grouped GEMM (``GroupedMLP`` / ``TEGroupedMLP``, CUDA only) instead
+    of a ``SequentialMLP`` of per-expert ``MLP`` s."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,19 @@ def transformer_config(spec: TinyGPT) -> Any:
             "recompute_method": "uniform",
             "recompute_num_layers": 1,
         }
+    if spec.num_moe_experts:
+        # The allgather dispatcher: the alltoall one creates a CUDA stream when it is
+        # built. No load-balancing loss, so the loss is the LM loss alone.
+        extra.update(
+            num_moe_experts=spec.num_moe_experts,
+            moe_router_topk=spec.moe_topk,
+            moe_ffn_hidden_size=spec.hidden_size,
+            moe_token_dispatcher_type="allgather",
+            moe_router_load_balancing_type="none",
+            moe_grouped_gemm=spec.moe_grouped_gemm,
+            expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+            add_bias_linear=False,
+        )
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -135,13 +155,17 @@ def transformer_config(spec: TinyGPT) -> Any:
 
 
 def build_model(spec: TinyGPT = TinyGPT()) -> nn.Module:
-    """A ``GPTModel`` (local spec, learned absolute positions) from the CPU generator."""
+    """A ``GPTModel`` (local spec, learned absolute positions) from the CPU generator;
+    with ``spec.num_moe_experts``, every layer's MLP is an ``MoELayer``."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    layer_spec = get_gpt_layer_local_spec(
+        num_experts=spec.num_moe_experts, moe_grouped_gemm=spec.moe_grouped_gemm
+    )
     model: nn.Module = GPTModel(
         config=transformer_config(spec),
-        transformer_layer_spec=get_gpt_layer_local_spec(),
+        transformer_layer_spec=layer_spec,
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.seq_length,
         position_embedding_type="learned_absolute",

@@ -36,6 +36,15 @@ GPU job: a GPU job uses Megatron's own objects unchanged.
   :class:`cuda_factories_on_cpu` maps the resulting CUDA devices to CPU. Both torch
   functions are put back on exit. :class:`CpuCheckpointIO` runs the real
   :class:`~scout_megatron.checkpoint.MegatronCheckpointIO` inside it.
+* :func:`cpu_moe_router`. Two code paths of an MoE layer's ``TopKRouter`` fail on
+  a host without CUDA: ``Router.gating`` moves a CPU weight to
+  ``torch.cuda.current_device()`` before every forward, and megatron-core 0.16.1's
+  ``router_gating_linear`` reads ``moe_utils.te_general_gemm``, a name bound only
+  when Transformer Engine imports (without TE it raises ``NameError``; ``None`` is
+  the fallback its code tests for). The shim binds ``te_general_gemm = None`` when TE
+  is absent and wraps ``Router.gating`` so that, only while CUDA is unavailable,
+  ``current_device`` answers 0 and the move lands on CPU (:class:`cuda_factories_on_cpu`),
+  i.e. the weight stays where it is. Its undo puts both back.
 * :class:`cuda_factories_on_cpu`. ``FP32Optimizer.__init__`` creates its loss scale
   with ``torch.tensor(..., device='cuda')`` and ``get_grad_norm_fp32`` (called by
   every ``ChainedOptimizer.step``) its scratch tensors with ``device='cuda'``. This
@@ -43,14 +52,14 @@ GPU job: a GPU job uses Megatron's own objects unchanged.
   while it is active; the helpers wrap only the optimizer's construction and its
   ``step()`` in it.
 
-:func:`install_cpu_shims` installs the first three after
+:func:`install_cpu_shims` installs the first three and the router shim after
 ``parallel_state.initialize_model_parallel`` and seeds the streams the way Megatron
 does. Megatron keeps both objects in private module globals
 (``parallel_state._GLOBAL_MEMORY_BUFFER``,
 ``tensor_parallel.random._CUDA_RNG_STATE_TRACKER``): no public setter exists, so the
 shim assigns them; ``destroy_model_parallel`` and ``initialize_rng_tracker(force_reset=
-True)`` clear them again. The recompute shim replaces two module functions (no public
-hook exists), only on a host without CUDA, and returns its undo.
+True)`` clear them again. The recompute and router shims replace module functions (no
+public hook exists), only on a host without CUDA, and return their undo.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ __all__ = [
     "CpuMemoryBuffer",
     "CpuRNGStatesTracker",
     "cpu_dist_checkpointing",
+    "cpu_moe_router",
     "cpu_recompute_rng",
     "cuda_factories_on_cpu",
     "install_cpu_shims",
@@ -161,9 +171,41 @@ def cpu_recompute_rng() -> Callable[[], None]:
     return undo
 
 
+def cpu_moe_router() -> Callable[[], None]:
+    """Let an MoE layer's router run on a CPU-only host (see the module doc); the undo.
+
+    Does nothing (and undoes nothing) where CUDA is available or the shim is installed.
+    """
+    from megatron.core.transformer.moe import moe_utils, router
+
+    if torch.cuda.is_available() or getattr(router.Router.gating, "_scout_cpu", False):
+        return lambda: None
+    gating = router.Router.gating
+    had_gemm = hasattr(moe_utils, "te_general_gemm")
+
+    @functools.wraps(gating)
+    def cpu_gating(self: Any, input: torch.Tensor) -> Any:
+        with cpu_dist_checkpointing():
+            return gating(self, input)
+
+    cpu_gating._scout_cpu = True  # type: ignore[attr-defined]
+    router.Router.gating = cpu_gating
+    if not had_gemm:
+        moe_utils.te_general_gemm = None
+
+    def undo() -> None:
+        router.Router.gating = gating
+        if not had_gemm:
+            del moe_utils.te_general_gemm
+
+    return undo
+
+
 @contextlib.contextmanager
 def cpu_dist_checkpointing() -> Iterator[None]:
-    """Let ``dist_checkpointing`` save on a CPU-only host (nothing changes where CUDA exists)."""
+    """Let ``dist_checkpointing`` save on a CPU-only host (nothing changes where CUDA exists):
+    ``torch.cuda.current_device`` answers 0, ``synchronize`` does nothing and CUDA device
+    arguments mean CPU, for the duration."""
     if torch.cuda.is_available():
         yield
         return
@@ -195,7 +237,8 @@ def _no_sync(device: Any = None) -> None:
 
 
 def install_cpu_shims(seed: int) -> None:
-    """Install the CPU memory buffer and RNG tracker, then seed the streams like Megatron.
+    """Install the CPU memory buffer and RNG tracker, the recompute and MoE router shims,
+    then seed the streams like Megatron.
 
     Call after ``parallel_state.initialize_model_parallel``. The streams get Megatron's
     seeds (``model_parallel_cuda_manual_seed``: data-parallel ``seed``, model-parallel
@@ -207,6 +250,7 @@ def install_cpu_shims(seed: int) -> None:
     mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     cpu_recompute_rng()
+    cpu_moe_router()
     torch.manual_seed(seed)
     # torch.cuda.manual_seed inside is queued lazily by torch and never runs without CUDA.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)

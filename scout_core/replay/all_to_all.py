@@ -1,0 +1,313 @@
+"""All-to-all replay of MoE layers (paper §6.2): one ``all_to_all`` round.
+
+An MoE layer's dispatch sends each token to the EP rank that owns its expert, and the
+combine sends the results back. The live all-to-alls are not comparable across
+replicas (each replica routed its own tokens), and they run on the model's training
+EP group, which SCOUT never talks on. But *corresponding EP positions of independent
+replicas run the same plan* when they are given the same one: so every rank replays
+its layer's dispatch and combine on SCOUT's own EP group (a diagnostic Gloo group, or
+its NCCL payload twin on CUDA), with a synthetic plan and payload drawn from seeds
+broadcast on the expert-DP peer groups, and the peers at one EP position compare what
+they received (exactly) and how the exchange went (statistically).
+
+[A round] (the peer group is the ranks at one EP position of every replica; the EP
+group is this rank's replica's EP ranks)
+
+1. **Readiness C3** (exact, peer group): a digest of the target, the step, the width,
+   dtype and EP size, the rows bound and the software stack. Its verdict is AND-ed
+   over the EP group, so an EP partner whose peer group is not ready can never strand
+   this rank inside an all-to-all.
+2. The peer group's source **broadcasts a seed** (8 bytes, timed: ``t_bcast``). Each
+   EP position has its own seed; every replica's rank at that position has the same.
+3. Each rank draws its **plan** (rows to each EP destination, ``1..rows``) from its
+   seed and sends the row counts (an all-to-all of counts, like a dispatch's split
+   exchange). Then it draws its payload (one block of rows per destination, ``width``
+   wide, in the layer's dtype), and runs the **dispatch** (timed) and the **combine**
+   (the received rows go back, timed).
+4. The EP members all-gather their two in-call times (:func:`lateness`) and whether
+   each built its payload: a member that could not sends zeros of the planned size,
+   and every member of that EP group then reports a gap instead of evidence, so no
+   partner that received the zeros is blamed.
+5. **One exchange** on the peer group: exact signatures of the seed, the counts
+   received (``plan``), the rows received (``dispatch``) and returned (``combine``),
+   the gap code, and the statistical ``t_late``, ``t_a2a`` and ``t_bcast``.
+
+A corrupted exchange shows on ``dispatch`` (the rank where wrong bytes landed) and on
+``combine`` (the sender they went back to). Verdicts come from the same
+:class:`~scout_core.replay.verdicts.VerdictMaker` as every other recipe.
+
+[Naming the slow rank]
+An all-to-all is one synchronous exchange: whoever arrives first waits for whoever
+arrives last, and every member leaves at about the same time. So the wall time of the
+call is the same on every member and cannot name anyone, and a rank's own time *in*
+the call is longest on the healthy partners that waited, so comparing it across
+replicas would blame them. What differs is *when each rank entered*: the member that
+entered last spends the least time in the call. Within one EP group, a rank's
+lateness (:func:`lateness`) is ``max_j t_j - t_i`` summed over the two timed phases:
+about ``T_enter(i) - T_enter(first)``, with no clock shared between hosts. ``t_late``
+is then compared across the peer group (the same EP position of every replica) with
+the straggler rules (outlier, excess and ratio guards, ``straggler_rounds``
+consecutive rounds of the ``all_to_all`` series): a rank that is late again and again
+while its position peers are not is a **rank-scoped** ``comm_straggler``.
+
+``t_a2a`` is the EP group's own exchange time once everyone is in, ``min_j t_j`` (the
+last to enter waits for nobody), summed over the phases: the same value on every EP
+member. Compared across the peer group it marks a slow EP *group* (a slow link that
+stalls every member alike), reported group-scoped through cross-PG validation, never
+as a rank. Limits: see ``docs/moe.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from scout_core.decision.agreement import all_ok, digest
+from scout_core.decision.c3 import C3Result, Surface, exchange
+from scout_core.integration.adapter import ModuleRef
+from scout_core.replay import taps
+from scout_core.replay.experts import layer_of
+from scout_core.replay.gaps import Gap
+from scout_core.replay.packing import sign
+from scout_core.replay.runner import RoundOutcome, timed_broadcast
+from scout_core.replay.schedule import Recipe
+from scout_core.replay.scope import Interval
+from scout_core.topology.groups import PeerGroup
+from scout_core.vocabulary import Mode, Status
+
+__all__ = ["AllToAllRunner", "AllToAllTarget", "all_to_all_targets", "lateness"]
+
+log = logging.getLogger(__name__)
+
+ROWS = 32
+"""Rows a rank sends each EP destination in one replayed dispatch: ``1..ROWS``,
+drawn from the seed (a dropless dispatch's uneven splits, kept small: the round
+measures arrival and delivery, not bandwidth)."""
+
+SURFACES = ("received", "plan", "dispatch", "combine")
+"""Exact surfaces of an all-to-all round, in exchange order."""
+
+TAP = "ep"
+"""The injected-delay kind of a late arrival at the replayed all-to-all
+(:mod:`scout_core.replay.taps`): slept before the call."""
+LINK_TAP = "ep_link"
+"""The injected-delay kind of a slow exchange (a slow link at this rank): slept inside
+the timed call, so every partner waits as long as this rank does."""
+
+
+@dataclass(frozen=True)
+class AllToAllTarget:
+    """One MoE layer's all-to-all: what its dispatch moves."""
+
+    layer: str
+    """The MoE layer's path (``layers.0.moe``): the recipe's target."""
+    width: int
+    """Features of one dispatched row (the hidden size)."""
+    dtype: torch.dtype
+    """The dtype of the dispatched rows (the layer's parameters')."""
+    device: torch.device
+    """Where the layer lives (the payload stays there on an NCCL payload group)."""
+
+
+def _first_matrix(module: torch.nn.Module) -> torch.Tensor | None:
+    for p in module.parameters():
+        if p.is_floating_point() and p.dim() >= 2:
+            return p
+    return None
+
+
+def all_to_all_targets(
+    routers: Sequence[ModuleRef], experts: Sequence[ModuleRef]
+) -> dict[str, AllToAllTarget]:
+    """One target per MoE layer (each experts container's layer), in model order.
+
+    The row width is the router's input width (the last dimension of its first weight
+    matrix: a gate ``Linear(hidden, experts)`` holds ``[experts, hidden]``), else the
+    experts' first weight matrix's; the dtype and device are the experts'. A layer
+    with no weight matrix is left out (logged)."""
+    out: dict[str, AllToAllTarget] = {}
+    for ref in experts:
+        layer = layer_of(ref.path)
+        router = next((r for r in routers if r.path.startswith(f"{layer}.")), None)
+        shaped = _first_matrix(router.module) if router is not None else None
+        weight = _first_matrix(ref.module)
+        shaped = shaped if shaped is not None else weight
+        if shaped is None or weight is None:
+            log.warning("MoE layer %s has no weight matrix; its all-to-all is not replayed", layer)
+            continue
+        out[layer] = AllToAllTarget(layer, int(shaped.shape[-1]), weight.dtype, weight.device)
+    return out
+
+
+def lateness(times: Sequence[Sequence[float]], me: int) -> tuple[float, float]:
+    """``(t_late, t_a2a)`` of EP member ``me`` from every member's in-call times.
+
+    ``times[j][k]`` is member ``j``'s time inside timed phase ``k``. Summed over the
+    phases: ``t_late = max_j t[j][k] - t[me][k]`` (how much later than the first
+    partner this rank entered) and ``t_a2a = min_j t[j][k]`` (the exchange once
+    everyone was in; the same on every member). See the module doc."""
+    late = a2a = 0.0
+    for k in range(len(times[me])):
+        column = [float(row[k]) for row in times]
+        late += max(column) - column[me]
+        a2a += min(column)
+    return late, a2a
+
+
+def _generator(seed: int, salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed + 1_000_003 * salt) % 2**63)
+
+
+class AllToAllRunner:
+    """Runs ``all_to_all`` recipes: the exchange on SCOUT's EP group ``ep``, the
+    comparison on the peer group (the same EP position of every replica)."""
+
+    def __init__(
+        self,
+        *,
+        peers: PeerGroup,
+        ep: PeerGroup | None,
+        targets: Mapping[str, AllToAllTarget],
+        kappa: float,
+        rows: int = ROWS,
+    ) -> None:
+        if targets and (ep is None or ep.size < 2):
+            raise ValueError("all-to-all replay needs SCOUT's EP group of two or more ranks")
+        self.peers = peers
+        self.ep = ep
+        self.targets = dict(targets)
+        self.kappa = kappa
+        self.rows = rows
+        self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
+
+    def run(self, recipe: Recipe, step: int, **_: Any) -> RoundOutcome:
+        """One round of ``recipe`` at ``step`` (see the module doc). Collective over the
+        peer group and the EP group."""
+        assert recipe.path is not None and self.ep is not None
+        target = self.targets[recipe.path]
+        group, name = self.peers.ranks, recipe.name
+        ready_digest = digest(
+            {
+                "recipe": name,
+                "step": step,
+                "width": target.width,
+                "dtype": str(target.dtype),
+                "ep": self.ep.size,
+                "rows": self.rows,
+                "stack": self._stack,
+            }
+        )
+        ready = exchange(
+            [Surface(f"{name}/ready", Mode.EXACT, ready_digest)],
+            group=self.peers.pg,
+            ranks=group,
+            kappa=self.kappa,
+        )
+        ok = ready[f"{name}/ready"].status is Status.AGREE
+        # Every rank takes part in the AND, ready or not, before anyone returns.
+        if not all_ok(ok, self.ep.pg):
+            reason = "peers differ" if not ok else "an EP partner's peer group is not ready"
+            return RoundOutcome(recipe, step, group, False, dict(ready), reason)
+        src = group[step % len(group)]
+        seed, t_bcast = self._seed(src)
+        values = self._exchange(target, seed)
+        surfaces = [Surface(f"{name}/{s}", Mode.EXACT, values.get(s)) for s in SURFACES]
+        surfaces.append(Surface(f"{name}/gap", Mode.EXACT, values.get("gap", 0)))
+        for timing in ("t_late", "t_a2a"):
+            surfaces.append(Surface(f"{name}/{timing}", Mode.STATISTICAL, values.get(timing)))
+        surfaces.append(Surface(f"{name}/t_bcast", Mode.STATISTICAL, t_bcast))
+        results: dict[str, C3Result] = exchange(
+            surfaces, group=self.peers.pg, ranks=group, kappa=self.kappa
+        )
+        return RoundOutcome(recipe, step, group, True, {**ready, **results}, source=src)
+
+    def _seed(self, src: int) -> tuple[int, float]:
+        if dist.get_rank() == src:
+            value = int.from_bytes(os.urandom(8), "little") >> 1
+            buf = torch.tensor([value], dtype=torch.int64).view(torch.uint8)
+        else:
+            buf = torch.empty(8, dtype=torch.uint8)
+        t_bcast = timed_broadcast(buf, src, self.peers)
+        return int(buf.view(torch.int64).item()), t_bcast
+
+    def _device(self, target: AllToAllTarget) -> tuple[torch.device, dist.ProcessGroup]:
+        """The payload's device and group: the NCCL payload group for a CUDA layer when
+        SCOUT made one, else host memory on the Gloo group."""
+        assert self.ep is not None
+        if self.ep.payload_pg is not None and target.device.type == "cuda":
+            return target.device, self.ep.payload_pg
+        return torch.device("cpu"), self.ep.pg
+
+    def _plan(self, seed: int) -> list[int]:
+        """Rows this rank sends each EP destination, drawn from its seed."""
+        assert self.ep is not None
+        plan = torch.randint(1, self.rows + 1, (self.ep.size,), generator=_generator(seed, 0))
+        return [int(n) for n in plan.tolist()]
+
+    def _payload(
+        self, target: AllToAllTarget, seed: int, send: Sequence[int], device: torch.device
+    ) -> torch.Tensor:
+        """The rows for each EP destination, drawn from the seed (the local work before a
+        dispatch: a rank that is slow at it reaches the dispatch late)."""
+        blocks = [
+            torch.randn(n, target.width, generator=_generator(seed, 1 + q))
+            for q, n in enumerate(send)
+        ]
+        return torch.cat(blocks).to(device=device, dtype=target.dtype)
+
+    def _exchange(self, target: AllToAllTarget, seed: int) -> dict[str, Any]:
+        """Plan, dispatch and combine on the EP group, then the in-call times.
+        Collective over the EP group whatever happens locally: a rank that cannot build
+        its payload sends zeros of the planned size and reports why (``gap``)."""
+        assert self.ep is not None
+        device, pg = self._device(target)
+        values: dict[str, Any] = {"received": sign([torch.tensor([seed], dtype=torch.int64)])}
+        send = self._plan(seed)
+        counts = torch.tensor(send, dtype=torch.int64, device=device)
+        got = torch.empty_like(counts)
+        dist.all_to_all_single(got, counts, group=pg)
+        recv = [int(n) for n in got.tolist()]
+        try:
+            rows = self._payload(target, seed, send, device)
+        except Exception as exc:  # evidence goes missing; peers read inconclusive
+            log.warning("all-to-all payload of %s failed on this rank: %s", target.layer, exc)
+            values["gap"] = int(Gap.RAISED)
+            rows = torch.zeros(sum(send), target.width, dtype=target.dtype, device=device)
+        timer = Interval(device)
+        dispatched = rows.new_empty((sum(recv), target.width))
+        taps.sleep_injected(TAP)  # an injected late arrival: before the call, not in it
+        with timer.timing():
+            taps.sleep_injected(LINK_TAP)  # an injected slow exchange: inside the call
+            dist.all_to_all_single(dispatched, rows, recv, send, group=pg)
+        t_dispatch = timer.seconds
+        returned = rows.new_empty((sum(send), target.width))
+        taps.sleep_injected(TAP)
+        with timer.timing():
+            taps.sleep_injected(LINK_TAP)
+            dist.all_to_all_single(returned, dispatched, send, recv, group=pg)
+        failed = float("gap" in values)
+        mine = torch.tensor([t_dispatch, timer.seconds - t_dispatch, failed], dtype=torch.float64)
+        everyone = [torch.empty_like(mine) for _ in self.ep.ranks]
+        dist.all_gather(everyone, mine, group=self.ep.pg)
+        if "gap" in values:
+            return values
+        if any(t[2].item() for t in everyone):  # a partner sent zeros: nothing comparable
+            values["gap"] = int(Gap.PARTNER_RAISED)
+            return values
+        times = [t[:2].tolist() for t in everyone]
+        late, a2a = lateness(times, self.ep.index_of(dist.get_rank()))
+        values.update(
+            plan=sign([got.cpu()]),
+            dispatch=sign([dispatched.cpu()]),
+            combine=sign([returned.cpu()]),
+            t_late=late,
+            t_a2a=a2a,
+        )
+        return values
