@@ -280,8 +280,9 @@ class InMemoryCheckpoints:
             self._copier.pool = {}
         self._copier.begin(self._deferrable() if self.overlap else set())
         tree = capture_tree(self.model, self.optimizers, self.rng_streams, extra, self._copier)
-        event = self._copier.finish()
+        # Every buffer of this capture exists now: the most the gate holds at once.
         self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
+        event = self._copier.finish()  # last: a CPU copy thread starts here
         self._copier.pool = {}  # what this capture did not reuse is freed
         snap = Snapshot(step=step, tree=tree, _event=event, buffers=self._copier.made)
         snap.blocking_s = time.monotonic() - start
