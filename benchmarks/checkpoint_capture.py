@@ -1,25 +1,41 @@
-"""Checkpoint-gate cost: blocking time per in-memory capture and amortized overhead.
+"""Checkpoint-gate cost: blocking time per in-memory capture, before and after buffer reuse.
 
-    python benchmarks/checkpoint_capture.py [--layers 8] [--width 512] [--steps 200]
-        [--interval 20] [--warmup 10] [--checkpoint-dir DIR]
+    python benchmarks/checkpoint_capture.py [--layers 8] [--width 512] [--boundaries 16]
+        [--interval 5] [--gap 1] [--catalog 4] [--warmup 5] [--checkpoint-dir DIR]
 
 One process (a one-rank Gloo job, so the gate's job-wide combine really runs)
-trains a stack of ``--layers`` linear blocks of ``--width`` with AdamW, in one run:
+trains a stack of ``--layers`` linear blocks of ``--width`` with AdamW. Four phases
+alternate in blocks of ``--gap`` training steps (so none always runs on a warmer
+machine), each gated block ending in a gate boundary, ``--boundaries`` per phase
+(every boundary clean, a catalog of ``--catalog`` recipes, so cycles close and
+generations rotate):
 
-* ``without``: ``--steps`` plain training steps;
-* ``with``: the same steps, and at every ``--interval``-th step (the default replay
-  cadence, ``Config.replay_interval``) the gate's boundary: the flag combine, the
-  in-memory capture of model + AdamW + RNG + caller state and, when the catalog
-  cycle closes, rotation (and persistence with ``--checkpoint-dir``).
+* ``plain``: training only;
+* ``copy``: the gate with a fresh host copy at every capture, all of it before the
+  capture returns (``reuse`` and ``overlap`` off: the behaviour before issue 15's
+  work, the *before* figure);
+* ``reuse``: each capture copies into the buffers of the generation it replaces (no
+  allocation, no first-touch page faults), still all before it returns;
+* ``overlap``: the gate as it runs by default: reuse, and on CPU the parameters and
+  optimizer state copied on a background thread during the next iteration (joined
+  by the next optimizer step), so the capture blocks only for the rest;
+* ``lean``: the default plus ``Config.gate_memory = "lean"`` (at most two
+  generations; once a verified generation exists, routine boundaries copy nothing).
 
-The two phases alternate in blocks of ``--interval`` steps so neither always runs
-on a warmer machine. It prints one JSON object: the capture's blocking time per
-boundary (median, p90, max: on CPU it is a host clone; on CUDA the copy runs on a
-side stream and the blocking time is only the time to enqueue it), the mean step
-time with and without (means and medians), the measured amortized overhead
-``(mean with - mean without) / mean without`` and the predicted one
-``median boundary / (interval * mean step)``. On a shared machine the measured
-figure is dominated by noise; the predicted one is the stable estimate.
+``--interval 5`` is the default cadence of gate boundaries (with the spread schedule
+one of the four recipe tracks, each every 20 steps, is due every 5 steps); it only
+enters the predicted overhead, so the run itself stays short (``--gap`` steps per
+boundary; it finishes in well under a minute on an idle core).
+It prints one JSON object: per gated phase, the capture's blocking time (median, p90
+and max over the captures taken, and the median over all boundaries, where a skipped
+capture counts 0; on CUDA the copy runs on a side stream into pinned buffers and the
+blocking time is only the time to enqueue it; ``min`` is the uncontended cost on a
+busy machine), the boundary's median time, the host
+memory the gate held at most and at the end, as bytes and as a multiple of the model
++ optimizer state, and the predicted amortized overhead ``median boundary / (interval
+* mean plain step)``; ``speedup_over_copy`` compares the old behaviour with each newer
+one. Measured step means
+are printed too; on a shared machine they are dominated by noise.
 """
 
 from __future__ import annotations
@@ -32,9 +48,11 @@ import tempfile
 import time
 from typing import Any
 
+PHASES = ("plain", "copy", "reuse", "overlap", "lean")
 
-def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, int, str]:
-    """Model, AdamW, a batch and the gate's coordinator on a one-rank Gloo job."""
+
+def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], str]:
+    """Model, AdamW, a batch and one gate coordinator per gated phase (one-rank Gloo)."""
     import torch
     import torch.distributed as dist
 
@@ -49,18 +67,26 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, int, str]:
     model = torch.nn.Sequential(*blocks).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = torch.randn(16, args.width, device=device)
-    catalog = args.layers + 3  # rotated layers + embedding + LM head + optimizer
-    coord = CheckpointCoordinator(
-        model,
-        [opt],
-        rng_streams=default_rng_streams(),
-        catalog_size=catalog,
-        group=diagnostic_group([0]),
-        ranks=[0],
-        run_id="bench",
-        checkpoint_dir=args.checkpoint_dir,
-    )
-    return model, opt, batch, coord, catalog, device
+    group = diagnostic_group([0])
+    coords = {}
+    for phase in PHASES[1:]:
+        coords[phase] = CheckpointCoordinator(
+            model,
+            [opt],
+            rng_streams=default_rng_streams(),
+            catalog_size=args.catalog,
+            group=group,
+            ranks=[0],
+            run_id="bench",
+            checkpoint_dir=None
+            if args.checkpoint_dir is None
+            else f"{args.checkpoint_dir}/{phase}",
+            memory="lean" if phase == "lean" else "full",
+        )
+    coords["copy"].memory.reuse = False
+    for phase in ("copy", "reuse"):  # both copy everything before capture returns
+        coords[phase].memory.overlap = False
+    return model, opt, batch, coords, device
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,7 +94,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from scout_core.decision.gate import Outcome
 
-    model, opt, batch, coord, catalog, device = _setup(args)
+    model, opt, batch, coords, device = _setup(args)
     extra: dict[str, Any] = {"step": 0, "cursor": torch.zeros(4, dtype=torch.int64)}
 
     def step() -> None:
@@ -84,97 +110,113 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         step()
     sync()
-    times: dict[str, list[float]] = {"plain": [], "gated": [], "boundary": [], "capture": []}
-    held: list[int] = []
-    for block in range(2 * (args.steps // args.interval)):
-        scout_on = block % 2 == 1  # alternate blocks: neither phase always runs warmer
-        for i in range(args.interval):
+    steps: dict[str, list[float]] = {p: [] for p in PHASES}
+    per: dict[str, dict[str, list[float]]] = {
+        p: {"boundary": [], "blocking": [], "captured": [], "held": []} for p in PHASES[1:]
+    }
+    for block in range(len(PHASES) * args.boundaries):
+        phase = PHASES[block % len(PHASES)]
+        for i in range(args.gap):
             sync()
             t0 = time.monotonic()
             step()
-            if scout_on and i == args.interval - 1:
-                n = len(times["boundary"])
+            if phase != "plain" and i == args.gap - 1:
+                coord, rec = coords[phase], per[phase]
+                n = len(rec["boundary"])
                 extra["step"] = n
+                before = _latest(coord)
                 b0 = time.monotonic()
-                result = coord.on_boundary(n, Outcome.CLEAN, n % catalog, extra=extra)
-                times["boundary"].append(time.monotonic() - b0)
-                times["capture"].append(result.capture_s)
-                held.append(_held(coord.memory))
+                result = coord.on_boundary(n, Outcome.CLEAN, n % args.catalog, extra=extra)
+                rec["boundary"].append(time.monotonic() - b0)
+                rec["blocking"].append(result.capture_s)
+                if _latest(coord) is not before:  # a copy was taken
+                    rec["captured"].append(result.capture_s)
+                rec["held"].append(float(coord.memory.held_bytes()))
             sync()
-            times["gated" if scout_on else "plain"].append(time.monotonic() - t0)
-    coord.close()
-    snap = coord.memory.latest
-    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    state += sum(
-        v.numel() * v.element_size()
-        for st in opt.state.values()
-        for v in st.values()
-        if isinstance(v, torch.Tensor)
-    )
-    return {
+            steps[phase].append(time.monotonic() - t0)
+    state = coords["reuse"].memory.state_bytes()
+    out = {
         "device": device,
         "params": sum(p.numel() for p in model.parameters()),
-        "snapshot_bytes": 0 if snap is None else snap.nbytes(),
         "state_bytes": state,
-        "held_bytes_peak": max(held, default=0),
-        "held_bytes_end": held[-1] if held else 0,
-        "catalog_size": catalog,
-        **times,
+        "steps": steps,
+        "per": per,
+        "peak": {p: coords[p].memory.peak_bytes for p in PHASES[1:]},
+    }
+    for coord in coords.values():
+        coord.close()
+    return out
+
+
+def _latest(coord: Any) -> Any:
+    return coord.memory.latest
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"min": 0.0, "median": 0.0, "p90": 0.0, "max": 0.0}
+    p90 = (
+        statistics.quantiles(values, n=10, method="inclusive")[-1]
+        if len(values) >= 2
+        else values[0]
+    )
+    return {
+        "min": 1e3 * min(values),  # the uncontended cost on a busy machine
+        "median": 1e3 * statistics.median(values),
+        "p90": 1e3 * p90,
+        "max": 1e3 * max(values),
     }
 
 
-def _held(memory: Any) -> int:
-    """Host bytes the gate holds: its distinct generations (and, where the checkout has
-    one, its buffer pool: ``held_bytes``)."""
-    held = getattr(memory, "held_bytes", None)
-    if callable(held):
-        return int(held())
-    snaps = {id(g): g for g in (memory.latest, memory.candidate, memory.verified) if g}
-    return sum(int(g.nbytes()) for g in snaps.values())
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure both phases in one run and summarise them."""
+    """Measure every phase in one run and summarise them."""
     import torch.distributed as dist
 
     try:
         m = _measure(args)
     finally:
         dist.destroy_process_group()
-    plain, gated = statistics.fmean(m["plain"]), statistics.fmean(m["gated"])
-    capture, boundary = m["capture"], m["boundary"]
-    p90 = (
-        statistics.quantiles(capture, n=10, method="inclusive")[-1]
-        if len(capture) >= 2
-        else max(capture)
-    )
+    plain = statistics.fmean(m["steps"]["plain"])
+    state = m["state_bytes"]
+    phases: dict[str, Any] = {}
+    for phase in PHASES[1:]:
+        rec = m["per"][phase]
+        boundary = statistics.median(rec["boundary"])
+        phases[phase] = {
+            "captures": len(rec["captured"]),
+            "boundaries": len(rec["boundary"]),
+            "capture_blocking_ms": _ms(rec["captured"]),
+            "blocking_per_boundary_ms_median": 1e3 * statistics.median(rec["blocking"]),
+            "boundary_ms_median": 1e3 * boundary,
+            "held_bytes_peak": m["peak"][phase],
+            "held_over_state_peak": m["peak"][phase] / max(1, state),
+            "held_over_state_end": rec["held"][-1] / max(1, state),
+            "step_ms_mean": 1e3 * statistics.fmean(m["steps"][phase]),
+            "overhead_predicted": boundary / (args.interval * plain),
+        }
+    copy = phases["copy"]
     return {
         "device": m["device"],
         "params": m["params"],
-        "snapshot_bytes": m["snapshot_bytes"],
         # Host memory the gate holds on this rank, and as a multiple of the live model +
-        # optimizer state (one generation is ~1x; latest, candidate and verified ~3x).
-        "state_bytes": m["state_bytes"],
-        "held_bytes_peak": m["held_bytes_peak"],
-        "held_over_state_peak": m["held_bytes_peak"] / max(1, m["state_bytes"]),
-        "held_over_state_end": m["held_bytes_end"] / max(1, m["state_bytes"]),
+        # optimizer state (one generation is ~1x; full holds up to ~3x, lean ~2x).
+        "state_bytes": state,
         "interval": args.interval,
-        "catalog_size": m["catalog_size"],
-        "boundaries": len(boundary),
-        "capture_blocking_ms": {
-            "median": 1e3 * statistics.median(capture),
-            "p90": 1e3 * p90,
-            "max": 1e3 * max(capture),
+        "catalog_size": args.catalog,
+        "step_ms_mean_plain": 1e3 * plain,
+        "phases": phases,
+        # Blocking time per capture of the old behaviour over each newer one.
+        "speedup_over_copy": {
+            phase: {
+                stat: (
+                    copy["capture_blocking_ms"][stat] / phases[phase]["capture_blocking_ms"][stat]
+                    if phases[phase]["capture_blocking_ms"][stat]
+                    else None
+                )
+                for stat in ("min", "median")
+            }
+            for phase in PHASES[2:]
         },
-        "boundary_ms_median": 1e3 * statistics.median(boundary),
-        "step_ms_without": 1e3 * plain,
-        "step_ms_with": 1e3 * gated,
-        # Medians resist a busy machine's preemption spikes; the boundary itself is
-        # one step in ``interval``, so it shows in the means, not the medians.
-        "step_ms_median_without": 1e3 * statistics.median(m["plain"]),
-        "step_ms_median_with": 1e3 * statistics.median(m["gated"]),
-        "overhead_measured": (gated - plain) / plain,
-        "overhead_predicted": statistics.median(boundary) / (args.interval * plain),
         "durable": args.checkpoint_dir is not None,
     }
 
@@ -183,9 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--width", type=int, default=512)
-    p.add_argument("--steps", type=int, default=200, help="steps per phase")
-    p.add_argument("--interval", type=int, default=20, help="steps between replay boundaries")
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--boundaries", type=int, default=16, help="gate boundaries per phase")
+    p.add_argument(
+        "--interval", type=int, default=5, help="steps between gate boundaries (prediction)"
+    )
+    p.add_argument("--gap", type=int, default=1, help="training steps run between boundaries")
+    p.add_argument("--catalog", type=int, default=4, help="recipes in one gate cycle (K)")
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--checkpoint-dir", default=None, help="also persist candidates here")
     p.add_argument("--tmp-checkpoint-dir", action="store_true", help="persist to a temp dir")
     args = p.parse_args(argv)

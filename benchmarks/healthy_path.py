@@ -27,7 +27,15 @@ Per model it prints:
   and ``collectives`` (count: readiness, payload broadcast, result exchange, gate
   combine), ``gate_capture_ms`` and ``replay_compute_ms`` (the rest: the replayed
   module calls, signing, packing);
+* ``gate_memory``: the host bytes the checkpoint gate holds on rank 0 at the end
+  (``held_bytes``), the most it held at once (``peak_bytes``) and both as a multiple
+  of the model + optimizer state (``--gate-memory lean`` bounds them by 2x);
 * ``load_avg``: the 1-minute load average before and after each run.
+
+``--device cuda`` trains on the GPU (every rank on ``rank % device_count``: with one
+GPU the ranks share it, over Gloo with CUDA tensors) and times with synchronised
+clocks. ``scripts/quiet_bench.sh`` runs the acceptance set (12, 32 and 64 layers,
+median of 3, this checkout against an earlier one).
 
 The instrumentation lives here only (wrappers around ``torch.distributed`` and the
 gate's capture, two optimizer hooks around SCOUT's), so the same script measures
@@ -161,7 +169,9 @@ def _flop_shares(model: nn.Module, tokens: torch.Tensor, vocab: int) -> dict[str
     }
 
 
-def bench_rank(steps: int, layers: int, report_dir: str, device: str) -> dict[str, Any]:
+def bench_rank(
+    steps: int, layers: int, report_dir: str, device: str, gate_memory: str | None = None
+) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -186,7 +196,9 @@ def bench_rank(steps: int, layers: int, report_dir: str, device: str) -> dict[st
     shares = _flop_shares(pairs[1][0].module, probe_tokens.to(dev or "cpu"), vocab)
     on_opt = pairs[0][1]
     on_opt.register_step_post_hook(probe.enter)  # before SCOUT's hooks: runs first
-    cfg = Config(report_dir=report_dir, run_id="bench", observer=False)
+    # Only a non-default gate_memory is passed: a checkout from before the key still runs.
+    more = {} if gate_memory is None else {"gate_memory": gate_memory}
+    cfg = Config(report_dir=report_dir, run_id="bench", observer=False, **more)
     session = enable_torch(pairs[0][0], on_opt, cfg)
     on_opt.register_step_post_hook(probe.leave)  # after SCOUT's: the boundary is between
     due: list[bool] = []
@@ -200,8 +212,10 @@ def bench_rank(steps: int, layers: int, report_dir: str, device: str) -> dict[st
     opt_share = statistics.median(off_opt_s) / statistics.median(times["off"])
     params = sum(p.numel() for p in pairs[0][0].parameters())
     verdicts = len(session.verdicts)
+    memory = _gate_memory(session)
     session.close()
     return {
+        "memory": memory,
         "times": times,
         "scout": scout,
         "due": due,
@@ -209,6 +223,26 @@ def bench_rank(steps: int, layers: int, report_dir: str, device: str) -> dict[st
         "estimate": _estimates(
             cfg, layers=layers, shares=shares, opt_share=opt_share, params=params, sched=sched
         ),
+    }
+
+
+def _gate_memory(session: Any) -> dict[str, float]:
+    """Host bytes the in-memory gate holds on this rank, and their multiple of the model
+    + optimizer state (empty where the checkout does not report them)."""
+    memory = getattr(
+        getattr(getattr(session, "checkpoints", None), "coordinator", None), "memory", None
+    )
+    if memory is None or not hasattr(memory, "held_bytes") or not hasattr(memory, "state_bytes"):
+        return {}
+    state = float(memory.state_bytes())
+    held = float(memory.held_bytes())
+    peak = float(getattr(memory, "peak_bytes", 0) or held)
+    return {
+        "state_bytes": state,
+        "held_bytes": held,
+        "peak_bytes": peak,
+        "held_over_state": held / state if state else 0.0,
+        "peak_over_state": peak / state if state else 0.0,
     }
 
 
@@ -333,17 +367,18 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
             else 0.0
         ),
         "due": {"overhead": ratio(due), **breakdown},
+        "gate_memory": results[0].get("memory", {}),
         "verdicts": results[0]["verdicts"],
     }
 
 
-def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Field-wise median of the runs' summaries (nested dicts too)."""
     out: dict[str, Any] = {}
     for key, first in runs[0].items():
         values = [r[key] for r in runs]
         if isinstance(first, dict):
-            out[key] = _median_of(values)
+            out[key] = median_of(values)
         elif isinstance(first, bool) or first is None:
             out[key] = first
         elif isinstance(first, int | float):
@@ -372,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warm", type=int, default=10)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--gate-memory",
+        choices=("full", "lean"),
+        default=None,
+        help="Config.gate_memory (default: the checkout's default; older checkouts lack it)",
+    )
     args = p.parse_args(argv)
     out: dict[str, Any] = {
         "ranks": args.ranks,
@@ -379,8 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "device": args.device,
         "threads_per_rank": 1,
+        "gate_memory": args.gate_memory or "default",
         "models": {},
     }
+    env = {"OMP_NUM_THREADS": "1"}
+    if args.device == "cuda":
+        # Replay's deterministic cuBLAS needs this before CUDA starts (the ranks set
+        # their device first).
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     for layers in args.layers:
         runs = []
         for _ in range(args.repeats):
@@ -389,14 +436,14 @@ def main(argv: list[str] | None = None) -> int:
             results = run_ranks(
                 "healthy_path:bench_rank",
                 args.ranks,
-                args=(args.steps, layers, report, args.device),
+                args=(args.steps, layers, report, args.device, args.gate_memory),
                 timeout_s=3600,
-                env={"OMP_NUM_THREADS": "1"},
+                env=env,
             )
             summary = _summarise(results, args.warm)
             summary["load_avg"] = [before, _load()]
             runs.append(summary)
-        out["models"][str(layers)] = {"median": _median_of(runs), "runs": runs}
+        out["models"][str(layers)] = {"median": median_of(runs), "runs": runs}
     print(json.dumps(out, indent=2))
     return 0
 

@@ -30,13 +30,12 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-import torch.distributed as dist
-
 from scout_core.checkpoint.attach import GateHandle, model_of
 from scout_core.checkpoint.catalog import agreed_catalog
 from scout_core.checkpoint.framework_gate import FrameworkGate
 from scout_core.checkpoint.storage import check_storage
 from scout_core.config import Config
+from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
@@ -261,12 +260,16 @@ def _compose(
     check_storage(config, group)
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     session.add_closer(writer.close)
+    # What the desk and the gate must agree on at a due boundary travels in one
+    # all-reduce (scout_core.decision.vote), whoever of them reads it first.
+    vote: BoundaryVote[Boundary] = BoundaryVote(group)
     desk = IncidentDesk(
         adapter.layout(),
         adapter.rank(),
         group=diagnostic_group(),
         writer=writer,
         run_id=config.resolved_run_id(),
+        vote=vote,
     )
     session.incidents = desk.incidents
 
@@ -280,7 +283,7 @@ def _compose(
     session.add_closer(replay.close)
     session.add_closer(replay.on_boundary(desk.on_boundary))
     if config.gate:
-        session.checkpoints = _gate(replay, config, writer, group, gates_checkpoints)
+        session.checkpoints = _gate(replay, config, writer, vote, gates_checkpoints)
         if session.checkpoints is not None:
             session.add_closer(session.checkpoints.close)
     if config.on_sdc == "terminate" and isinstance(session.checkpoints, GateHandle):
@@ -315,16 +318,18 @@ def _gate(
     replay: ReplayDriver,
     config: Config,
     writer: EvidenceWriter,
-    group: dist.ProcessGroup,
+    vote: BoundaryVote[Boundary],
     framework: bool,
 ) -> GateHandle | FrameworkGate | None:
-    """The checkpoint gate for this job, or None (logged) when nothing can be gated."""
+    """The checkpoint gate for this job, or None (logged) when nothing can be gated.
+    Its job-wide combine rides ``vote`` (on the job's diagnostic group)."""
+    group = vote.group
     catalog = agreed_catalog(replay, config, group)
     if catalog is None:
         return None
     if framework:
         log.info("gating the %s framework's own checkpoints", replay.adapter.name)
-        return FrameworkGate(replay, catalog, group=group, writer=writer)
+        return FrameworkGate(replay, catalog, group=group, writer=writer, vote=vote)
     model = model_of(replay.adapter)
     if model is None:
         log.warning(
@@ -332,4 +337,4 @@ def _gate(
             replay.adapter.name,
         )
         return None
-    return GateHandle(replay, catalog, model=model, group=group, writer=writer)
+    return GateHandle(replay, catalog, model=model, group=group, writer=writer, vote=vote)

@@ -1,8 +1,9 @@
 """Gate checkpoints: in-memory generations, durable DCP persistence and recovery.
 
 * :mod:`.state`: one rank's training state as a tree (capture, flatten, restore);
-* :mod:`.memory`: host-memory generations (latest / candidate / verified), async
-  capture on CUDA, optional peer replication;
+* :mod:`.memory`: host-memory generations (latest / candidate / verified), capture
+  overlapped with training (a side stream on CUDA, a thread on CPU);
+* :mod:`.replicas`: optional peer replication of a generation;
 * :mod:`.durable`: DCP shards, JSON manifests, atomic commit, consistent loading;
 * :mod:`.coordinator`: runs the gate at each replay boundary and writes the records;
 * :mod:`.recovery`: restores the generation the gate selects, or a fresh process
@@ -26,14 +27,9 @@ from scout_core.checkpoint.dcp_store import DcpCheckpointIO
 from scout_core.checkpoint.durable import DurableStore, Generation, scan
 from scout_core.checkpoint.framework_gate import FrameworkGate
 from scout_core.checkpoint.io import CheckpointIO, Recovered
-from scout_core.checkpoint.memory import (
-    InMemoryCheckpoints,
-    PeerReplica,
-    Snapshot,
-    fetch_from_peer,
-    replicate_to_peer,
-)
+from scout_core.checkpoint.memory import InMemoryCheckpoints, Snapshot
 from scout_core.checkpoint.recovery import Restored, default_rng_streams, recover, restore_from_disk
+from scout_core.checkpoint.replicas import PeerReplica, fetch_from_peer, replicate_to_peer
 
 __all__ = [
     "GateHandle",

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.catalog import GateCatalog, round_outcome
+from scout_core.checkpoint.catalog import GateCatalog, GateSeat, round_outcome
 from scout_core.checkpoint.coordinator import BoundaryResult, CheckpointCoordinator
 from scout_core.checkpoint.recovery import resume
 from scout_core.decision.gate import Outcome, Retrieval, worst
+from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.boundary import Boundary
@@ -82,6 +83,7 @@ class GateHandle:
         writer: EvidenceWriter | None,
         extra_state: ExtraState | None = None,
         restore_extra: RestoreExtra | None = None,
+        vote: BoundaryVote[Boundary] | None = None,
     ) -> None:
         config = driver.config
         self.driver = driver
@@ -101,6 +103,7 @@ class GateHandle:
             checkpoint_dir=config.checkpoint_dir,
             peer_replication=config.peer_replication,
             sweep=self.sweep,
+            memory=config.gate_memory,
         )
         self.history: deque[BoundaryResult] = deque(maxlen=_HISTORY)
         """The most recent boundary results, oldest first."""
@@ -113,6 +116,7 @@ class GateHandle:
         (``Config.on_sdc = "terminate"`` sets it: the session ends the job)."""
         self._warned = False
         self._closed = False
+        self._seat = GateSeat(vote, catalog, lambda: self.coordinator.gate, self._holding, group)
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
@@ -128,7 +132,11 @@ class GateHandle:
 
     # -- the boundary --------------------------------------------------------------------
 
+    def _holding(self) -> bool:
+        return self.pending is not None
+
     def _on_boundary(self, boundary: Boundary) -> None:
+        voted = self._seat.job(boundary)  # None without a vote: the coordinator combines
         found = self.catalog.evaluate(boundary)
         if found is None:
             return
@@ -144,7 +152,7 @@ class GateHandle:
         outcome, slots = found
         step = boundary.step
         extra = None if self.extra_state is None else self.extra_state()
-        result = self.coordinator.on_boundary(step, outcome, slots, extra=extra)
+        result = self.coordinator.on_boundary(step, outcome, slots, extra=extra, job=voted)
         self.history.append(result)
         if result.retrieval is not None:
             self.pending = result.retrieval

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from scout_core.config import Config
 from scout_core.decision.agreement import same_value
-from scout_core.decision.gate import Outcome, worst
+from scout_core.decision.gate import Gate, JobFlags, LocalFlags, Outcome, worst
+from scout_core.decision.gate_wire import WIDTH, combine, fold_words, words
+from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import ConfigError
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
@@ -43,7 +46,7 @@ from scout_core.replay.runner import RoundOutcome
 from scout_core.replay.schedule import OPTIMIZER, Recipe
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["GateCatalog", "agreed_catalog", "round_outcome"]
+__all__ = ["GateCatalog", "GateSeat", "agreed_catalog", "round_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,55 @@ class GateCatalog:
             for r in due  # no round → MISSING
         ]
         return worst(outcomes), [slots[_key(r)] for r in due]
+
+
+class GateSeat:
+    """How a gate agrees job-wide at a boundary. In a session its flag words ride the
+    boundary's one all-reduce (a seat of :class:`~scout_core.decision.vote.BoundaryVote`,
+    next to the incident desk's word); without a vote it combines alone
+    (:func:`~scout_core.decision.gate_wire.combine` on ``group``). Both gates use it;
+    ``gate`` returns the gate's state machine, ``holding`` whether a selection is
+    pending (then the gate decides nothing, on every rank)."""
+
+    def __init__(
+        self,
+        vote: BoundaryVote[Boundary] | None,
+        catalog: GateCatalog,
+        gate: Callable[[], Gate],
+        holding: Callable[[], bool],
+        group: dist.ProcessGroup,
+    ) -> None:
+        self.catalog = catalog
+        self.group = group
+        self._gate = gate
+        self._holding = holding
+        self._seat = None if vote is None else vote.seat("checkpoint gate", WIDTH, self.words)
+
+    def words(self, boundary: Boundary) -> list[int] | None:
+        """This rank's flags for ``boundary``; None when the gate decides nothing there."""
+        found = self.catalog.evaluate(boundary)
+        if found is None or self._holding():
+            return None
+        return words(self._gate().local_flags(boundary.step, *found))
+
+    def job(self, boundary: Boundary) -> JobFlags | None:
+        """The voted job-wide flags of ``boundary`` (the vote's all-reduce on the first
+        read of any seat), or None without a vote or where the gate decides nothing.
+        Read at every due boundary, so the vote is cast even where this gate is idle."""
+        if self._seat is None or not boundary.due:
+            return None
+        maxima = self._seat.result(boundary)
+        return None if maxima is None else fold_words(maxima)
+
+    def agree(self, boundary: Boundary) -> tuple[JobFlags, LocalFlags] | None:
+        """The job-wide and this rank's flags of ``boundary``; None where the gate decides
+        nothing (no catalog recipe due, or a selection pending). Collective."""
+        voted = self.job(boundary)
+        found = self.catalog.evaluate(boundary)
+        if found is None or self._holding():
+            return None
+        local = self._gate().local_flags(boundary.step, *found)
+        return (combine(local, group=self.group) if voted is None else voted), local
 
 
 def agreed_catalog(

@@ -20,6 +20,20 @@ end to end (:meth:`CheckpointCoordinator.on_boundary`):
    only moves ``latest``, writes nothing: evidence grows with what happened, not
    with the number of steps.
 
+[Memory: full or lean]
+``full`` (the default) holds up to three generations in host memory per rank
+(``latest``, ``candidate``, ``verified``; :meth:`InMemoryCheckpoints.held_bytes`
+reaches about 3x :meth:`~InMemoryCheckpoints.state_bytes`). ``lean`` holds at most
+two: while no verified generation exists ``latest`` is captured at every accepted
+boundary (it and the candidate are the two); once one exists, a routine capture
+(one that would only move ``latest``) is not taken, its recipes still count toward
+the cycle, and ``latest`` stays the candidate. A cycle close still captures: the
+copy goes into the old verified generation's buffers before the candidate is
+promoted. What lean gives up: a retrieval that selects ``latest`` (a straggler, or a
+failure whose full-catalog sweep is clean) restores the last cycle close instead of
+the last boundary, losing up to one catalog cycle of training; what it gains,
+besides memory: routine boundaries copy nothing.
+
 Restoring is :mod:`.recovery`'s job; :meth:`CheckpointCoordinator.recover` calls it.
 """
 
@@ -34,11 +48,13 @@ import torch
 import torch.distributed as dist
 
 from scout_core.checkpoint.durable import DurableStore
-from scout_core.checkpoint.memory import InMemoryCheckpoints, PeerReplica, replicate_to_peer
+from scout_core.checkpoint.memory import InMemoryCheckpoints
 from scout_core.checkpoint.records import GateRecorder
 from scout_core.checkpoint.recovery import Restored, recover
+from scout_core.checkpoint.replicas import PeerReplica, replicate_to_peer
+from scout_core.config.checks import GATE_MEMORY
 from scout_core.decision.agreement import check_group
-from scout_core.decision.gate import Action, Decision, Gate, Outcome, Retrieval
+from scout_core.decision.gate import Action, Decision, Gate, JobFlags, Outcome, Retrieval
 from scout_core.decision.gate_wire import combine, combine_outcome
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
@@ -85,9 +101,14 @@ class CheckpointCoordinator:
         checkpoint_dir: str | None = None,
         peer_replication: bool = False,
         sweep: Callable[[], Outcome] | None = None,
+        memory: str = "full",
     ) -> None:
         self.group = check_group(group)  # a SCOUT diagnostic group, never WORLD
         self.gate = Gate(catalog_size)
+        if memory not in GATE_MEMORY:
+            raise ValueError(f"memory must be one of {', '.join(GATE_MEMORY)}, got {memory!r}")
+        self.lean = memory == "lean"
+        """At most two generations in host memory (``Config.gate_memory``; module doc)."""
         self.memory = InMemoryCheckpoints(model, optimizers, rng_streams)
         self.ranks = tuple(ranks)
         self.run_id = run_id
@@ -116,6 +137,7 @@ class CheckpointCoordinator:
         *,
         extra: Mapping[str, Any] | None = None,
         machines_accessible: bool = True,
+        job: JobFlags | None = None,
     ) -> BoundaryResult:
         """Algorithm 3's ``CheckpointSave`` at the replay boundary of ``step``.
 
@@ -123,11 +145,15 @@ class CheckpointCoordinator:
         peer groups together, e.g. :func:`~scout_core.decision.gate.worst` of them) and
         ``recipes`` the catalog indices of the recipes checked (``None`` when this
         rank has no result). ``extra`` is the caller's state to capture with the
-        model. Collective over the diagnostic group.
+        model. Collective over the diagnostic group, unless ``job`` is given: the
+        flags every rank already combined for this boundary (a seat of the session's
+        :class:`~scout_core.decision.vote.BoundaryVote` carries them in the one
+        all-reduce the boundary runs: :class:`~.catalog.GateSeat`).
         """
         gate = self.gate
         local = gate.local_flags(step, outcome, recipes)
-        job = combine(local, group=self.group)
+        if job is None:
+            job = combine(local, group=self.group)
         decision = gate.decide(job, local)
         detail = {
             "q": gate.q,
@@ -163,6 +189,11 @@ class CheckpointCoordinator:
                 )
             return BoundaryResult(decision)
 
+        if decision.action is Action.CAPTURE and self.lean and gate.verified is not None:
+            # A routine capture would be a third generation: skip the copy; the
+            # recipes still count, and ``latest`` stays the candidate.
+            gate.apply(decision, captured=False)
+            return BoundaryResult(decision)
         snap = self.memory.capture(step, extra, rotating=decision.action is Action.ROTATE)
         gate.apply(decision)
         # A routine capture only moves ``latest``: no record (a long run would write one

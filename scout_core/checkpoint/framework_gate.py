@@ -1,18 +1,17 @@
 """Gating a framework's own checkpoints with the replay evidence: :class:`FrameworkGate`.
 
-The in-memory gate (:class:`~scout_core.checkpoint.attach.GateHandle`) keeps its own
-host copies of the training state. Under DeepSpeed, Megatron or TorchTitan the
-checkpoints that matter are the ones the framework writes itself, at steps of the
-user's choosing, so the core certifies *those*: a plugin says how its checkpoints
-are written and read (:class:`~scout_core.checkpoint.io.CheckpointIO`) and routes
-the framework's save and load through :meth:`FrameworkGate.save` and
-:meth:`FrameworkGate.load`; everything else happens here, once, for every framework.
+The in-memory gate (:class:`~scout_core.checkpoint.attach.GateHandle`) keeps its own host
+copies of the training state. Under DeepSpeed, Megatron or TorchTitan the checkpoints that
+matter are the ones the framework writes itself, at steps of the user's choosing, so the
+core certifies *those*: a plugin says how its checkpoints are written and read
+(:class:`~scout_core.checkpoint.io.CheckpointIO`) and routes the framework's save and load
+through :meth:`FrameworkGate.save` and :meth:`FrameworkGate.load`; everything else happens
+here, once, for every framework.
 
 [The boundary]
-The gate subscribes to the replay driver's boundary events. Per boundary it reads
-this rank's outcome and the catalog slots checked (:class:`~.catalog.GateCatalog`),
-combines the flags job-wide on a diagnostic group
-(:func:`~scout_core.decision.gate_wire.combine`) and lets the pure Algorithm-3
+Per replay boundary the gate reads this rank's outcome and the catalog slots checked
+(:class:`~.catalog.GateCatalog`), combines the flags job-wide (in a session, in the
+boundary's one all-reduce: :class:`~.catalog.GateSeat`) and lets the pure Algorithm-3
 machine (:class:`~scout_core.decision.gate.Gate`) decide. The decision moves the
 saved tags' roles in the :class:`~.certification.Ledger` and its sidecar:
 
@@ -48,7 +47,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from scout_core.checkpoint.catalog import GateCatalog, round_outcome
+from scout_core.checkpoint.catalog import GateCatalog, GateSeat, round_outcome
 from scout_core.checkpoint.certification import (
     SELECTABLE_AS_LATEST,
     Ledger,
@@ -70,7 +69,8 @@ from scout_core.decision.gate import (
     retrieval,
     worst,
 )
-from scout_core.decision.gate_wire import combine, combine_outcome
+from scout_core.decision.gate_wire import combine_outcome
+from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import CheckpointError
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.boundary import Boundary
@@ -92,6 +92,7 @@ class FrameworkGate:
         *,
         group: dist.ProcessGroup,
         writer: EvidenceWriter | None,
+        vote: BoundaryVote[Boundary] | None = None,
     ) -> None:
         self.driver = driver
         self.catalog = catalog
@@ -110,6 +111,9 @@ class FrameworkGate:
         self._merged: set[str] = set()
         self._writes = False
         self._closed = False
+        self._seat = GateSeat(
+            vote, catalog, lambda: self.gate, lambda: self.pending is not None, group
+        )
         driver.keep_captures(True)
         self._unsubscribe = driver.on_boundary(self._on_boundary)
         if driver.peer_size < 2:
@@ -123,12 +127,9 @@ class FrameworkGate:
     # -- the boundary --------------------------------------------------------------------
 
     def _on_boundary(self, boundary: Boundary) -> None:
-        found = self.catalog.evaluate(boundary)
-        if found is None or self.pending is not None:
-            return  # after SDC nothing is certified until a load restores
-        outcome, slots = found
-        local = self.gate.local_flags(boundary.step, outcome, slots)
-        self._apply(self.gate.decide(combine(local, group=self.group), local))
+        agreed = self._seat.agree(boundary)  # None after SDC until a load restores
+        if agreed is not None:
+            self._apply(self.gate.decide(*agreed))
 
     def _apply(self, d: Decision) -> None:
         ledger, step = self.ledger, d.step

@@ -14,7 +14,18 @@ parameters while the host returns at once. The copy must finish before the next
 optimizer step writes those tensors, so an optimizer step pre-hook makes the
 training stream *wait on the copy's event* (a device-side wait; the host still
 does not block). :meth:`Snapshot.wait` blocks only when someone reads the copy
-(restore, persist, replicate). On CPU the copy is a plain memory copy.
+(restore, persist, replicate).
+
+On CPU the same shape: what only an optimizer step writes (the parameters and the
+optimizer state) is copied on a background thread (``torch``'s copy releases the
+GIL), during the next iteration's forward and backward, and the optimizer step
+pre-hook joins it before the step writes; model buffers (running statistics change
+in the forward), RNG states and the caller's extra state are copied before
+:meth:`InMemoryCheckpoints.capture` returns. A restore first waits for every copy in
+flight (:meth:`InMemoryCheckpoints.settle`). As on CUDA, a write to a parameter
+*outside* the optimizer between the boundary and the next step (an in-place clamp
+after ``optimizer.step()``) would race with the copy; ``overlap = False`` copies
+everything at once.
 
 [Buffers are reused]
 A generation the gate no longer names (a ``latest`` replaced by the next capture,
@@ -28,35 +39,31 @@ megabyte). Every tensor is still copied at every capture: PyTorch's version
 counters miss writes through ``.data`` (which ZeRO and Megatron use), so skipping
 "unchanged" tensors could keep stale state. A released snapshot must not be read
 any more; what a capture does not reuse is freed, so the gate never holds more
-than three generations' worth of host memory (:meth:`InMemoryCheckpoints.held_bytes`).
+than three generations' worth of host memory (:meth:`InMemoryCheckpoints.held_bytes`;
+:attr:`~InMemoryCheckpoints.peak_bytes` is the most it held at once). A lean gate
+(``Config.gate_memory``, the coordinator) holds two.
 
-[Peer replication]
-With replication on, each rank sends its flattened snapshot to the next rank of a
-diagnostic Gloo group (a ring) and keeps the one it receives, so a machine that is
-lost can get its shard back from its peer (:func:`fetch_from_peer`). The wire is
-three tensors (sizes, a JSON skeleton as bytes, the tensors' bytes back to back):
-no objects are pickled.
+Peer replication (a ring of diagnostic Gloo sends) is :mod:`.replicas`.
 """
 
 from __future__ import annotations
 
-import json
+import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from scout_core.checkpoint.state import capture_tree, flatten, restore_tree, unflatten
-from scout_core.checkpoint.validate import check_int, skeleton_specs, specs_nbytes
+from scout_core.checkpoint.replicas import PeerReplica
+from scout_core.checkpoint.state import capture_tree, flatten, restore_tree
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
 
-__all__ = ["Snapshot", "InMemoryCheckpoints", "PeerReplica", "replicate_to_peer", "fetch_from_peer"]
+__all__ = ["Snapshot", "InMemoryCheckpoints"]
 
 
 @dataclass
@@ -79,7 +86,7 @@ class Snapshot:
 
     @property
     def ready(self) -> bool:
-        """Whether the copy has finished (always true on CPU)."""
+        """Whether the copy has finished."""
         return self._event is None or bool(self._event.query())
 
     def nbytes(self) -> int:
@@ -97,9 +104,38 @@ def _source_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.dtype, tuple(t.shape), tuple(t.stride()), t.device.type)
 
 
+class _CpuCopy:
+    """The deferred CPU copies of one capture, run on a thread of their own; the same
+    ``synchronize`` / ``query`` as a CUDA event (see the module doc)."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._pairs = pairs
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="scout-gate-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for host, live in self._pairs:
+                host.copy_(live)  # releases the GIL: training runs on meanwhile
+        except BaseException as exc:  # re-raised where the copy is waited for
+            self._error = exc
+        finally:
+            self._pairs = []
+
+    def synchronize(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise CheckpointError(f"the gate's background copy failed: {self._error}")
+
+    def query(self) -> bool:
+        return not self._thread.is_alive()
+
+
 class _HostCopier:
-    """Copies tensors to host memory: async on a side stream for CUDA, a memory copy on
-    CPU; into a released buffer of the same source when the pool has one."""
+    """Copies tensors to host memory: async on a side stream for CUDA; on CPU the
+    tensors only the optimizer writes (``defer``) on a background thread, the rest at
+    once; into a released buffer of the same source when the pool has one."""
 
     def __init__(self) -> None:
         self._stream: Any = None
@@ -108,10 +144,15 @@ class _HostCopier:
         """Released buffers, reused by the next capture (which frees what it leaves)."""
         self.made: Buffers = {}
         """The buffers of the capture in progress."""
+        self.defer: set[int] = set()
+        """Storage addresses of CPU tensors whose copy may run after the capture returns."""
+        self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def begin(self) -> None:
+    def begin(self, defer: set[int]) -> None:
         self._used = False
         self.made = {}
+        self.defer = defer
+        self._deferred = []
 
     def _buffer(self, key: tuple[Any, ...], t: torch.Tensor, pinned: bool) -> torch.Tensor:
         free = self.pool.get(key)
@@ -126,7 +167,10 @@ class _HostCopier:
         key = _source_key(t)
         if t.device.type != "cuda":
             host = self._buffer(key, t, pinned=False)
-            host.copy_(t)
+            if t.data_ptr() in self.defer:
+                self._deferred.append((host, t))
+            else:
+                host.copy_(t)
         else:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=t.device)  # type: ignore[no-untyped-call]  # torch.cuda.Stream is unannotated
@@ -144,6 +188,11 @@ class _HostCopier:
 
     def finish(self) -> Any:
         """The event marking the end of this capture's copies, or ``None``."""
+        deferred, self._deferred = self._deferred, []
+        if deferred and not self._used:
+            return _CpuCopy(deferred)
+        for host, live in deferred:  # with a CUDA copy in flight, CPU tensors go now
+            host.copy_(live)
         if not self._used:
             return None
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch.cuda.Event is unannotated
@@ -169,18 +218,43 @@ class InMemoryCheckpoints:
         self.replica: PeerReplica | None = None
         """The peer's candidate this rank holds, when replication is on."""
         self._copier = _HostCopier()
+        self.overlap = True
+        """On CPU, copy parameters and optimizer state on a background thread while the
+        next iteration's forward and backward run (module doc); ``False`` copies
+        everything before :meth:`capture` returns."""
+        self.reuse = True
+        """Copy into released generations' buffers (the default). ``False`` allocates
+        fresh host buffers at every capture, as the gate did before buffer reuse: the
+        baseline ``benchmarks/checkpoint_capture.py`` measures against."""
+        self.peak_bytes = 0
+        """The most host bytes the gate held at any moment (measured at the end of each
+        capture's copy, when old generations, leftover pool and the new copy coexist)."""
         self._hooks: list[RemovableHandle] = [
             opt.register_step_pre_hook(self._before_step) for opt in self.optimizers
         ]
 
     def _before_step(self, *_: Any) -> None:
-        # Device-side wait: the step's kernels start after the copy; the host runs on.
+        # The step writes what the copy reads: it starts after the copy. On CUDA a
+        # device-side wait (the host runs on); on CPU the background copy, long done
+        # by now (it ran during this iteration's forward and backward), is joined.
         snap = self.latest
-        if snap is not None and snap._event is not None and torch.cuda.is_available():
+        if snap is None or snap._event is None:
+            return
+        if isinstance(snap._event, _CpuCopy):
+            snap.wait()
+        elif torch.cuda.is_available():
             torch.cuda.current_stream().wait_event(snap._event)
 
+    def settle(self) -> None:
+        """Wait for every generation's copy (before anything writes the live state
+        outside an optimizer step: a restore)."""
+        for snap in (self.latest, self.candidate, self.verified):
+            if snap is not None:
+                snap.wait()
+
     def close(self) -> None:
-        """Remove the optimizer hooks (idempotent)."""
+        """Wait for the copies in flight and remove the optimizer hooks (idempotent)."""
+        self.settle()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -202,14 +276,29 @@ class InMemoryCheckpoints:
         if rotating and self.candidate is not None:
             dropped, self.verified = self.verified, None
             self._release(dropped)
-        self._copier.begin()
+        if not self.reuse:
+            self._copier.pool = {}
+        self._copier.begin(self._deferrable() if self.overlap else set())
         tree = capture_tree(self.model, self.optimizers, self.rng_streams, extra, self._copier)
-        event = self._copier.finish()
+        # Every buffer of this capture exists now: the most the gate holds at once.
+        self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
+        event = self._copier.finish()  # last: a CPU copy thread starts here
         self._copier.pool = {}  # what this capture did not reuse is freed
         snap = Snapshot(step=step, tree=tree, _event=event, buffers=self._copier.made)
         snap.blocking_s = time.monotonic() - start
         self.latest = snap
         return snap
+
+    def _deferrable(self) -> set[int]:
+        """Storage of the CPU tensors only an optimizer step writes: the parameters and
+        the optimizer state (buffers such as running statistics change in the forward,
+        and the caller's extra state whenever it likes, so those are copied at once)."""
+        tensors: list[torch.Tensor] = list(self.model.parameters())
+        for opt in self.optimizers:
+            for state in opt.state.values():
+                tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        found = {_storage(t) for t in tensors if t.device.type == "cpu"}
+        return found - {_storage(b) for b in self.model.buffers()} - {0}
 
     def _release(self, snap: Snapshot | None) -> None:
         """Return ``snap``'s buffers to the pool if no generation names it any more."""
@@ -238,9 +327,12 @@ class InMemoryCheckpoints:
     def held_bytes(self) -> int:
         """Host bytes this rank's gate holds: every distinct buffer of the generations
         and of the reuse pool (a generation named twice counts once)."""
+        return self._bytes()
+
+    def _bytes(self, *more: Buffers) -> int:
         seen: dict[int, int] = {}
         snaps = {id(g): g for g in (self.latest, self.candidate, self.verified) if g is not None}
-        groups = [s.buffers for s in snaps.values()] + [self._copier.pool]
+        groups = [s.buffers for s in snaps.values()] + [self._copier.pool, *more]
         for buffers in groups:
             for tensors in buffers.values():
                 for t in tensors:
@@ -268,147 +360,19 @@ class InMemoryCheckpoints:
         self, snap: Snapshot, extra: MutableMapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """Write ``snap`` back into the live model, optimizers, RNG and ``extra``."""
+        self.settle()  # no copy may still read what the restore writes
         snap.wait()
         return restore_tree(snap.tree, self.model, self.optimizers, self.rng_streams, extra)
+
+
+def _storage(t: torch.Tensor) -> int:
+    """Where ``t``'s (local) data lives, as the copier sees it; 0 when it has none."""
+    try:
+        return int(_local(t).data_ptr())
+    except RuntimeError:  # a tensor without storage: never deferred
+        return 0
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
-
-
-# -- peer replication --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeerReplica:
-    """A peer's generation held on this rank."""
-
-    owner: int
-    """Global rank whose state this is."""
-    step: int
-    tree: dict[str, Any]
-
-
-def _ring(group: dist.ProcessGroup, ranks: Sequence[int]) -> tuple[int, int, int]:
-    if group is None or group == dist.group.WORLD:
-        raise ValueError("peer replication runs on a diagnostic group, never WORLD")
-    me = dist.get_rank()
-    if me not in ranks or len(ranks) < 2:
-        raise ValueError(f"rank {me} needs a peer group of >= 2 ranks containing it, got {ranks}")
-    i = list(ranks).index(me)
-    return me, ranks[(i + 1) % len(ranks)], ranks[(i - 1) % len(ranks)]
-
-
-def _encode(step: int, owner: int, tree: Mapping[str, Any] | None) -> tuple[bytes, torch.Tensor]:
-    if tree is None:
-        return b"", torch.empty(0, dtype=torch.uint8)
-    skeleton, tensors = flatten(tree)
-    keys = list(tensors)
-    header = json.dumps({"step": step, "owner": owner, "keys": keys, "skeleton": skeleton})
-    parts = [tensors[k].detach().contiguous().reshape(-1).view(torch.uint8) for k in keys]
-    payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-    return header.encode(), payload
-
-
-def _decode(header: bytes, payload: torch.Tensor) -> PeerReplica:
-    try:
-        meta = json.loads(header)
-    except (ValueError, RecursionError) as exc:
-        raise CheckpointError(f"peer replica header is malformed: {exc}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("keys"), list):
-        raise CheckpointError("peer replica header is malformed")
-    specs = skeleton_specs(meta.get("skeleton"))
-    if specs_nbytes(specs) != payload.numel() or set(meta["keys"]) != set(specs):
-        raise CheckpointError("peer replica header does not describe its payload")
-    tensors: dict[str, torch.Tensor] = {}
-    offset = 0
-    for key in meta["keys"]:
-        dtype, shape = specs[key]
-        count = 1
-        for n in shape:
-            count *= n
-        nbytes = count * torch.empty(0, dtype=dtype).element_size()
-        raw = payload[offset : offset + nbytes].clone()
-        offset += nbytes
-        tensors[key] = raw.view(dtype).reshape(shape)
-    if offset != payload.numel():
-        raise CheckpointError(f"peer replica has {payload.numel() - offset} stray bytes")
-    return PeerReplica(
-        owner=check_int(meta.get("owner"), "peer replica owner"),
-        step=check_int(meta.get("step"), "peer replica step", low=-1),
-        tree=unflatten(meta["skeleton"], tensors),
-    )
-
-
-def _p2p(
-    out: torch.Tensor, into: torch.Tensor, send_to: int, recv_from: int, group: dist.ProcessGroup
-) -> None:
-    """Send ``out`` to one peer while receiving ``into`` from another (empty: skipped)."""
-    reqs = []
-    if out.numel():
-        reqs.append(dist.isend(out, send_to, group=group))
-    if into.numel():
-        reqs.append(dist.irecv(into, recv_from, group=group))
-    for r in reqs:
-        if r is not None:  # None only for a rank outside the group, which _ring rules out
-            r.wait()
-
-
-def _swap(
-    header: bytes, payload: torch.Tensor, *, send_to: int, recv_from: int, group: dist.ProcessGroup
-) -> tuple[bytes, torch.Tensor]:
-    """Send (header, payload) to one peer while receiving the same from another."""
-    got = torch.empty(2, dtype=torch.int64)
-    sizes = torch.tensor([len(header), payload.numel()], dtype=torch.int64)
-    _p2p(sizes, got, send_to, recv_from, group)
-    head_out = (
-        torch.frombuffer(bytearray(header), dtype=torch.uint8)
-        if header
-        else torch.empty(0, dtype=torch.uint8)
-    )
-    head_in = torch.empty(int(got[0]), dtype=torch.uint8)
-    _p2p(head_out, head_in, send_to, recv_from, group)
-    body_in = torch.empty(int(got[1]), dtype=torch.uint8)
-    _p2p(payload, body_in, send_to, recv_from, group)
-    return bytes(head_in.tolist()), body_in
-
-
-def replicate_to_peer(
-    snap: Snapshot, *, group: dist.ProcessGroup, ranks: Sequence[int]
-) -> PeerReplica:
-    """Ring replication: send ``snap`` to the next rank of ``ranks``, keep the previous one's.
-
-    Collective over ``group`` (a diagnostic Gloo group whose members are ``ranks``).
-    Returns the replica received from the previous rank of the ring.
-    """
-    me, nxt, prev = _ring(group, ranks)
-    snap.wait()
-    header, payload = _encode(snap.step, me, snap.tree)
-    head_in, body_in = _swap(header, payload, send_to=nxt, recv_from=prev, group=group)
-    replica = _decode(head_in, body_in)
-    if replica.owner != prev:
-        raise CheckpointError(f"replica from rank {prev} claims owner {replica.owner}")
-    return replica
-
-
-def fetch_from_peer(
-    held: PeerReplica | None, *, group: dist.ProcessGroup, ranks: Sequence[int]
-) -> PeerReplica | None:
-    """Reverse ring: return ``held`` to its owner and receive this rank's own replica.
-
-    Collective over ``group``. A rank that holds nothing sends nothing; the result is
-    ``None`` when the next rank holds nothing for this rank.
-    """
-    me, nxt, prev = _ring(group, ranks)
-    if held is not None and held.owner != prev:
-        raise CheckpointError(f"rank {me} holds a replica of rank {held.owner}, expected {prev}")
-    tree = None if held is None else held.tree
-    header, payload = _encode(-1 if held is None else held.step, prev, tree)
-    head_in, body_in = _swap(header, payload, send_to=prev, recv_from=nxt, group=group)
-    if not head_in:
-        return None
-    mine = _decode(head_in, body_in)
-    if mine.owner != me:
-        raise CheckpointError(f"rank {nxt} returned a replica of rank {mine.owner}, not {me}")
-    return mine

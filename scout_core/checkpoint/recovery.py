@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from scout_core.checkpoint.durable import DurableStore, scan
-from scout_core.checkpoint.memory import fetch_from_peer
 from scout_core.checkpoint.records import write_gate_record
+from scout_core.checkpoint.replicas import fetch_from_peer
 from scout_core.checkpoint.state import check_tree, restore_tree
 from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
 from scout_core.decision.agreement import all_ok, min_max
@@ -141,6 +141,7 @@ def recover(
         )
     target = found.step
     memory = coord.memory
+    memory.settle()  # a copy still in flight must not read what the restore writes
     snap = memory.get(found.selected)
     held = snap if snap is not None and snap.step == target else None
     lo, hi = min_max(-1 if held is None else target, coord.group)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from scout_core.config.checks import (
+    GATE_MEMORY,
     ON_HANG_ACTIONS,
     ON_SDC_ACTIONS,
     RECIPES,
@@ -20,6 +21,7 @@ from scout_core.config.sources import ENV_PREFIX, NON_CONFIG_ENV, NON_CONFIG_ENV
 __all__ = [
     "Config",
     "RECIPES",
+    "GATE_MEMORY",
     "ON_HANG_ACTIONS",
     "ON_SDC_ACTIONS",
     "RESERVED_EXIT_CODES",

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_VARIANTS",
     "ON_HANG_ACTIONS",
     "ON_SDC_ACTIONS",
+    "GATE_MEMORY",
     "RANGES",
     "RECIPES",
     "RESERVED_EXIT_CODES",
@@ -66,6 +67,9 @@ ON_HANG_ACTIONS: tuple[str, ...] = ("report", "dump_stacks", "terminate")
 
 ON_SDC_ACTIONS: tuple[str, ...] = ("recover", "terminate")
 """What the job does when replay's SDC verdict makes the checkpoint gate select."""
+
+GATE_MEMORY: tuple[str, ...] = ("full", "lean")
+"""How many generations the in-memory gate may hold: three (``full``) or two (``lean``)."""
 
 RESERVED_EXIT_CODES: Mapping[int, str] = {
     16: "Megatron-Core's rerun state machine exits 16 to ask for a restart on other hardware",
@@ -304,6 +308,13 @@ def _on_sdc(name: str, value: str) -> None:
         )
 
 
+def _gate_memory(name: str, value: str) -> None:
+    if value not in GATE_MEMORY:
+        raise ConfigError(
+            f"key {name!r} must be one of {', '.join(GATE_MEMORY)}; got {shown(value)}"
+        )
+
+
 _EXIT_KIND = {"hang_exit_code": "hang ", "sdc_exit_code": "SDC "}
 
 
@@ -333,6 +344,7 @@ _RULES: dict[str, Callable[[str, Any], None]] = {
     "on_sdc": _on_sdc,
     "sdc_exit_code": _exit_code,
     "checkpoint_dir": _nonempty,
+    "gate_memory": _gate_memory,
     "moe_catalog": _nonempty,
     **{name: _in_range for name in RANGES},
 }

@@ -203,6 +203,13 @@ class Config:
     """Also replicate each in-memory gate checkpoint to a peer, so a lost machine's
     state can be recovered."""
 
+    gate_memory: str = "full"
+    """Host memory the in-memory gate may hold per rank: ``full`` (latest, candidate and
+    verified: up to 3x the model + optimizer state; a ``latest`` retrieval restores
+    the last boundary) or ``lean`` (at most 2x: once a verified generation exists,
+    routine captures are skipped and ``latest`` is the candidate, so a straggler or a
+    clean-sweep recovery rolls back to the last cycle close)."""
+
     def __post_init__(self) -> None:
         # Frozen: normalised values (list -> tuple, int -> float) go in through
         # object.__setattr__, which is how a frozen dataclass sets its own fields.

@@ -298,10 +298,15 @@ class Gate:
             reason=f"accepted {accepted} of K={self.catalog_size} recipes in this cycle",
         )
 
-    def apply(self, decision: Decision) -> None:
-        """Commit ``decision`` (from :meth:`decide` on this gate) to the state."""
+    def apply(self, decision: Decision, *, captured: bool = True) -> None:
+        """Commit ``decision`` (from :meth:`decide` on this gate) to the state.
+
+        ``captured=False`` commits a CAPTURE whose copy was not taken (a lean gate,
+        ``Config.gate_memory``): its recipes count toward the cycle, but ``latest``
+        stays the last generation actually held."""
         if decision.action is Action.CAPTURE:
-            self.latest = decision.step
+            if captured:
+                self.latest = decision.step
             self._accepted.update(decision.recipes)
         elif decision.action is Action.ROTATE:
             self.latest = decision.step

@@ -20,10 +20,12 @@ from scout_core.decision.agreement import digest, reduce_max
 from scout_core.decision.gate import JobFlags, LocalFlags, Outcome
 from scout_core.errors import ProtocolError
 
-__all__ = ["combine", "combine_outcome", "merge_flags", "words"]
+__all__ = ["WIDTH", "combine", "combine_outcome", "fold_words", "merge_flags", "words"]
 
 _NONE = -1  # wire value of "no recipes" (the rank has no result)
 _FAR = 1 << 62  # neutral element for a max over negated values of absent entries
+WIDTH = 12
+"""The number of words :func:`words` returns."""
 
 
 def words(flags: LocalFlags) -> list[int]:
@@ -45,8 +47,10 @@ def words(flags: LocalFlags) -> list[int]:
     ]
 
 
-def _fold_words(maxima: Sequence[int]) -> JobFlags:
-    """Turn the MAX-reduced words back into :class:`JobFlags`, checking agreement."""
+def fold_words(maxima: Sequence[int]) -> JobFlags:
+    """Turn the MAX-reduced words back into :class:`JobFlags`, checking agreement
+    (the words may come from :func:`combine` or from a seat of a boundary vote,
+    :mod:`scout_core.decision.vote`)."""
     (missing, sdc, hang, unclean, closes, not_closes, s_hi, s_lo, r_hi, r_lo, g_hi, g_lo) = (
         int(w) for w in maxima
     )
@@ -86,7 +90,7 @@ def merge_flags(flags: Sequence[LocalFlags]) -> JobFlags:
     if not flags:
         raise ValueError("merge_flags needs the flags of at least one rank")
     columns = zip(*(words(f) for f in flags), strict=True)
-    return _fold_words([max(c) for c in columns])
+    return fold_words([max(c) for c in columns])
 
 
 def combine(local: LocalFlags, *, group: dist.ProcessGroup) -> JobFlags:
@@ -96,7 +100,7 @@ def combine(local: LocalFlags, *, group: dist.ProcessGroup) -> JobFlags:
     or a training group. Raises :class:`ProtocolError` on every rank when the ranks
     disagree.
     """
-    return _fold_words(reduce_max(words(local), group))
+    return fold_words(reduce_max(words(local), group))
 
 
 def combine_outcome(outcome: Outcome, *, group: dist.ProcessGroup) -> Outcome:

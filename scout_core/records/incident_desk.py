@@ -6,8 +6,10 @@ Each peer group writes its own records, so no single rank sees a failure whole. 
 exactly once in the job). At a boundary where recipes were due (the same boundaries
 on every rank: the schedule is global):
 
-1. one ``MAX`` all-reduce of one word asks whether any rank collected anything (the
-   only cost on a healthy step: 8 bytes on a SCOUT group);
+1. one ``MAX`` word asks whether any rank collected anything (the only cost on a
+   healthy step). In a session the word rides the boundary's one all-reduce, with
+   the checkpoint gate's flags (:class:`~scout_core.decision.vote.BoundaryVote`);
+   a desk without a vote runs its own one-word all-reduce;
 2. if so, the records travel as JSON (never pickle) in one all-gather of byte tensors,
    so every rank holds the same window;
 3. every rank merges the window the same way (:func:`~.incidents.merge_window`, a pure
@@ -30,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from scout_core.decision.agreement import any_flag, check_group
+from scout_core.decision.vote import BoundaryVote
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.records.incidents import IncidentBook, merge_window
 from scout_core.records.record import VERDICT_SCHEMA, Record
@@ -89,6 +92,7 @@ class IncidentDesk:
         group: dist.ProcessGroup,
         writer: EvidenceWriter,
         run_id: str,
+        vote: BoundaryVote[Boundary] | None = None,
     ) -> None:
         self.group = check_group(group)  # a SCOUT group over the whole job
         self.rank = rank
@@ -101,6 +105,17 @@ class IncidentDesk:
         """Records not sent because one window held more than a rank may send."""
         self._pending: list[Record] = []
         self._writer_rank = min(layout.ranks)
+        self._seat = None if vote is None else vote.seat("incident desk", 1, self._words)
+
+    def _words(self, boundary: Boundary) -> list[int]:
+        return [1 if self._pending else 0]
+
+    def _any_pending(self, boundary: Boundary) -> bool:
+        """Whether any rank collected records (one word of the boundary's all-reduce)."""
+        if self._seat is None:
+            return any_flag(bool(self._pending), self.group)
+        found = self._seat.result(boundary)
+        return found is not None and found[0] == 1
 
     def collect(self, record: Record) -> None:
         """Take a verdict the replay driver delivered on this rank. Every member of the
@@ -123,7 +138,7 @@ class IncidentDesk:
         """Merge the window that ends at ``boundary`` (collective when recipes were due)."""
         if not boundary.due:
             return
-        if not any_flag(bool(self._pending), self.group):
+        if not self._any_pending(boundary):
             return
         blob = json.dumps([r.to_dict() for r in self._pending], allow_nan=False).encode()
         self._pending.clear()

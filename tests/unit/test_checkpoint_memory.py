@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from scout_core.checkpoint.dcp_io import metadata_from_json, metadata_to_json
-from scout_core.checkpoint.memory import InMemoryCheckpoints, _decode, _encode
+from scout_core.checkpoint.memory import InMemoryCheckpoints
 from scout_core.checkpoint.recovery import default_rng_streams
+from scout_core.checkpoint.replicas import _decode, _encode
 from scout_core.checkpoint.state import flatten, unflatten
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
@@ -45,6 +46,7 @@ def test_capture_restore_is_bitwise_and_does_not_alias() -> None:
     mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
     extra = {"step": 3, "cursor": torch.tensor([7, 8]), "note": "epoch-0"}
     snap = mem.capture(3, extra)
+    snap.wait()  # parameters and moments are copied on a background thread
     assert snap.ready and snap.blocking_s >= 0 and snap.nbytes() > 0
     before = fingerprint(model, opt)
     train(model, opt, 2)  # diverge: params, AdamW moments, step count, RNG
@@ -183,4 +185,62 @@ def test_the_gate_never_holds_more_than_three_generations() -> None:
     # RNG states ride along (a few KiB): three generations of model + optimizer, no more.
     assert peak <= 3 * state + 3 * 8192
     assert peak >= 2 * state  # candidate and verified are both held after two cycles
+    mem.close()
+
+
+def test_without_reuse_every_capture_copies_into_fresh_buffers() -> None:
+    # The baseline benchmarks/checkpoint_capture.py measures: the same generations, new
+    # host buffers at every capture (the released ones are freed first).
+    model, opt = make()
+    train(model, opt, 2)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    mem.reuse = False
+    first = mem.capture(1)
+    params = _ptrs(first)
+    kept = list(flatten(first.tree)[1].values())  # keep the old buffers alive: no address reuse
+    train(model, opt, 1)
+    second = mem.capture(2)
+    assert not _ptrs(second) & params
+    after = fingerprint(model, opt)
+    train(model, opt, 2)
+    mem.restore(second)
+    assert fingerprint(model, opt) == after
+    assert kept and mem.peak_bytes >= mem.held_bytes() > 0
+    mem.close()
+
+
+def test_cpu_copy_overlaps_the_next_iteration_and_the_step_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Parameters and moments are copied on a background thread (slowed down here, so
+    # training reaches the next step while it runs); the step's pre-hook joins it
+    # before writing them, so the generation holds the boundary's state bitwise.
+    # Buffers and extra state are copied before capture returns.
+    import time
+
+    from scout_core.checkpoint import memory
+
+    run = memory._CpuCopy._run
+
+    def slow(self: memory._CpuCopy) -> None:
+        time.sleep(0.3)
+        run(self)
+
+    monkeypatch.setattr(memory._CpuCopy, "_run", slow)
+    model, opt = make()
+    model.register_buffer("seen", torch.zeros(3))
+    train(model, opt, 2)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    assert mem.overlap
+    extra = {"cursor": torch.tensor([1, 2])}
+    snap = mem.capture(2, extra)
+    assert not snap.ready  # still copying: capture did not wait for it
+    before = fingerprint(model, opt)
+    model.seen += 1  # a forward-time buffer write right after the boundary
+    extra["cursor"] += 5
+    train(model, opt, 3)  # the first step's pre-hook joins the copy first
+    assert snap.ready
+    restored = mem.restore(snap)
+    assert fingerprint(model, opt) == before
+    assert restored["cursor"].tolist() == [1, 2]
     mem.close()

@@ -65,6 +65,7 @@ EXPECTED_DEFAULTS = {
     "checkpoint_dir": None,
     "catalog_size": None,
     "peer_replication": False,
+    "gate_memory": "full",
 }
 
 
@@ -109,6 +110,8 @@ def test_frozen_kw_only_and_replace_validates() -> None:
     ("key", "value", "fragment"),
     [
         ("replay_interval", 0, "in 1..1,000,000"),
+        ("gate_memory", "half", "must be one of full, lean"),
+        ("gate_memory", "", "must be one of full, lean"),
         ("replay_interval", 10**400, "in 1..1,000,000"),
         ("embedding_interval", 0, "in 1..1,000,000"),
         ("lm_head_interval", -1, "in 1..1,000,000"),
