@@ -29,6 +29,7 @@ from scout_core.config import Config
 from scout_core.errors import CatalogError, ConfigError
 from scout_core.integration.adapter import ModuleRef, moe_modules
 from scout_core.moe.catalog_set import CatalogSet
+from scout_core.moe.environment import current_environment
 from scout_core.replay.all_to_all import AllToAllTarget, all_to_all_targets
 from scout_core.replay.experts import ExpertTarget, expert_targets
 from scout_core.replay.schedule import ALL_TO_ALL, EXPERTS, HIDDEN, ROUTER, Track
@@ -122,4 +123,39 @@ def _expert_targets(experts: Sequence[ModuleRef], config: Config) -> dict[str, E
         catalogs = CatalogSet.load(config.moe_catalog)
     except (OSError, CatalogError) as exc:
         raise ConfigError(f"key 'moe_catalog': cannot load {config.moe_catalog!r}: {exc}") from exc
+    drift = stack_drift(catalogs, _device_of(experts))
+    if drift:
+        raise ConfigError(
+            f"key 'moe_catalog': {config.moe_catalog!r} was discovered for another "
+            f"environment: {'; '.join(drift)}. Its representatives may not cover this job's "
+            "kernels: rediscover it here (`scout catalog discover`) and point moe_catalog at "
+            "the new file"
+        )
     return expert_targets(experts, catalogs)
+
+
+def stack_drift(catalogs: CatalogSet, device: str) -> list[str]:
+    """What of each catalog's device and software stack (device name, torch, CUDA,
+    Triton) differs from this job's, one line per class and field (empty: none).
+
+    The model and profiler parts of a catalog's environment are checked where the
+    classes and the profiler are at hand (``CatalogSet.check``, ``scout catalog``);
+    online, replay checks what decides kernel selection that the job itself knows."""
+    lines: list[str] = []
+    for name, catalog in catalogs.catalogs.items():
+        env = catalog.environment
+        now = current_environment(env.model, env.profiler, device=device)
+        lines.extend(f"class {name!r}: {d}" for d in env.drift(now))
+    return lines
+
+
+def _device_of(experts: Sequence[ModuleRef]) -> str:
+    """The name of the device the experts live on (``cpu``, or the CUDA device's name)."""
+    import torch
+
+    for ref in experts:
+        for p in ref.module.parameters():
+            if p.device.type == "cuda":
+                return str(torch.cuda.get_device_name(p.device))
+            return "cpu"
+    return "cpu"

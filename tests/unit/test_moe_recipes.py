@@ -121,6 +121,37 @@ def test_an_unreadable_catalog_is_a_config_error(tmp_path: Path) -> None:
         moe_recipes(found.layers, found.special(), MeshLayout.from_order("e-d", e=1, d=1), cfg)
 
 
+def test_a_catalog_from_another_stack_is_refused_with_what_changed(tmp_path: Path) -> None:
+    # The catalog is bound to its environment: online, replay refuses one discovered
+    # under another torch (or device, CUDA, Triton) and says what changed.
+    import dataclasses
+
+    from scout_core.config import Config
+    from scout_core.replay.moe_tracks import moe_recipes
+    from scout_core.topology.mesh import MeshLayout
+
+    model = TinyMoE()
+    found = discover(model)
+    classes = expert_classes(model.layer_specs(8), dtype="float32")
+    here = CatalogSet([discover_catalog(c, TileModel()) for c in classes])
+    layout = MeshLayout.from_order("e-d", e=1, d=1)
+    ok = here.save(tmp_path / "here.json")
+    moe = moe_recipes(found.layers, found.special(), layout, Config(moe_catalog=str(ok)))
+    assert moe.experts  # same stack: accepted
+    (name, catalog), *_ = here.catalogs.items()
+    from scout_core.moe.catalog import Catalog
+
+    old_env = dataclasses.replace(catalog.environment, torch="2.0.0")
+    old = Catalog(environment=old_env, entries=catalog.entries)
+    stale = CatalogSet([old, *list(here.catalogs.values())[1:]]).save(tmp_path / "old.json")
+    with pytest.raises(ConfigError) as refused:
+        moe_recipes(found.layers, found.special(), layout, Config(moe_catalog=str(stale)))
+    text = str(refused.value)
+    assert "was discovered for another environment" in text
+    assert f"class {name!r}: torch: '2.0.0' in the catalog" in text
+    assert "scout catalog discover" in text
+
+
 def test_ep_blocks_leave_the_hidden_rotation(caplog: pytest.LogCaptureFixture) -> None:
     from scout_core.config import Config
     from scout_core.replay.moe_tracks import moe_recipes
