@@ -58,44 +58,13 @@ def _faults(specs: list[dict[str, Any]]) -> Any:
 
 
 def build(setup: str) -> tuple[nn.Module, nn.Module, Any]:
-    """(model the loop calls, the unwrapped TinyLM, mesh or None) for ``setup``."""
-    torch.manual_seed(0)
-    world = dist.get_world_size()
-    model = TinyLM()
-    if setup == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
+    """(model the loop calls, the unwrapped TinyLM, mesh or None) for ``setup``: the
+    campaign's builder (``scout_core.campaign.torch_setups``), which makes each setup
+    the way these tests do."""
+    from scout_core.campaign.torch_setups import build as build_setup
 
-        return DistributedDataParallel(model), model, None
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    if setup == "fsdp":
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-        for block in model.layers:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model, model, None
-    if setup == "hsdp":
-        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
-        for block in model.layers:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model, model, None
-    if setup == "dptp":
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-        from torch.nn.parallel import DistributedDataParallel
-
-        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
-        for block in model.layers:
-            parallelize_module(
-                block, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-            )
-        return DistributedDataParallel(model, device_mesh=mesh["dp"]), model, None
-    raise ValueError(f"unknown setup {setup!r}")
+    wrapped, model = build_setup(setup)
+    return wrapped, model, None
 
 
 def data_rank(setup: str, rank: int) -> int:
