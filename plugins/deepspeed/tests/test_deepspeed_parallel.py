@@ -115,9 +115,10 @@ def test_clean_parallel_run_is_silent_and_bitwise_identical(kind: str) -> None:
         assert res["on_attached"] and not res["off_attached"]
         assert res["verdicts"] == []
         # 8 hidden-layer rounds, plus embedding and LM head at steps 0 and 4; the MoE
-        # model also gets one router round (router_interval 20, spread into the first
-        # 8 steps). Its experts are not replayed: no moe_catalog.
-        assert res["rounds"] == res["ready"] == (13 if kind == "moe" else 12)
+        # model also gets one router round and one all-to-all round (router_interval and
+        # all_to_all_interval 20, spread into the first 8 steps). Its experts are not
+        # replayed: no moe_catalog.
+        assert res["rounds"] == res["ready"] == (14 if kind == "moe" else 12)
         assert res["on"] == res["off"]
         assert res["on_losses"] == res["off_losses"]
     # Dense + expert weights: identical within each expert-data-parallel group.
