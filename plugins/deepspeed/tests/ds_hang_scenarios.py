@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from ds_scenarios import build_pipeline, ds_config, pipeline_batches, scout_section, train_step
-
-from scout_core.testing import TinyLM
+from ds_scenarios import (
+    build_pipeline,
+    pipeline_batches,
+    train_step,
+    zero_engine,
+)
 
 
 def _freeze_point(culprit: int, at_step: int, step: int) -> None:
@@ -34,17 +36,8 @@ def zero_hang(
     stage: int, culprit: int, at_step: int, steps: int, section: dict[str, Any]
 ) -> dict[str, Any]:
     """A ZeRO-``stage`` engine with the observer on; the culprit freezes at ``at_step``."""
-    import scout_deepspeed
-
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = TinyLM()
-    cfg = ds_config(stage, scout_section(**section), world=dist.get_world_size())
-    engine, *_ = scout_deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=cfg
-    )
-    session = scout_deepspeed.session_of(engine)
-    assert session is not None
+    engine, session = zero_engine(stage, section)
     for step in range(steps):
         _freeze_point(culprit, at_step, step)
         train_step(engine, step, rank)

@@ -159,14 +159,10 @@ def _state(engine: Any) -> dict[str, str]:
     }
 
 
-def scenario(
-    stage: int, faults: list[dict[str, Any]], steps: int, section: dict[str, Any]
-) -> dict[str, Any]:
-    """Train ``steps`` iterations of a ZeRO-``stage`` engine with SCOUT and the faults."""
+def zero_engine(stage: int, section: dict[str, Any]) -> tuple[Any, Any]:
+    """(engine, SCOUT session) of a ZeRO-``stage`` TinyLM with the ``scout`` ``section``."""
     import scout_deepspeed
-    from scout_deepspeed.adapter import inner_optimizer
 
-    rank = dist.get_rank()
     torch.manual_seed(0)
     model = TinyLM()
     cfg = ds_config(stage, scout_section(**section), world=dist.get_world_size())
@@ -174,7 +170,19 @@ def scenario(
         model=model, model_parameters=model.parameters(), config=cfg
     )
     session = scout_deepspeed.session_of(engine)
-    assert session is not None and session.adapter is not None
+    assert session is not None
+    return engine, session
+
+
+def scenario(
+    stage: int, faults: list[dict[str, Any]], steps: int, section: dict[str, Any]
+) -> dict[str, Any]:
+    """Train ``steps`` iterations of a ZeRO-``stage`` engine with SCOUT and the faults."""
+    from scout_deepspeed.adapter import inner_optimizer
+
+    rank = dist.get_rank()
+    engine, session = zero_engine(stage, section)
+    assert session.adapter is not None
     rounds = round_log(session)
     opt = inner_optimizer(engine)
     inj = faults_from(faults).attach(engine.module, opt)
