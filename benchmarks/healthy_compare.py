@@ -57,7 +57,7 @@ def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
     rows = [
         "| checkout | layers | runs | overhead | estimate (with extras) | measured / estimate"
         " | idle steps | idle SCOUT us | due steps | due: compute ms | collectives (ms)"
-        " | gate capture ms | gate held / state |",
+        " | gate capture ms per due step (per copy) | gate held / state |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tree, sizes in medians.items():
@@ -71,7 +71,8 @@ def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
                 f" | {_pct(m['idle_overhead'])} | {m['idle_scout_us']:.0f}"
                 f" | {_pct(due['overhead'])} | {due['replay_compute_ms']:.1f}"
                 f" | {due['collectives']:.0f} ({due['collectives_ms']:.1f})"
-                f" | {due['gate_capture_ms']:.2f} | {_x(held) if held else 'n/a'} |"
+                f" | {due['gate_capture_ms']:.2f} ({due.get('gate_capture_per_copy_ms', 0.0):.2f})"
+                f" | {_x(held) if held else 'n/a'} |"
             )
     return "\n".join(rows)
 

@@ -25,7 +25,9 @@ Per model it prints:
 * ``due``: the overhead of steps with replay due, and their breakdown (median per
   due step): ``boundary_ms`` (all of SCOUT's work at the boundary), ``collectives_ms``
   and ``collectives`` (count: readiness, payload broadcast, result exchange, gate
-  combine), ``gate_capture_ms`` and ``replay_compute_ms`` (the rest: the replayed
+  combine), ``gate_capture_ms`` (the capture's blocking time, mean per due step: the
+  gate copies on some due steps only), ``gate_copies`` (due steps that copied) and
+  ``gate_capture_per_copy_ms``, and ``replay_compute_ms`` (the rest: the replayed
   module calls, signing, packing);
 * ``gate_memory``: the host bytes the checkpoint gate holds on rank 0 at the end
   (``held_bytes``), the most it held at once (``peak_bytes``) and both as a multiple
@@ -338,7 +340,16 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
         "boundary_ms": med("boundary", due),
         "collectives_ms": med("coll", due),
         "collectives": med("coll_n", due, 1.0),
-        "gate_capture_ms": med("capture", due),
+        # Mean, not median: the gate copies on one due step per interval, not on each.
+        "gate_capture_ms": (
+            1e3 * statistics.fmean(mine[i]["capture"] for i in due) if due else 0.0
+        ),
+        "gate_copies": float(sum(1 for i in due if mine[i]["capture"] > 0)),
+        "gate_capture_per_copy_ms": (
+            1e3 * statistics.median(copies)
+            if (copies := [mine[i]["capture"] for i in due if mine[i]["capture"] > 0])
+            else 0.0
+        ),
         "replay_compute_ms": (
             1e3
             * statistics.median(

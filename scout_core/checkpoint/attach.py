@@ -104,6 +104,7 @@ class GateHandle:
             peer_replication=config.peer_replication,
             sweep=self.sweep,
             memory=config.gate_memory,
+            capture_interval=config.gate_capture_interval or config.replay_interval,
         )
         self.history: deque[BoundaryResult] = deque(maxlen=_HISTORY)
         """The most recent boundary results, oldest first."""

@@ -34,6 +34,17 @@ failure whose full-catalog sweep is clean) restores the last cycle close instead
 the last boundary, losing up to one catalog cycle of training; what it gains,
 besides memory: routine boundaries copy nothing.
 
+[Capture cadence]
+A routine capture is also not taken when the last copy is less than
+``capture_interval`` steps old (``Config.gate_capture_interval``; a session passes
+``replay_interval`` unless told otherwise). With the recipes spread over their
+interval (``Config.spread_recipes``) an interval holds several accepted boundaries,
+one per recipe kind; copying the whole training state at each would multiply the
+gate's cost by their number, for a ``latest`` a few steps fresher. So a ``latest``
+retrieval restores at most ``capture_interval`` steps back, as when every recipe ran
+on one boundary per interval. Every boundary's recipes still count toward the cycle,
+and cycle closes always copy (the candidate is the state at the close).
+
 Restoring is :mod:`.recovery`'s job; :meth:`CheckpointCoordinator.recover` calls it.
 """
 
@@ -102,6 +113,7 @@ class CheckpointCoordinator:
         peer_replication: bool = False,
         sweep: Callable[[], Outcome] | None = None,
         memory: str = "full",
+        capture_interval: int = 1,
     ) -> None:
         self.group = check_group(group)  # a SCOUT diagnostic group, never WORLD
         self.gate = Gate(catalog_size)
@@ -109,6 +121,11 @@ class CheckpointCoordinator:
             raise ValueError(f"memory must be one of {', '.join(GATE_MEMORY)}, got {memory!r}")
         self.lean = memory == "lean"
         """At most two generations in host memory (``Config.gate_memory``; module doc)."""
+        if capture_interval < 1:
+            raise ValueError(f"capture_interval must be at least 1, got {capture_interval}")
+        self.capture_interval = capture_interval
+        """Routine captures at most once every this many steps
+        (``Config.gate_capture_interval``; module doc)."""
         self.memory = InMemoryCheckpoints(model, optimizers, rng_streams)
         self.ranks = tuple(ranks)
         self.run_id = run_id
@@ -189,9 +206,9 @@ class CheckpointCoordinator:
                 )
             return BoundaryResult(decision)
 
-        if decision.action is Action.CAPTURE and self.lean and gate.verified is not None:
-            # A routine capture would be a third generation: skip the copy; the
-            # recipes still count, and ``latest`` stays the candidate.
+        if decision.action is Action.CAPTURE and self._skip_copy(step):
+            # A routine capture that is not taken: the recipes still count, and
+            # ``latest`` stays the last generation copied.
             gate.apply(decision, captured=False)
             return BoundaryResult(decision)
         snap = self.memory.capture(step, extra, rotating=decision.action is Action.ROTATE)
@@ -201,6 +218,17 @@ class CheckpointCoordinator:
         if decision.action is Action.ROTATE:
             self._rotate(decision, step, detail)
         return BoundaryResult(decision, capture_s=snap.blocking_s)
+
+    def _skip_copy(self, step: int) -> bool:
+        """Whether a routine capture at ``step`` copies nothing: under a lean gate once a
+        verified generation exists (it would be a third), or when the last copy is less
+        than ``capture_interval`` steps old."""
+        gate = self.gate
+        if self.lean and gate.verified is not None:
+            return True
+        if self.memory.latest is None or gate.latest is None:
+            return False
+        return step - gate.latest < self.capture_interval
 
     def _rotate(self, decision: Decision, step: int, detail: Mapping[str, Any]) -> None:
         self.memory.rotate()

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from scout_core.checkpoint.replicas import PeerReplica
@@ -101,7 +102,8 @@ Buffers = dict[tuple[Any, ...], list[torch.Tensor]]
 
 def _source_key(t: torch.Tensor) -> tuple[Any, ...]:
     # Any buffer of the same layout will do: every capture copies every tensor whole.
-    return (t.dtype, tuple(t.shape), tuple(t.stride()), t.device.type)
+    # (``torch.Size`` is a tuple: hashable and equal to the plain tuple.)
+    return (t.dtype, t.shape, t.stride(), t.device.type)
 
 
 class _CpuCopy:
@@ -116,8 +118,11 @@ class _CpuCopy:
 
     def _run(self) -> None:
         try:
-            for host, live in self._pairs:
-                host.copy_(live)  # releases the GIL: training runs on meanwhile
+            hosts = [host for host, _ in self._pairs]
+            lives = [live for _, live in self._pairs]
+            # One call for every tensor: it releases the GIL once, where a loop of
+            # ``copy_`` would take it back per tensor while the forward runs.
+            torch._foreach_copy_(hosts, lives)
         except BaseException as exc:  # re-raised where the copy is waited for
             self._error = exc
         finally:
@@ -147,9 +152,12 @@ class _HostCopier:
         self.defer: set[int] = set()
         """Storage addresses of CPU tensors whose copy may run after the capture returns."""
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.fresh = False
+        """Whether the capture in progress allocated a buffer (the pool lacked one)."""
 
     def begin(self, defer: set[int]) -> None:
         self._used = False
+        self.fresh = False
         self.made = {}
         self.defer = defer
         self._deferred = []
@@ -158,15 +166,21 @@ class _HostCopier:
         free = self.pool.get(key)
         if free:
             return free.pop()
+        self.fresh = True
         # empty_like keeps a dense tensor's strides (as clone does) and makes an
         # overlapping one (an expanded view) contiguous, so the copy can write it.
         return torch.empty_like(t, device="cpu", pin_memory=pinned)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        key = _source_key(t)
-        if t.device.type != "cuda":
-            host = self._buffer(key, t, pinned=False)
+        # Called once per tensor of the state (hundreds to thousands per capture), so
+        # it does as little Python as it can: this is what the capture blocks for.
+        if t.requires_grad:
+            t = t.detach()
+        kind = t.device.type
+        key = (t.dtype, t.shape, t.stride(), kind)  # _source_key, inlined
+        if kind != "cuda":
+            free = self.pool.get(key)
+            host = free.pop() if free else self._buffer(key, t, pinned=False)
             if t.data_ptr() in self.defer:
                 self._deferred.append((host, t))
             else:
@@ -280,8 +294,10 @@ class InMemoryCheckpoints:
             self._copier.pool = {}
         self._copier.begin(self._deferrable() if self.overlap else set())
         tree = capture_tree(self.model, self.optimizers, self.rng_streams, extra, self._copier)
-        # Every buffer of this capture exists now: the most the gate holds at once.
-        self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
+        # Every buffer of this capture exists now: the most the gate holds at once. A
+        # capture that only reused released buffers holds no more than before.
+        if self._copier.fresh:
+            self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
         event = self._copier.finish()  # last: a CPU copy thread starts here
         self._copier.pool = {}  # what this capture did not reuse is freed
         snap = Snapshot(step=step, tree=tree, _event=event, buffers=self._copier.made)
@@ -297,7 +313,7 @@ class InMemoryCheckpoints:
         for opt in self.optimizers:
             for state in opt.state.values():
                 tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
-        found = {_storage(t) for t in tensors if t.device.type == "cpu"}
+        found = {_storage(t) for t in tensors if not t.is_cuda}
         return found - {_storage(b) for b in self.model.buffers()} - {0}
 
     def _release(self, snap: Snapshot | None) -> None:
@@ -368,7 +384,7 @@ class InMemoryCheckpoints:
 def _storage(t: torch.Tensor) -> int:
     """Where ``t``'s (local) data lives, as the copier sees it; 0 when it has none."""
     try:
-        return int(_local(t).data_ptr())
+        return int((t.to_local() if isinstance(t, DTensor) else t).data_ptr())
     except RuntimeError:  # a tensor without storage: never deferred
         return 0
 

@@ -67,10 +67,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _copy_leaf(t: torch.Tensor, copy: Copy) -> torch.Tensor | HostShard:
-    t = t.detach()
     if isinstance(t, DTensor):
         return HostShard(
-            local=copy(t.to_local()),
+            local=copy(t.to_local().detach()),
             shape=tuple(t.shape),
             stride=tuple(t.stride()),
             placements=repr(tuple(t.placements)),

@@ -103,6 +103,7 @@ RANGES: Mapping[str, tuple[float, float, bool]] = {
     "stage_timeout_s": (1, 86_400, False),
     "observer_join_timeout_s": (1, 3600, False),
     "catalog_size": (1, 1_000_000, False),
+    "gate_capture_interval": (1, 1_000_000, False),
 }
 """Sane range of each numeric key: ``(low, high, low_is_open)``. A value outside is a
 mistake (module note): the hang timeouts start at 1 s because a healthy step takes

@@ -210,6 +210,14 @@ class Config:
     routine captures are skipped and ``latest`` is the candidate, so a straggler or a
     clean-sweep recovery rolls back to the last cycle close)."""
 
+    gate_capture_interval: int | None = None
+    """Take a routine ``latest`` capture at most once every this many optimizer steps
+    (1..1,000,000): an accepted boundary closer than that to the last capture copies
+    nothing (its recipes still count toward the cycle; cycle closes always capture).
+    ``None`` uses ``replay_interval``: one host copy per interval however the recipes
+    are spread over it, so a ``latest`` retrieval restores at most that many steps back;
+    1 captures at every accepted boundary."""
+
     def __post_init__(self) -> None:
         # Frozen: normalised values (list -> tuple, int -> float) go in through
         # object.__setattr__, which is how a frozen dataclass sets its own fields.

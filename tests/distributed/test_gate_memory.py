@@ -39,7 +39,7 @@ SEQUENCE = [
 ]
 
 
-def memory_rank(mode: str) -> dict[str, Any]:
+def memory_rank(mode: str, capture_interval: int = 1) -> dict[str, Any]:
     import torch
 
     from scout_core.decision.gate import Action, Outcome
@@ -52,7 +52,7 @@ def memory_rank(mode: str) -> dict[str, Any]:
         torch.nn.Linear(4, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256), torch.nn.Linear(256, 2)
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    coord = coordinator(model, opt, K, memory=mode)
+    coord = coordinator(model, opt, K, memory=mode, capture_interval=capture_interval)
     mem = coord.memory
     actions, captured, prints = [], [], {}
     for step, (slot, outcome) in enumerate(SEQUENCE):
@@ -100,3 +100,22 @@ def test_lean_gate_holds_at_most_twice_the_state_and_restores_the_cycle_close() 
         assert f["restored_step"] == len(SEQUENCE) - 1
         assert ln["restored_step"] == ln["candidate"] == 13
         assert f["restored_bitwise"] and ln["restored_bitwise"]
+
+
+@pytest.mark.timeout(300)
+def test_capture_interval_spaces_routine_captures_and_cycle_closes_still_copy() -> None:
+    """Config.gate_capture_interval (a session passes replay_interval by default): a
+    routine capture less than 4 steps after the last copy is not taken; cycle closes
+    (steps 2, 5, 10, 13) always copy; the decisions are the ones the gate takes at every
+    boundary; a straggler restores the last copy, bitwise."""
+    every = run_ranks(memory_rank, 2, args=("full", 1), timeout_s=200)
+    spaced = run_ranks(memory_rank, 2, args=("full", 4), timeout_s=200)
+    for e, sp in zip(every, spaced, strict=True):
+        assert e["actions"] == sp["actions"]
+        routine = [i for i, a in enumerate(sp["actions"]) if a == sp["capture_action"]]
+        assert routine == [0, 1, 3, 4, 6, 8, 9, 11, 12, 14, 15]
+        # 0: nothing held yet; 9: 4 steps after the cycle close at 5 (8 is 3 after).
+        assert [i for i in routine if sp["captured"][i]] == [0, 9]
+        assert all(sp["captured"][i] for i in (2, 5, 10, 13))
+        assert sp["restored_step"] == 13 and sp["restored_bitwise"]
+        assert e["restored_step"] == 15

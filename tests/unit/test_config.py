@@ -66,6 +66,7 @@ EXPECTED_DEFAULTS = {
     "catalog_size": None,
     "peer_replication": False,
     "gate_memory": "full",
+    "gate_capture_interval": None,
 }
 
 
