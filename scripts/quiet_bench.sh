@@ -21,8 +21,10 @@
 # the model with and without SCOUT, interleaved step by step, so both see the same load.
 # For one model size the 3 "after" and 3 "before" runs run at the same time (12 rank
 # processes; on 16 cores nothing waits for a core); the CUDA run shares the first stage,
-# a "lean" run (this checkout, gate_memory = lean) each other one. Every run writes its
-# own JSON; whatever finished before the budget ran out is summarised at the end
+# a "lean" run (this checkout, gate_memory = lean) each other one. With fewer than 16
+# cores (or SEQUENTIAL=1) the runs go one after another instead, so each pair has the
+# machine to itself, "after" and "before" alternating (give BUDGET_S about 1800 for the
+# three sizes on 2 cores). Every run writes its own JSON; whatever finished before the budget ran out is summarised at the end
 # (benchmarks/healthy_compare.py: medians as JSON, then the markdown table for
 # docs/replay.md), so a run stopped by `timeout` still prints.
 set -uo pipefail
@@ -49,6 +51,8 @@ if [ -d "$BEFORE/scout_core" ]; then
 else
   echo "before: $BEFORE not found, only this checkout is measured" >&2
 fi
+SEQUENTIAL=${SEQUENTIAL:-$([ "$(nproc)" -lt 16 ] && echo 1 || echo 0)}
+echo "quiet_bench: runs $([ "$SEQUENTIAL" = 1 ] && echo 'one after another' || echo 'of one size at once')"
 CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 
 path_of() {  # the PYTHONPATH of a tree label
@@ -64,11 +68,18 @@ run_one() {  # tree layers n steps device [extra args...]: one run, in the backg
   local tree=$1 layers=$2 n=$3 steps=$4 device=$5
   shift 5
   local name="$OUTDIR/$tree-$layers-$n"
+  if [ "$(left)" -lt 5 ]; then
+    echo "quiet_bench: no budget left for $tree-$layers-$n, skipped" >&2
+    return
+  fi
   PYTHONPATH="$(path_of "$tree")" timeout -k 5 "$(left)" "$PY" benchmarks/healthy_path.py \
     --layers "$layers" --steps "$steps" --repeats 1 --warm 10 --device "$device" "$@" \
     >"$name.part" 2>"$name.log" &
   PIDS+=($!)
   NAMES+=("$name")
+  if [ "$SEQUENTIAL" = 1 ]; then
+    collect  # one pair at a time: the next run starts when this one ended
+  fi
 }
 
 collect() {  # wait for this stage's runs; a run that finished keeps its JSON
@@ -90,8 +101,8 @@ stage() {  # layers steps: 3 runs per tree at once, waited for
   fi
   local t0
   t0=$(date +%s)
-  for tree in "${TREES[@]}"; do
-    for n in 1 2 3; do
+  for n in 1 2 3; do
+    for tree in "${TREES[@]}"; do
       run_one "$tree" "$layers" "$n" "$steps" cpu
     done
   done
