@@ -56,9 +56,10 @@ def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The markdown table of the medians (one row per tree and model size)."""
     rows = [
         "| checkout | layers | runs | overhead | estimate (with extras) | measured / estimate"
+        " | paired median: overhead, / estimate"
         " | idle steps | idle SCOUT us | due steps | due: compute ms | collectives (ms)"
         " | gate capture ms per due step (per copy) | gate held / state |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tree, sizes in medians.items():
         for layers in sorted(sizes, key=int):
@@ -68,6 +69,8 @@ def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
             rows.append(
                 f"| {tree} | {layers} | {sizes[layers]['runs']} | {_pct(m['overhead'])}"
                 f" | {_pct(est['with_extras'])} | {_x(m['measured_over_estimate'])}"
+                f" | {_pct(m.get('overhead_paired_median'))},"
+                f" {_x(m.get('paired_median_over_estimate'))}"
                 f" | {_pct(m['idle_overhead'])} | {m['idle_scout_us']:.0f}"
                 f" | {_pct(due['overhead'])} | {due['replay_compute_ms']:.1f}"
                 f" | {due['collectives']:.0f} ({due['collectives_ms']:.1f})"

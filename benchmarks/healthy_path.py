@@ -19,6 +19,11 @@ Per model it prints:
   backward as ``torch.utils.flop_counter`` counts them, times the variants its inputs
   allow; the optimizer slice at its share of the optimizer step);
 * ``measured_over_estimate`` against both;
+* ``overhead_paired_median`` and ``paired_median_over_estimate``: the same overhead,
+  robust to the machine's jitter: per phase of the recipe period, the median of the
+  paired (same step) differences on - off, summed over a period, over the period's
+  median step time (a jitter spike moves a sum by its whole size, a median not at all;
+  on a shared 2-core machine the idle steps of one run read anywhere in about +-1%);
 * ``idle_overhead``: the overhead of steps with no replay due (measured ratio), and
   ``idle_scout_us``: the time SCOUT's step hooks take on such a step, measured
   directly (the ratio is below the timing noise of a shared machine, this is not);
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -216,7 +222,9 @@ def bench_rank(
     verdicts = len(session.verdicts)
     memory = _gate_memory(session)
     session.close()
+    intervals = [getattr(cfg, f"{k}_interval", 20) for k in ("replay", "embedding", "lm_head")]
     return {
+        "period": math.lcm(*intervals, cfg.optimizer_interval),
         "memory": memory,
         "times": times,
         "scout": scout,
@@ -331,6 +339,20 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
     idle = [i for i in idx if not due_flags[i]]
     overhead = ratio(list(idx))
     est = results[0]["estimate"]
+    # Robust to the machine's jitter: per phase of the recipe cadence, the median of the
+    # paired (same step) differences on - off, summed over one period, over the period's
+    # median off time. A jitter spike in either model's step moves a mean by its whole
+    # size and a median not at all; a cost SCOUT pays at that phase moves both.
+    period = int(results[0].get("period", 20))
+    phases: dict[int, list[int]] = {}
+    for i in idx:
+        phases.setdefault(i % period, []).append(i)
+    extra = sum(
+        statistics.median(slowest("on", i) - slowest("off", i) for i in sel)
+        for sel in phases.values()
+    )
+    base = sum(statistics.median(slowest("off", i) for i in sel) for sel in phases.values())
+    paired = extra / base if base else 0.0
     mine = results[0]["scout"]
 
     def med(key: str, sel: list[int], scale: float = 1e3) -> float:
@@ -366,6 +388,10 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
         "overhead": overhead,
         "estimate": est,
         "measured_over_estimate": overhead / est["with_extras"] if est["with_extras"] else None,
+        "overhead_paired_median": paired,
+        "paired_median_over_estimate": (
+            paired / est["with_extras"] if est["with_extras"] else None
+        ),
         "measured_over_paper_estimate": (
             overhead / est["paper_v_over_i_n"] if est["paper_v_over_i_n"] else None
         ),
