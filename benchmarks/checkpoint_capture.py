@@ -23,9 +23,12 @@ generations rotate):
   generations; once a verified generation exists, routine boundaries copy nothing).
 
 ``--interval 5`` is the default cadence of gate boundaries (with the spread schedule
-one of the four recipe tracks, each every 20 steps, is due every 5 steps); it only
-enters the predicted overhead, so the run itself stays short (``--gap`` steps per
-boundary; it finishes in well under a minute on an idle core).
+one of the four recipe tracks, each every 20 steps, is due every 5 steps); the
+coordinator here copies at every boundary (``capture_interval`` 1: a session copies
+once per ``Config.gate_capture_interval``, by default every 20 steps, so the predicted
+overhead is an upper bound for it). The interval only enters the prediction, so the
+run itself stays short (``--gap`` steps per boundary; it finishes in well under a
+minute on an idle core).
 It prints one JSON object: per gated phase, the capture's blocking time (median, p90
 and max over the captures taken, and the median over all boundaries, where a skipped
 capture counts 0; on CUDA the copy runs on a side stream into pinned buffers and the
