@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "STACK_SIGNAL",
     "TERMINATE_GRACE_S",
+    "TERMINATE_SPREAD_S",
     "VERDICT_MARGIN_S",
     "ControlListener",
     "check_watchdog",
@@ -76,6 +77,12 @@ STACK_SIGNAL: int = int(signal.SIGRTMIN) + 5
 launchers and frameworks do not use, unlike SIGUSR1/SIGUSR2)."""
 TERMINATE_GRACE_S = 2.0
 """Seconds a trainer gets to exit by itself before its observer kills it."""
+TERMINATE_SPREAD_S = 0.5
+"""Seconds a trainer waits between its terminate command and its exit. Every member's
+observer sends the command at about the same time, but not at once; a trainer that
+exited at once would close its sockets under peers still waiting in the same
+collective, whose communicator would raise (exit code 1) before their own command
+arrived. Shorter than :data:`TERMINATE_GRACE_S`."""
 VERDICT_MARGIN_S = 5.0
 """Time a diagnosis round needs beyond the hang timeout (rendezvous, one AllGather,
 the records): what ``check_watchdog`` adds before comparing with the communicator."""
@@ -241,6 +248,7 @@ class ControlListener:
             write_error_file([v for v in self.verdicts if v.outliers][-8:], rank, code)
             sys.stdout.flush()
             sys.stderr.flush()
+            time.sleep(TERMINATE_SPREAD_S)  # let the other members' commands arrive
             os._exit(code)
         if "verdict" in message:
             record = Record.from_dict(message["verdict"])
