@@ -97,6 +97,7 @@ def test_flatten_round_trip_keeps_types_and_is_json() -> None:
     train(model, opt, 1)
     mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
     snap = mem.capture(1, {"k": (1, 2.5, None), "t": torch.arange(3)})
+    snap.wait()  # a reader waits for the background copy, as persist and replication do
     skeleton, tensors = flatten(snap.tree)
     text = json.dumps(skeleton)
     back = unflatten(json.loads(text), tensors)
