@@ -176,11 +176,9 @@ class _HostCopier:
         # it does as little Python as it can: this is what the capture blocks for.
         if t.requires_grad:
             t = t.detach()
-        kind = t.device.type
-        key = (t.dtype, t.shape, t.stride(), kind)  # _source_key, inlined
-        if kind != "cuda":
-            free = self.pool.get(key)
-            host = free.pop() if free else self._buffer(key, t, pinned=False)
+        key = _source_key(t)
+        if key[3] != "cuda":
+            host = self._buffer(key, t, pinned=False)
             if t.data_ptr() in self.defer:
                 self._deferred.append((host, t))
             else:
@@ -384,11 +382,10 @@ class InMemoryCheckpoints:
 def _storage(t: torch.Tensor) -> int:
     """Where ``t``'s (local) data lives, as the copier sees it; 0 when it has none."""
     try:
-        return int((t.to_local() if isinstance(t, DTensor) else t).data_ptr())
+        return int(_local(t).data_ptr())
     except RuntimeError:  # a tensor without storage: never deferred
         return 0
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+    return t.to_local() if isinstance(t, DTensor) else t
