@@ -97,13 +97,15 @@ class Snapshot:
 
 
 Buffers = dict[tuple[Any, ...], list[torch.Tensor]]
-"""Host buffers by the layout they hold (dtype, shape, stride, source device)."""
+"""Host buffers by the layout they hold (dtype, shape, stride, whether the source is
+on a CUDA device: its buffers are pinned)."""
 
 
 def _source_key(t: torch.Tensor) -> tuple[Any, ...]:
     # Any buffer of the same layout will do: every capture copies every tensor whole.
-    # (``torch.Size`` is a tuple: hashable and equal to the plain tuple.)
-    return (t.dtype, t.shape, t.stride(), t.device.type)
+    # (``torch.Size`` is a tuple: hashable and equal to the plain tuple; ``is_cuda`` is
+    # a fifth of the cost of ``device.type``, and this runs once per tensor.)
+    return (t.dtype, t.shape, t.stride(), t.is_cuda)
 
 
 class _CpuCopy:
@@ -139,7 +141,7 @@ class _CpuCopy:
 
 class _HostCopier:
     """Copies tensors to host memory: async on a side stream for CUDA; on CPU the
-    tensors only the optimizer writes (``defer``) on a background thread, the rest at
+    tensors only the optimizer writes (:meth:`later`) on a background thread, the rest at
     once; into a released buffer of the same source when the pool has one."""
 
     def __init__(self) -> None:
@@ -149,17 +151,14 @@ class _HostCopier:
         """Released buffers, reused by the next capture (which frees what it leaves)."""
         self.made: Buffers = {}
         """The buffers of the capture in progress."""
-        self.defer: set[int] = set()
-        """Storage addresses of CPU tensors whose copy may run after the capture returns."""
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.fresh = False
         """Whether the capture in progress allocated a buffer (the pool lacked one)."""
 
-    def begin(self, defer: set[int]) -> None:
+    def begin(self) -> None:
         self._used = False
         self.fresh = False
         self.made = {}
-        self.defer = defer
         self._deferred = []
 
     def _buffer(self, key: tuple[Any, ...], t: torch.Tensor, pinned: bool) -> torch.Tensor:
@@ -171,15 +170,19 @@ class _HostCopier:
         # overlapping one (an expanded view) contiguous, so the copy can write it.
         return torch.empty_like(t, device="cpu", pin_memory=pinned)
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+    def later(self, t: torch.Tensor) -> torch.Tensor:
+        """Copy ``t``, which only an optimizer step writes: on CPU after the capture
+        returns (:meth:`finish` starts the thread), on CUDA as any other."""
+        return self(t, later=True)
+
+    def __call__(self, t: torch.Tensor, *, later: bool = False) -> torch.Tensor:
         # Called once per tensor of the state (hundreds to thousands per capture), so
         # it does as little Python as it can: this is what the capture blocks for.
-        if t.requires_grad:
-            t = t.detach()
+        # (capture_tree detaches a tensor that requires grad before it gets here.)
         key = _source_key(t)
-        if key[3] != "cuda":
+        if not key[3]:
             host = self._buffer(key, t, pinned=False)
-            if t.data_ptr() in self.defer:
+            if later:
                 self._deferred.append((host, t))
             else:
                 host.copy_(t)
@@ -290,8 +293,11 @@ class InMemoryCheckpoints:
             self._release(dropped)
         if not self.reuse:
             self._copier.pool = {}
-        self._copier.begin(self._deferrable() if self.overlap else set())
-        tree = capture_tree(self.model, self.optimizers, self.rng_streams, extra, self._copier)
+        self._copier.begin()
+        later = self._copier.later if self.overlap else None
+        tree = capture_tree(
+            self.model, self.optimizers, self.rng_streams, extra, self._copier, later=later
+        )
         # Every buffer of this capture exists now: the most the gate holds at once. A
         # capture that only reused released buffers holds no more than before.
         if self._copier.fresh:
@@ -302,17 +308,6 @@ class InMemoryCheckpoints:
         snap.blocking_s = time.monotonic() - start
         self.latest = snap
         return snap
-
-    def _deferrable(self) -> set[int]:
-        """Storage of the CPU tensors only an optimizer step writes: the parameters and
-        the optimizer state (buffers such as running statistics change in the forward,
-        and the caller's extra state whenever it likes, so those are copied at once)."""
-        tensors: list[torch.Tensor] = list(self.model.parameters())
-        for opt in self.optimizers:
-            for state in opt.state.values():
-                tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
-        found = {_storage(t) for t in tensors if not t.is_cuda}
-        return found - {_storage(b) for b in self.model.buffers()} - {0}
 
     def _release(self, snap: Snapshot | None) -> None:
         """Return ``snap``'s buffers to the pool if no generation names it any more."""
@@ -377,14 +372,6 @@ class InMemoryCheckpoints:
         self.settle()  # no copy may still read what the restore writes
         snap.wait()
         return restore_tree(snap.tree, self.model, self.optimizers, self.rng_streams, extra)
-
-
-def _storage(t: torch.Tensor) -> int:
-    """Where ``t``'s (local) data lives, as the copier sees it; 0 when it has none."""
-    try:
-        return int(_local(t).data_ptr())
-    except RuntimeError:  # a tensor without storage: never deferred
-        return 0
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

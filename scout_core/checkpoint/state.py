@@ -74,7 +74,7 @@ def _copy_leaf(t: torch.Tensor, copy: Copy) -> torch.Tensor | HostShard:
             stride=tuple(t.stride()),
             placements=repr(tuple(t.placements)),
         )
-    return copy(t)
+    return copy(t.detach() if t.requires_grad else t)
 
 
 def _copy_tree(value: Any, copy: Copy) -> Any:
@@ -89,14 +89,61 @@ def _copy_tree(value: Any, copy: Copy) -> Any:
     return value
 
 
+def _address(t: torch.Tensor) -> int:
+    """Where ``t``'s (local) data lives; 0 when it has none."""
+    try:
+        return int((t.to_local() if isinstance(t, DTensor) else t).data_ptr())
+    except RuntimeError:  # a tensor without storage
+        return 0
+
+
+def _model_tree(model: torch.nn.Module, copy: Copy, later: Copy | None) -> dict[str, Any]:
+    """The model's state dict copied; its parameters through ``later`` when given (a
+    buffer changes in the forward and goes through ``copy``, and so does a parameter
+    that shares a buffer's storage)."""
+    if later is None:
+        return _copy_tree(model.state_dict(), copy)  # type: ignore[no-any-return]  # a dict in, a dict out
+    live = model.state_dict(keep_vars=True)
+    buffers = {
+        _address(v)
+        for v in live.values()
+        if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+    } - {0}
+    out: dict[str, Any] = {}
+    for k, v in live.items():
+        param = isinstance(v, torch.nn.Parameter)
+        if param and not (buffers and _address(v) in buffers):
+            out[k] = _copy_leaf(v, later)
+        else:
+            out[k] = _copy_tree(v, copy)
+    return out
+
+
+def _optim_tree(opt: torch.optim.Optimizer, copy: Copy, later: Copy | None) -> Any:
+    """An optimizer's state dict copied; its per-parameter state through ``later`` when
+    given (only an optimizer step writes it), the rest (param groups) through ``copy``."""
+    sd = opt.state_dict()
+    if later is None:
+        return _copy_tree(sd, copy)
+    return {k: _copy_tree(v, later if k == "state" else copy) for k, v in sd.items()}
+
+
 def capture_tree(
     model: torch.nn.Module,
     optimizers: Sequence[torch.optim.Optimizer],
     rng_streams: Sequence[RngStream],
     extra: Mapping[str, Any] | None,
     copy: Copy,
+    *,
+    later: Copy | None = None,
 ) -> dict[str, Any]:
-    """Copy the live training state into a tree whose tensors ``copy`` produced."""
+    """Copy the live training state into a tree whose tensors ``copy`` produced.
+
+    ``later``, when given, copies what only an optimizer step writes (the model's
+    parameters and the optimizer state): the gate's copier hands those to a copy that
+    runs while training goes on (:mod:`.memory`). Buffers, RNG states and ``extra``
+    always go through ``copy``.
+    """
     extra_tree = {}
     if extra is not None:
         # The caller keeps using its own tensors right after capture, so device
@@ -109,8 +156,8 @@ def capture_tree(
             for k, v in extra.items()
         }
     return {
-        "model": _copy_tree(model.state_dict(), copy),
-        "optim": [_copy_tree(o.state_dict(), copy) for o in optimizers],
+        "model": _model_tree(model, copy, later),
+        "optim": [_optim_tree(o, copy, later) for o in optimizers],
         "rng": {s.name: copy(s.get()) for s in rng_streams},
         "extra": extra_tree,
     }

@@ -245,3 +245,42 @@ def test_cpu_copy_overlaps_the_next_iteration_and_the_step_waits_for_it(
     assert fingerprint(model, opt) == before
     assert restored["cursor"].tolist() == [1, 2]
     mem.close()
+
+
+def test_what_the_forward_or_a_scheduler_writes_is_copied_before_capture_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only the parameters and the optimizer's per-parameter state wait for the
+    # background copy. A parameter whose storage a buffer shares (the forward may write
+    # it) and a tensor learning rate (a scheduler writes it in place after the step)
+    # are in the generation the moment capture returns, while the thread still sleeps.
+    import threading
+
+    from scout_core.checkpoint import memory
+
+    release = threading.Event()
+    run = memory._CpuCopy._run
+
+    def held(self: memory._CpuCopy) -> None:
+        release.wait(10)
+        run(self)
+
+    monkeypatch.setattr(memory._CpuCopy, "_run", held)
+    model, _ = make()
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2))
+    model.register_buffer("alias", model[2].bias.data)  # shares the parameter's storage
+    train(model, opt, 2)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    snap = mem.capture(2)
+    try:
+        assert not snap.ready
+        tree = snap.tree
+        assert torch.equal(tree["model"]["2.bias"], model[2].bias.detach())
+        assert torch.equal(tree["model"]["alias"], model[2].bias.detach())
+        assert torch.equal(tree["optim"][0]["param_groups"][0]["lr"], torch.tensor(1e-2))
+    finally:
+        release.set()
+    snap.wait()
+    weight = tree["model"]["0.weight"]  # a plain parameter: copied by the thread
+    assert torch.equal(weight, model[0].weight.detach())
+    mem.close()
