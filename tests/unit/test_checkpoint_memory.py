@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -38,6 +39,19 @@ def fingerprint(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[byte
         out.extend(v.numpy().tobytes() for v in state.values() if isinstance(v, torch.Tensor))
     out.append(torch.get_rng_state().numpy().tobytes())
     return out
+
+
+def delay_background_copy(monkeypatch: pytest.MonkeyPatch, first: Callable[[], object]) -> None:
+    """Make the gate's background copy thread call ``first`` before it copies."""
+    from scout_core.checkpoint import memory
+
+    run = memory._CpuCopy._run
+
+    def delayed(self: memory._CpuCopy) -> None:
+        first()
+        run(self)
+
+    monkeypatch.setattr(memory._CpuCopy, "_run", delayed)
 
 
 def test_capture_restore_is_bitwise_and_does_not_alias() -> None:
@@ -219,15 +233,7 @@ def test_cpu_copy_overlaps_the_next_iteration_and_the_step_waits_for_it(
     # Buffers and extra state are copied before capture returns.
     import time
 
-    from scout_core.checkpoint import memory
-
-    run = memory._CpuCopy._run
-
-    def slow(self: memory._CpuCopy) -> None:
-        time.sleep(0.3)
-        run(self)
-
-    monkeypatch.setattr(memory._CpuCopy, "_run", slow)
+    delay_background_copy(monkeypatch, lambda: time.sleep(0.3))
     model, opt = make()
     model.register_buffer("seen", torch.zeros(3))
     train(model, opt, 2)
@@ -256,16 +262,8 @@ def test_what_the_forward_or_a_scheduler_writes_is_copied_before_capture_returns
     # are in the generation the moment capture returns, while the thread still sleeps.
     import threading
 
-    from scout_core.checkpoint import memory
-
     release = threading.Event()
-    run = memory._CpuCopy._run
-
-    def held(self: memory._CpuCopy) -> None:
-        release.wait(10)
-        run(self)
-
-    monkeypatch.setattr(memory._CpuCopy, "_run", held)
+    delay_background_copy(monkeypatch, lambda: release.wait(10))
     model, _ = make()
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2))
     model.register_buffer("alias", model[2].bias.data)  # shares the parameter's storage
