@@ -47,9 +47,16 @@ _END = "@@scout-docs-test-end@@"
 _INSTALLS = re.compile(r"\b(pip|pip3|uv|conda|apt-get)\b.*\binstall\b|scripts/test\.sh")
 
 
+def _marks(block: Block) -> list[pytest.MarkDecorator]:
+    # The block's own timeout governs (``_run`` stops it and fails the test); pytest's
+    # per-test limit (pyproject: 300 s) only backs it up, so it must not cut it short.
+    marks = [pytest.mark.timeout(block.timeout_s + 60)]
+    return [pytest.mark.slow, *marks] if block.slow else marks
+
+
 def _params(langs: frozenset[str]) -> list[object]:
     return [
-        pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else [])
+        pytest.param(b, id=b.id, marks=_marks(b))
         for b in BLOCKS
         if b.lang in langs and not b.illustration and not _INSTALLS.search(b.text)
     ]
