@@ -67,7 +67,7 @@ from scout_core.checkpoint.dcp_io import (
     write_json,
 )
 from scout_core.checkpoint.state import flatten, unflatten
-from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
+from scout_core.checkpoint.storage import STORAGE_ERRORS, describe, error_code
 from scout_core.checkpoint.validate import (
     Spec,
     check_dcp_metadata,
@@ -103,6 +103,8 @@ _PREFIX = "step-"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 _FAR = 1 << 62
+_CODE_SPAN = 1 << 16
+"""The agreement word keeps a failing rank's errno below this."""
 _DESCRIPTIONS = frozenset({_SHARD, JSON_METADATA, ".metadata"})
 """Files of a shard that hold no tensor bytes (the bytes on disk exclude them)."""
 log = logging.getLogger(__name__)
@@ -264,14 +266,20 @@ class DurableStore:
 
     def _agree(self, error: BaseException | None, what: str) -> None:
         """Agree job-wide that every rank's part of ``what`` worked; else raise
-        :class:`CheckpointError` on every rank, naming the lowest failing rank."""
-        rank = self.rank if error is not None else -1
-        failed, neg_lowest = reduce_max(
-            [int(error is not None), -rank if error else -_FAR], self.group
-        )
+        :class:`CheckpointError` on every rank, naming the lowest failing rank and, on
+        the ranks that did not fail, its ``errno`` text (so the record the job writes
+        says why, whichever rank writes it)."""
+        # One word: the lowest failing rank in the high part (MAX of -rank picks it),
+        # its errno in the low 16 bits.
+        word = -self.rank * _CODE_SPAN + min(error_code(error), _CODE_SPAN - 1) if error else -_FAR
+        failed, lowest = reduce_max([int(error is not None), word], self.group)
         if failed:
-            mine = f" (this rank: {describe(error)})" if error is not None else ""
-            raise CheckpointError(f"{what} failed on rank {-neg_lowest}{mine}") from error
+            rank, code = -(lowest // _CODE_SPAN), lowest % _CODE_SPAN
+            if error is not None:
+                why = f" (this rank: {describe(error)})"
+            else:
+                why = f" ({os.strerror(code)})" if code else ""
+            raise CheckpointError(f"{what} failed on rank {rank}{why}") from error
 
     def persist(self, step: int, tree: Mapping[str, Any], *, role: str = "candidate") -> Generation:
         """Write this rank's ``tree`` as generation ``step``; commit atomically, job-wide.

@@ -54,6 +54,17 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def error_code(exc: BaseException) -> int:
+    """The ``errno`` behind a storage error (DCP's ``CheckpointException`` by the first
+    wrapped error that has one); 0 when there is none."""
+    if isinstance(exc, CheckpointException):
+        codes = [error_code(cause) for cause, _ in exc.failures.values()]
+        return next((c for c in codes if c), 0)
+    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        return exc.errno
+    return 0
+
+
 def probe_writable(directory: str | os.PathLike[str]) -> str | None:
     """Create ``directory`` if needed and write, fsync and remove a probe file in it;
     None when that worked, else why not."""
