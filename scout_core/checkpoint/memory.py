@@ -55,11 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from scout_core.checkpoint.replicas import PeerReplica
-from scout_core.checkpoint.state import capture_tree, flatten, restore_tree
+from scout_core.checkpoint.state import capture_tree, flatten, local, restore_tree
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
@@ -353,12 +352,12 @@ class InMemoryCheckpoints:
         total = 0
         for t in self.model.state_dict().values():
             if isinstance(t, torch.Tensor):
-                total += _local(t).numel() * t.element_size()
+                total += local(t).numel() * t.element_size()
         for opt in self.optimizers:
             for state in opt.state.values():
                 for v in state.values():
                     if isinstance(v, torch.Tensor):
-                        total += _local(v).numel() * v.element_size()
+                        total += local(v).numel() * v.element_size()
         return total
 
     def get(self, selection: Selection) -> Snapshot | None:
@@ -372,7 +371,3 @@ class InMemoryCheckpoints:
         self.settle()  # no copy may still read what the restore writes
         snap.wait()
         return restore_tree(snap.tree, self.model, self.optimizers, self.rng_streams, extra)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t

@@ -43,6 +43,7 @@ __all__ = [
     "check_tree",
     "restore_tree",
     "flatten",
+    "local",
     "unflatten",
 ]
 
@@ -89,10 +90,15 @@ def _copy_tree(value: Any, copy: Copy) -> Any:
     return value
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _address(t: torch.Tensor) -> int:
     """Where ``t``'s (local) data lives; 0 when it has none."""
     try:
-        return int((t.to_local() if isinstance(t, DTensor) else t).data_ptr())
+        return int(local(t).data_ptr())
     except RuntimeError:  # a tensor without storage
         return 0
 
@@ -103,15 +109,15 @@ def _model_tree(model: torch.nn.Module, copy: Copy, later: Copy | None) -> dict[
     that shares a buffer's storage)."""
     if later is None:
         return _copy_tree(model.state_dict(), copy)  # type: ignore[no-any-return]  # a dict in, a dict out
-    live = model.state_dict(keep_vars=True)
-    buffers = {
-        _address(v)
-        for v in live.values()
-        if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
-    } - {0}
+    # (Parameter's isinstance goes through a metaclass hook: asked once per entry.)
+    live = [
+        (k, v, isinstance(v, torch.nn.Parameter))
+        for k, v in model.state_dict(keep_vars=True).items()
+    ]
+    buffers = {_address(v) for _, v, param in live if not param and isinstance(v, torch.Tensor)}
+    buffers.discard(0)
     out: dict[str, Any] = {}
-    for k, v in live.items():
-        param = isinstance(v, torch.nn.Parameter)
+    for k, v, param in live:
         if param and not (buffers and _address(v) in buffers):
             out[k] = _copy_leaf(v, later)
         else:
