@@ -261,7 +261,7 @@ def _compose(
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     session.add_closer(writer.close)
     # What the desk and the gate must agree on at a due boundary travels in one
-    # all-reduce (scout_core.decision.vote), whoever of them reads it first.
+    # reduction (scout_core.decision.vote), whoever of them reads it first.
     vote: BoundaryVote[Boundary] = BoundaryVote(group)
     desk = IncidentDesk(
         adapter.layout(),

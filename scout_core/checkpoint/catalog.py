@@ -97,7 +97,7 @@ class GateCatalog:
 
 class GateSeat:
     """How a gate agrees job-wide at a boundary. In a session its flag words ride the
-    boundary's one all-reduce (a seat of :class:`~scout_core.decision.vote.BoundaryVote`,
+    boundary's one reduction (a seat of :class:`~scout_core.decision.vote.BoundaryVote`,
     next to the incident desk's word); without a vote it combines alone
     (:func:`~scout_core.decision.gate_wire.combine` on ``group``). Both gates use it;
     ``gate`` returns the gate's state machine, ``holding`` whether a selection is
@@ -125,7 +125,7 @@ class GateSeat:
         return words(self._gate().local_flags(boundary.step, *found))
 
     def job(self, boundary: Boundary) -> JobFlags | None:
-        """The voted job-wide flags of ``boundary`` (the vote's all-reduce on the first
+        """The voted job-wide flags of ``boundary`` (the vote's reduction on the first
         read of any seat), or None without a vote or where the gate decides nothing.
         Read at every due boundary, so the vote is cast even where this gate is idle."""
         if self._seat is None or not boundary.due:

@@ -4,8 +4,18 @@ SCOUT's parts often need one small fact from every rank before they act, so that
 no rank acts alone: "does every rank hold generation 12?" (the min and the max of
 the step each holds), "did every rank's shard write succeed?" (all-ok), "did any
 rank find a problem?" (any-flag), "did every rank pick the same tag?" (same value).
-Each answer is one int64 ``MAX`` all-reduce on a diagnostic group (a minimum rides
+Each answer is one int64 ``MAX`` reduction on a diagnostic group (a minimum rides
 negated), and every rank gets the same answer, so every rank takes the same branch.
+
+[One gather, not an all-reduce]
+The reduction is one collective either way. While the gathered words stay small
+(:data:`GATHER_WORDS`) it is an all-gather of every rank's words followed by the
+maximum on each rank; past that an ``all_reduce``. Gloo's all-reduce is a reduce-scatter
+and an all-gather (two rounds of messages), so the one-round gather answers sooner:
+on the 2-core development machine (2 ranks, 30 words, 400 calls each after a barrier,
+two passes) the gather took a median of 0.27 to 0.32 ms and a mean of 0.53 to 0.78 ms,
+the all-reduce 0.39 ms and 0.93 to 1.59 ms. The maximum of the same words is the same
+whichever collective carried them.
 
 [Only SCOUT's own groups]
 Every helper refuses ``WORLD`` and any group SCOUT did not create
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +40,8 @@ import torch.distributed as dist
 from scout_core.topology.groups import is_diagnostic
 
 __all__ = [
+    "GATHER_WORDS",
+    "all_gather_single",
     "all_ok",
     "any_flag",
     "check_group",
@@ -52,10 +65,31 @@ def check_group(group: object) -> dist.ProcessGroup:
     return group
 
 
+GATHER_WORDS = 1 << 16
+"""Most words (ranks x words per rank) :func:`reduce_max` gathers instead of all-reducing
+(512 KiB received per rank)."""
+
+
+def all_gather_single() -> Any:
+    """The single-tensor AllGather: ``all_gather_single`` where torch has it.
+
+    torch 2.13 deprecates ``all_gather_into_tensor`` (a ``FutureWarning`` on every
+    call) in favour of ``all_gather_single``; older releases only have the former.
+    Looked up at call time so tests can count calls by patching ``torch.distributed``.
+    """
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def reduce_max(words: Sequence[int], group: dist.ProcessGroup) -> list[int]:
-    """Element-wise maximum of ``words`` over every rank of ``group`` (int64)."""
+    """Element-wise maximum of ``words`` over every rank of ``group`` (int64); one
+    collective, a gather while it is small (module doc)."""
     pg = check_group(group)
     tensor = torch.tensor(list(words), dtype=torch.int64)
+    size = dist.get_world_size(pg)
+    if tensor.numel() > 0 and size * tensor.numel() <= GATHER_WORDS:
+        everyone = torch.empty(size * tensor.numel(), dtype=torch.int64)
+        all_gather_single()(everyone, tensor, group=pg)
+        return [int(w) for w in everyone.view(size, -1).amax(0).tolist()]
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=pg)
     return [int(w) for w in tensor.tolist()]
 

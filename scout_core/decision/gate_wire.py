@@ -1,7 +1,7 @@
 """The checkpoint gate's wire format: one rank's flags as int64 words, combined job-wide.
 
 Before any change of gate state every rank's :class:`~scout_core.decision.gate.LocalFlags`
-are combined with one ``MAX`` all-reduce (:func:`scout_core.decision.agreement.reduce_max`)
+are combined with one ``MAX`` reduction (:func:`scout_core.decision.agreement.reduce_max`)
 on a diagnostic group. Each flag is one word (any rank's flag wins); the step, the
 digest of the recipes checked and the digest of the gate state travel twice, once
 negated, so the fold sees both their maximum and their minimum and can tell that the
@@ -94,7 +94,7 @@ def merge_flags(flags: Sequence[LocalFlags]) -> JobFlags:
 
 
 def combine(local: LocalFlags, *, group: dist.ProcessGroup) -> JobFlags:
-    """Combine ``local`` with every other rank's flags: one MAX all-reduce on ``group``.
+    """Combine ``local`` with every other rank's flags: one MAX reduction on ``group``.
 
     ``group`` must be a SCOUT diagnostic group spanning the whole job, never ``WORLD``
     or a training group. Raises :class:`ProtocolError` on every rank when the ranks
@@ -107,7 +107,7 @@ def combine_outcome(outcome: Outcome, *, group: dist.ProcessGroup) -> Outcome:
     """The job-wide outcome of a check every rank ran (the full-catalog sweep).
 
     SDC anywhere wins, then any hang, inconclusive or missing result (not clean);
-    clean only when every rank was clean. One MAX all-reduce on ``group``.
+    clean only when every rank was clean. One MAX reduction on ``group``.
     """
     outcome = Outcome(outcome)
     sdc, unclean = reduce_max(

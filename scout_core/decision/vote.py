@@ -1,4 +1,4 @@
-"""One job-wide all-reduce per replay boundary for every part that must agree there.
+"""One job-wide reduction per replay boundary for every part that must agree there.
 
 Several parts of a session need one small job-wide fact at each due replay boundary:
 the checkpoint gate combines every rank's flags (:mod:`.gate_wire`), the incident
@@ -9,7 +9,7 @@ most of SCOUT's collectives. :class:`BoundaryVote` carries them all in one.
 Each part takes a :class:`Seat` (its word count and a function that returns this
 rank's words for an event, or ``None`` when the part has nothing to decide at that
 event). The first seat that reads an event's result *casts* the vote: every seat's
-words are laid side by side and reduced with one ``MAX`` all-reduce
+words are laid side by side and reduced with one ``MAX`` reduction
 (:func:`~.agreement.reduce_max`); later reads of the same event return the stored
 slice. Who reads first does not matter, so parts may subscribe to the boundary
 events in any order; every rank must read at the same events (the due boundaries,
@@ -88,7 +88,7 @@ class BoundaryVote(Generic[E]):
         self._event: E | None = None
         self._maxima: list[int] = []
         self.casts = 0
-        """How many all-reduces the vote ran (one per event read)."""
+        """How many reductions the vote ran (one per event read)."""
 
     def seat(self, name: str, width: int, words: Callable[[E], Sequence[int] | None]) -> Seat[E]:
         """A new seat of ``width`` words. Every rank adds the same seats in the same order."""

@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scout_core.decision.agreement import all_gather_single
 from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import ModuleRef, Ownership
 from scout_core.integration.adapter_base import AdapterBase, cpu_rng, device_rng
@@ -415,8 +416,7 @@ class TorchAdapter(AdapterBase):
         recv = torch.empty((n * width, *moved.shape[1:]), dtype=moved.dtype, device=where)
         taps.sleep_injected("shard" if axis is Axis.S else "tp")
         pg = group.payload_pg if on_device else group.pg
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(recv, pad.contiguous(), group=pg)
+        all_gather_single()(recv, pad.contiguous(), group=pg)
         by_coord = sorted(range(n), key=lambda j: self._layout.address(group.ranks[j]).get(axis))
         pieces = [recv[j * width : j * width + rows[k]] for k, j in enumerate(by_coord)]
         return torch.cat(pieces, 0).movedim(0, dim).to(local.device)

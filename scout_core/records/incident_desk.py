@@ -7,9 +7,9 @@ exactly once in the job). At a boundary where recipes were due (the same boundar
 on every rank: the schedule is global):
 
 1. one ``MAX`` word asks whether any rank collected anything (the only cost on a
-   healthy step). In a session the word rides the boundary's one all-reduce, with
+   healthy step). In a session the word rides the boundary's one reduction, with
    the checkpoint gate's flags (:class:`~scout_core.decision.vote.BoundaryVote`);
-   a desk without a vote runs its own one-word all-reduce;
+   a desk without a vote runs its own one-word reduction;
 2. if so, the records travel as JSON (never pickle) in one all-gather of byte tensors,
    so every rank holds the same window;
 3. every rank merges the window the same way (:func:`~.incidents.merge_window`, a pure
@@ -111,7 +111,7 @@ class IncidentDesk:
         return [1 if self._pending else 0]
 
     def _any_pending(self, boundary: Boundary) -> bool:
-        """Whether any rank collected records (one word of the boundary's all-reduce)."""
+        """Whether any rank collected records (one word of the boundary's reduction)."""
         if self._seat is None:
             return any_flag(bool(self._pending), self.group)
         found = self._seat.result(boundary)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from scout_core.config import Config
-from scout_core.decision.agreement import any_flag
+from scout_core.decision.agreement import all_gather_single, any_flag
 from scout_core.decision.c3 import Surface, exchange
 from scout_core.decision.signature import signature_many
 from scout_core.errors import ConfigError, UnsupportedSetupError
@@ -419,8 +419,7 @@ def exchange_hosts(layout: MeshLayout, group: dist.ProcessGroup | None = None) -
     mine = torch.zeros(64, dtype=torch.uint8)
     mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
     out = torch.empty(64 * len(ranks), dtype=torch.uint8)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, mine, group=group)
+    all_gather_single()(out, mine, group=group)
     rows = out.view(len(ranks), 64).tolist()
     return {
         r: bytes(b for b in row if b).decode(errors="replace")

@@ -140,6 +140,42 @@ def agreement_refuses_foreign_groups() -> dict[str, Any]:
     return out
 
 
+def reduce_max_gathers_small_and_all_reduces_large() -> dict[str, Any]:
+    """reduce_max gives the same maxima by either collective, one collective per call."""
+    from scout_core.decision import agreement
+    from scout_core.plugin_api import diagnostic_group
+
+    rank = dist.get_rank()
+    mine = diagnostic_group()
+    words = [rank, -rank, (-1) ** rank * (1 << 62), 7, -(1 << 63) + rank]
+    calls: list[str] = []
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    originals = {name: getattr(dist, name) for name in ("all_reduce", gather)}
+
+    def counted(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append("all_reduce" if name == "all_reduce" else "gather")
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    out: dict[str, Any] = {}
+    try:
+        for name in originals:
+            setattr(dist, name, counted(name))
+        out["small"] = agreement.reduce_max(words, mine)
+        out["small_calls"] = list(calls)
+        calls.clear()
+        # Past GATHER_WORDS (ranks x words) the same call all-reduces.
+        big = words * (agreement.GATHER_WORDS // (len(words) * dist.get_world_size()) + 1)
+        out["large"] = agreement.reduce_max(big, mine)[: len(words)]
+        out["large_calls"] = list(calls)
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return out
+
+
 @contextmanager
 def _failing_writes(io: Any) -> Any:
     """Every rank's next DCP shard write raises (the store then commits nothing)."""

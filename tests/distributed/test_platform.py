@@ -23,6 +23,17 @@ pytestmark = pytest.mark.distributed
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
+def test_reduce_max_gathers_small_words_and_all_reduces_many() -> None:
+    from platform_scenarios import reduce_max_gathers_small_and_all_reduces_large
+
+    expected = [2, 0, 1 << 62, 7, -(1 << 63) + 2]  # ranks 0..2 of [r, -r, ±2**62, 7, min+r]
+    for out in run_ranks(reduce_max_gathers_small_and_all_reduces_large, 3, timeout_s=90, env=ENV):
+        assert out["small"] == expected
+        assert out["small_calls"] == ["gather"]
+        assert out["large"] == expected
+        assert out["large_calls"] == ["all_reduce"]
+
+
 @pytest.mark.timeout(200)
 def test_two_optimizers_one_boundary_per_iteration_and_slices_across_both() -> None:
     from platform_scenarios import two_optimizers

@@ -168,6 +168,21 @@ def test_chunking_never_changes_the_fold(chunk_rows: int) -> None:
     assert torch.equal(sigmod._fold(t, chunk_rows), fold(t))
 
 
+def test_the_cpu_folds_with_one_integer_matrix_product_that_equals_the_chunked_fold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Random bytes over every row: the int32 products and sums wrap mod 2**32 many times.
+    t = sample(torch.float32, n=300 * 1024 + 7, seed=11)
+    assert sigmod._chunk_rows(t.device) is None  # this build's int32 mm is exact
+    chunked = sigmod._fold(t, 128)
+    assert torch.equal(sigmod._fold(t, None), chunked)
+    assert torch.equal(fold(t), chunked)
+    # Where the probe finds no exact int32 mm, the CPU chunks and signs the same.
+    monkeypatch.setattr(sigmod, "_int_mm_folds", lambda: False)
+    assert sigmod._chunk_rows(t.device) is not None
+    assert torch.equal(fold(t), chunked)
+
+
 def test_fold_does_not_depend_on_thread_count() -> None:
     t = sample(torch.float32, n=1 << 18, seed=5)
     before = torch.get_num_threads()

@@ -66,6 +66,7 @@ from typing import Any, TypeAlias
 import torch
 import torch.distributed as dist
 
+from scout_core.decision.agreement import all_gather_single
 from scout_core.decision.c3.rule import Decision, decide_exact, decide_statistical
 from scout_core.errors import ProtocolError
 from scout_core.vocabulary import Mode, Status
@@ -268,16 +269,6 @@ def _plan(
     )
 
 
-def _all_gather() -> Any:
-    """The single-tensor AllGather: ``all_gather_single`` where torch has it.
-
-    torch 2.13 deprecates ``all_gather_into_tensor`` (a ``FutureWarning`` on every
-    call) in favour of ``all_gather_single``; older releases only have the former.
-    Looked up at call time so tests can count calls by patching ``torch.distributed``.
-    """
-    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
 def _check_group(group: dist.ProcessGroup | None, ranks: Sequence[int]) -> tuple[int, ...]:
     """Validate the diagnostic group against ``ranks``; return the group's rank order."""
     if group is None or group is dist.group.WORLD:
@@ -372,7 +363,7 @@ def exchange(
         send = send.to(device)
     n = len(group_ranks)
     recv = torch.empty(n * ROW_WORDS, dtype=torch.int64, device=send.device)
-    _all_gather()(recv, send, group=group)
+    all_gather_single()(recv, send, group=group)
     if recv.device.type != "cpu":
         recv = recv.cpu()
     # Only the used prefix of each row is read; the padding is ignored.
