@@ -13,7 +13,7 @@ job restart can still pick the generation the gate trusted. Layout::
       .tmp-step-00000006/            a generation being written: never selected
 
 [Atomic commit]
-Every rank writes its shard into the temp dir and fsyncs it; one MIN all-reduce on
+Every rank writes its shard into the temp dir and fsyncs it; one MIN reduction on
 a diagnostic Gloo group confirms that *every* shard is complete; only then does the
 coordinator (the group's first rank) write ``manifest.json``, fsync, rename the temp
 dir to its final name and fsync the parent. The rename is the commit point: a rank
@@ -26,7 +26,7 @@ deleted, so a half-deleted dir is never mistaken for a generation. Like DCP's ow
 [Nothing is unpickled]
 Each rank saves its shard as its own DCP checkpoint (``no_dist=True``), so DCP's
 planning collectives, which exchange pickled plans, never run; the job-wide commit
-is SCOUT's own tensor all-reduce. DCP's metadata is read back from JSON
+is SCOUT's own tensor reduction. DCP's metadata is read back from JSON
 (:mod:`.dcp_io`), tensor data with ``torch.load(weights_only=True)``; manifests and
 shard descriptions are JSON.
 

@@ -6,7 +6,7 @@ node. Such a fault must never be discovered by one rank alone in the middle of a
 collective (its peers would wait for it until a timeout), so:
 
 * at ``enable``, every rank probes both directories (create the directory, write, fsync
-  and remove a small file) and the outcome is agreed job-wide with one all-reduce
+  and remove a small file) and the outcome is agreed job-wide with one reduction
   (:func:`check_storage`): a directory that fails on any rank is a
   :class:`~scout_core.errors.ConfigError` naming the key, the directory and the ranks,
   raised on every rank, before training starts;

@@ -30,7 +30,7 @@ counts as accepted here: slowness alone is not numerical divergence.
 [Job-wide agreement]
 Before any change of gate state the ranks combine their flags (missing result, SDC,
 hang, not clean, cycle boundary, plus the step, a digest of the recipes that ran and
-a digest of the gate state) with one all-reduce on a diagnostic Gloo group
+a digest of the gate state) with one reduction on a diagnostic Gloo group
 (:func:`scout_core.decision.gate_wire.combine`, the wire format); the pure fold of
 the same flags is :func:`~scout_core.decision.gate_wire.merge_flags`. Any
 rank's SDC or hang triggers retrieval everywhere; any rank's incomplete evidence

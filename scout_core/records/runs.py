@@ -10,7 +10,7 @@ per launch unless the user names the run:
 2. else ``TORCHELASTIC_RUN_ID`` when torchrun was given one (``--rdzv-id``); plain
    ``torchrun`` sets it to ``"none"``, which is no identity at all and is ignored;
 3. else a fresh id, ``scout-<UTC date>-<UTC time>-<12 hex digits>``, agreed by every
-   rank: each contributes its clock and a random nonce to one ``MAX`` all-reduce on a
+   rank: each contributes its clock and a random nonce to one ``MAX`` reduction on a
    diagnostic group (:func:`agree_run_id`), so all ranks get the same id without rank 0
    having to speak first.
 

@@ -32,7 +32,7 @@ the same sequence, so the collectives always match:
    could not produce is missing); each keeps its own bitmap.
 
 Three collectives per round on the peer group (readiness, broadcast, result
-exchange), plus one all-reduce per gather group that crosses replica groups and
+exchange), plus one reduction per gather group that crosses replica groups and
 one all-gather per sharded parameter under FSDP or TP; none on a step where
 nothing is due.
 6. Each peer restores its own RNG streams, thread count and deterministic flag.
