@@ -222,6 +222,7 @@ class _Plan:
     order: tuple[int, ...]  # position j in ``ranks`` -> row index in the gathered table
     ranks: tuple[int, ...]
     description: str
+    quiet: tuple[bool, ...]  # the all-false bitmap of this group
 
 
 @functools.lru_cache(maxsize=256)
@@ -266,6 +267,7 @@ def _plan(
         order=tuple(group_ranks.index(r) for r in ranks),
         ranks=ranks,
         description=description,
+        quiet=(False,) * len(ranks),
     )
 
 
@@ -296,6 +298,12 @@ def _decode(plan: _Plan, i: int, cols: list[tuple[int, ...]], kappa: float) -> C
     present = cols[1 + i]
     complete = 0 not in present
     values: list[Any]
+    if complete and width == 1 and mode is Mode.EXACT:
+        # The healthy path, without building a Decision: every peer sent the same word.
+        col = cols[at]
+        if col.count(col[0]) == len(col):
+            agreed = (col[0] & _MASK64,) * len(col)
+            return C3Result(plan.names[i], mode, Status.AGREE, plan.quiet, agreed, plan.ranks)
     if mode is Mode.STATISTICAL:
         values = _as_floats(cols[at])
     elif width == 1:
@@ -359,16 +367,19 @@ def exchange(
     wire = bytearray(ROW_WORDS * 8)
     plan.packer.pack_into(wire, 0, *row)
     send = torch.frombuffer(wire, dtype=torch.int64)
-    if device is not None:
-        send = send.to(device)
     n = len(group_ranks)
-    recv = torch.empty(n * ROW_WORDS, dtype=torch.int64, device=send.device)
-    all_gather_single()(recv, send, group=group)
-    if recv.device.type != "cpu":
-        recv = recv.cpu()
+    # The table lands in a Python buffer (directly on the CPU, by one copy from a
+    # device), and struct reads each row's used prefix from it: no torch op per word.
+    table = bytearray(n * ROW_WORDS * 8)
+    host = torch.frombuffer(table, dtype=torch.int64)
+    if device is None or torch.device(device).type == "cpu":
+        all_gather_single()(host, send, group=group)
+    else:
+        recv = torch.empty(n * ROW_WORDS, dtype=torch.int64, device=device)
+        all_gather_single()(recv, send.to(device), group=group)
+        host.copy_(recv)
     # Only the used prefix of each row is read; the padding is ignored.
-    table = recv.view(n, ROW_WORDS)[:, : plan.used_words].tolist()
-    rows = [table[k] for k in plan.order]
+    rows = [plan.packer.unpack_from(table, k * ROW_WORDS * 8) for k in plan.order]
 
     bad = [(r, row[0]) for r, row in zip(plan.ranks, rows, strict=True) if row[0] != plan.header]
     if bad:
