@@ -137,19 +137,28 @@ def _absorb(h: int, value: int) -> int:
     return _mix64((h ^ (value & _MASK)) + _GOLDEN)
 
 
-def _lsr(z: Tensor, shift: int) -> Tensor:
-    # torch's >> on int64 is arithmetic; masking off the copied sign bits makes it the
-    # logical shift that splitmix64 is defined with.
-    return torch.bitwise_and(z >> shift, (1 << (64 - shift)) - 1)
+# ``(1 << (64 - shift)) - 1`` per splitmix64 shift, as tensors: masking off the copied
+# sign bits of torch's arithmetic ``>>`` on int64 makes it the logical shift that
+# splitmix64 is defined with (a tensor operand skips converting a Python int per call).
+_LSR_MASKS = {shift: torch.tensor((1 << (64 - shift)) - 1) for shift in (30, 27, 31)}
+
+
+def _mix64_inplace(z: Tensor) -> Tensor:
+    """:func:`_mix64` element-wise on an int64 tensor, overwriting ``z`` (multiplication
+    wraps mod 2**64); in place, since on a few hundred words each op costs its dispatch
+    and its allocation, not its arithmetic."""
+    for shift, mult in ((30, to_int64(_MIX1)), (27, to_int64(_MIX2)), (31, None)):
+        shifted = z >> shift
+        shifted &= _LSR_MASKS[shift]
+        z ^= shifted
+        if mult is not None:
+            z *= mult
+    return z
 
 
 def _mix64_tensor(z: Tensor) -> Tensor:
-    """:func:`_mix64` element-wise on an int64 tensor (multiplication wraps mod 2**64)."""
-    z = z ^ _lsr(z, 30)
-    z = z * to_int64(_MIX1)
-    z = z ^ _lsr(z, 27)
-    z = z * to_int64(_MIX2)
-    return z ^ _lsr(z, 31)
+    """:func:`_mix64` element-wise on an int64 tensor, into a new tensor."""
+    return _mix64_inplace(z.clone())
 
 
 class _Multipliers:
@@ -301,6 +310,46 @@ _POSITION_KEYS = (
 ).contiguous()
 
 
+def _check_words(n: int, dtype: torch.dtype, shape: Sequence[int]) -> tuple[list[int], int]:
+    """The shape's dims and the byte count, after checking that ``n`` fold words belong
+    to a ``dtype`` tensor of that shape."""
+    if n > MAX_FOLD_WORDS:
+        raise ValueError(f"at most {MAX_FOLD_WORDS} words, got {n}")
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape must be non-negative, got {dims}")
+    numel = 1
+    for d in dims:
+        numel *= d
+    nbytes = numel * dtype.itemsize
+    if n != min(MAX_FOLD_WORDS, -(-nbytes // _WORD_BYTES)):
+        raise ValueError(f"{n} words do not belong to a {dtype} tensor of shape {dims}")
+    return dims, nbytes
+
+
+def _bodies(words: Tensor, counts: Sequence[int]) -> list[int]:
+    """Each run of ``counts`` consecutive CPU fold words, keyed by position in its run,
+    mixed and summed mod 2**64: one mix over all the runs, since each torch op on a few
+    hundred words costs its dispatch, not its arithmetic."""
+    if len(counts) == 1:
+        keys = _POSITION_KEYS[: counts[0]]
+    else:
+        keys = torch.cat([_POSITION_KEYS[:n] for n in counts])
+    lanes = _mix64_inplace(words + keys)
+    # int64 sums wrap mod 2**64 (tests/unit/test_signature.py checks this build's kernels).
+    if len(counts) == 1:
+        return [int(lanes.sum()) & _MASK]
+    return [int(part.sum()) & _MASK for part in torch.split(lanes, list(counts))]
+
+
+def _close(dtype: torch.dtype, dims: Sequence[int], nbytes: int, n: int, body: int) -> int:
+    """Absorb the header (dtype name, rank, dims, byte count, word count) and the body."""
+    h = _SEED_ONE
+    for value in (_dtype_code(dtype), len(dims), *dims, nbytes, n, body):
+        h = _absorb(h, value)
+    return h
+
+
 def finalize(words: Tensor, dtype: torch.dtype, shape: Sequence[int]) -> int:
     """Mix fold ``words`` with ``dtype`` and ``shape`` into an unsigned 64-bit signature.
 
@@ -315,24 +364,9 @@ def finalize(words: Tensor, dtype: torch.dtype, shape: Sequence[int]) -> int:
             f"words must be a 1-D int64 tensor, got {words.dtype} {tuple(words.shape)}"
         )
     n = words.shape[0]
-    if n > MAX_FOLD_WORDS:
-        raise ValueError(f"at most {MAX_FOLD_WORDS} words, got {n}")
-    dims = [int(d) for d in shape]
-    if any(d < 0 for d in dims):
-        raise ValueError(f"shape must be non-negative, got {dims}")
-    numel = 1
-    for d in dims:
-        numel *= d
-    nbytes = numel * dtype.itemsize
-    if n != min(MAX_FOLD_WORDS, -(-nbytes // _WORD_BYTES)):
-        raise ValueError(f"{n} words do not belong to a {dtype} tensor of shape {dims}")
-    cpu_words = words.detach().to("cpu")
-    lanes = _mix64_tensor(cpu_words + _POSITION_KEYS[:n])
-    body = sum(lanes.tolist()) & _MASK  # exact in Python, then mod 2**64
-    h = _SEED_ONE
-    for value in (_dtype_code(dtype), len(dims), *dims, nbytes, n, body):
-        h = _absorb(h, value)
-    return h
+    dims, nbytes = _check_words(n, dtype, shape)
+    (body,) = _bodies(words.detach().to("cpu"), [n])
+    return _close(dtype, dims, nbytes, n, body)
 
 
 def signature(t: Tensor) -> int:
@@ -346,7 +380,8 @@ def signature_many(tensors: Iterable[Tensor | None]) -> int:
     ``None`` entries count as a distinct marker, so ``[a, None]`` differs from
     ``[None, a]`` and from ``[a]``. All folds are issued first and their words leave
     each device in one copy, so a list of accelerator tensors synchronises once per
-    device rather than once per tensor.
+    device rather than once per tensor, and the words of all of them are mixed in one
+    pass on the CPU (the same values :func:`finalize` computes one tensor at a time).
     """
     items = list(tensors)
     folded: dict[int, Tensor] = {}
@@ -358,16 +393,24 @@ def signature_many(tensors: Iterable[Tensor | None]) -> int:
             raise TypeError(f"expected Tensor or None, got {type(item).__name__}")
         folded[index] = fold(item)
         by_device.setdefault(folded[index].device, []).append(index)
-    on_cpu: dict[int, Tensor] = {}
+    on_cpu: list[Tensor] = []
+    order: list[int] = []
     for indices in by_device.values():
-        joined = torch.cat([folded[i] for i in indices]).to("cpu")
-        pieces = torch.split(joined, [folded[i].shape[0] for i in indices])
-        on_cpu.update(zip(indices, pieces, strict=True))
+        joined = torch.cat([folded[i] for i in indices]) if len(indices) > 1 else folded[indices[0]]
+        on_cpu.append(joined.to("cpu"))
+        order.extend(indices)
+    bodies: dict[int, int] = {}
+    if order:
+        words = on_cpu[0] if len(on_cpu) == 1 else torch.cat(on_cpu)
+        counts = [folded[i].shape[0] for i in order]
+        bodies = dict(zip(order, _bodies(words, counts), strict=True))
     h = _SEED_MANY
     for index, item in enumerate(items):
         if item is None:
             h = _absorb(h, _TAG_NONE)
         else:
+            n = folded[index].shape[0]
+            dims, nbytes = _check_words(n, item.dtype, item.shape)
             h = _absorb(h, _TAG_TENSOR)
-            h = _absorb(h, finalize(on_cpu[index], item.dtype, item.shape))
+            h = _absorb(h, _close(item.dtype, dims, nbytes, n, bodies[index]))
     return _absorb(h, len(items))
