@@ -125,20 +125,28 @@ def test_instance_forwards_and_hazards() -> None:
 
 
 def _replay(block: nn.Module, call: Any) -> dict[str, Any]:
-    from scout_core.replay.capture import flatten
-
-    x = torch.randn(2, 3, 8, requires_grad=True)
-    _, spec = flatten(((x,), {}))
-    from scout_core.replay.capture import Capture
-
-    cap = Capture("b", 0, [x.detach()], spec, (True,), {})
-    params = {k: v.detach().clone() for k, v in block.named_parameters()}
-    got = Inputs([x.detach()], [torch.ones(2, 3, 8)], {})
+    x = torch.randn(2, 3, 8)
     block.eval()  # no dropout: the outcome does not depend on an RNG stream
+    return _replay_on(block, x, [torch.ones(2, 3, 8)], call=call, input_grad=True)
+
+
+def _replay_on(
+    module: nn.Module,
+    x: torch.Tensor,
+    grads: list[torch.Tensor],
+    *,
+    call: Any = torch.func.functional_call,
+    input_grad: bool = False,
+) -> dict[str, Any]:
+    from scout_core.replay.capture import Capture, flatten
+
+    _, spec = flatten(((x,), {}))
+    cap = Capture("m", 0, [x], spec, (input_grad,), {})
+    params = {k: v.detach().clone() for k, v in module.named_parameters()}
     return replay_module(
-        block,
+        module,
         cap,
-        got,
+        Inputs([x], list(grads), {}),
         params,
         call=call,
         variants=(1.0,),
@@ -159,6 +167,41 @@ def test_a_wrapper_on_a_twin_loses_the_parameter_gradients() -> None:
     live = _replay(block, torch.func.functional_call)
     assert live["param_grad"] is not None and live["gap"] == Gap.NONE
     assert live["forward"] is not None
+
+
+class _Router(nn.Module):
+    """A router-like module: routing weights (floating) and top-k indices (integer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, index = torch.topk(self.proj(x).softmax(-1), 2, dim=-1)
+        return weights, index
+
+
+def test_the_output_kind_surfaces_sign_what_they_name() -> None:
+    """The router surfaces sign the floating and the integer outputs apart, each equal to
+    the signature of those outputs computed outside replay; where every output is
+    floating, the floating part is the forward surface's value."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8)
+    router = _Router().eval()
+    with torch.no_grad():
+        weights, index = router(x)
+    got = _replay_on(router, x, [torch.ones_like(weights)])
+    assert got["forward"] == evidence([weights, index], expected=True)
+    assert got["float_outputs"] == evidence([weights], expected=True)
+    assert got["int_outputs"] == evidence([index], expected=True)
+    assert len({got["forward"], got["float_outputs"], got["int_outputs"]}) == 3
+
+    block = Block(8).eval()
+    with torch.no_grad():
+        out = block(x)
+    plain = _replay_on(block, x, [torch.ones_like(out)])
+    assert plain["forward"] == plain["float_outputs"] == evidence([out], expected=True)
+    assert plain["int_outputs"] is None
 
 
 # -- control flow --------------------------------------------------------------------------
