@@ -331,15 +331,12 @@ def _bodies(words: Tensor, counts: Sequence[int]) -> list[int]:
     """Each run of ``counts`` consecutive CPU fold words, keyed by position in its run,
     mixed and summed mod 2**64: one mix over all the runs, since each torch op on a few
     hundred words costs its dispatch, not its arithmetic."""
-    if len(counts) == 1:
-        keys = _POSITION_KEYS[: counts[0]]
-    else:
-        keys = torch.cat([_POSITION_KEYS[:n] for n in counts])
+    one = len(counts) == 1
+    keys = _POSITION_KEYS[: counts[0]] if one else torch.cat([_POSITION_KEYS[:n] for n in counts])
     lanes = _mix64_inplace(words + keys)
+    parts = [lanes] if one else torch.split(lanes, list(counts))
     # int64 sums wrap mod 2**64 (tests/unit/test_signature.py checks this build's kernels).
-    if len(counts) == 1:
-        return [int(lanes.sum()) & _MASK]
-    return [int(part.sum()) & _MASK for part in torch.split(lanes, list(counts))]
+    return [int(part.sum()) & _MASK for part in parts]
 
 
 def _close(dtype: torch.dtype, dims: Sequence[int], nbytes: int, n: int, body: int) -> int:
