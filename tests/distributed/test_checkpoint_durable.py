@@ -111,7 +111,10 @@ def fresh_restore(kind: str, ckpt: str, refs: str, role: str | None) -> dict[str
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("kind", ["replicated", "fsdp2", "hsdp"])
+# HSDP (a replicated FSDP2 shard) under ``-m slow``; both of its halves run in CI.
+@pytest.mark.parametrize(
+    "kind", ["replicated", "fsdp2", pytest.param("hsdp", marks=pytest.mark.slow)]
+)
 def test_fresh_processes_restore_bitwise(tmp_path: Path, kind: str) -> None:
     ckpt, refs = tmp_path / "ckpt", tmp_path / "refs"
     refs.mkdir()

@@ -386,6 +386,7 @@ def test_dense_scenario_fsdp2(tmp_path: Path) -> None:
     _check_dense("fsdp", tmp_path)
 
 
+@pytest.mark.slow  # DDP and FSDP2 run in CI; HSDP's gate restores run in test_checkpoint_durable
 @pytest.mark.timeout(300)
 def test_dense_scenario_hsdp_3x2(tmp_path: Path) -> None:
     _check_dense("hsdp", tmp_path)

@@ -27,6 +27,7 @@ def _train() -> list[Any]:
     return run_ranks(train_moe, WORLD, args=(STEPS, EP), timeout_s=85, env=ENV)
 
 
+@pytest.mark.slow  # the MoE replay tests train this model in CI (6 ranks)
 @pytest.mark.timeout(200)
 def test_moe_ep2_by_expert_dp4_trains_deterministically() -> None:
     first, second = _train(), _train()

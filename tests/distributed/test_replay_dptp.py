@@ -61,6 +61,7 @@ def test_dptp_parameter_sdc_names_only_the_owner() -> None:
     assert rest == {(5, "layer/layers.1/params", "inconclusive", None, (), "group")}
 
 
+@pytest.mark.slow  # the parameter SDC above runs in CI
 @pytest.mark.timeout(250)
 def test_dptp_output_bitflip_names_the_rank() -> None:
     faults = [{"rank": 3, "step": 2, "kind": "output", "target": "layers.2", "how": ["bitflip", 0]}]
@@ -69,6 +70,7 @@ def test_dptp_output_bitflip_names_the_rank() -> None:
     assert results[0]["verdicts"] == []  # the other replica group saw nothing
 
 
+@pytest.mark.slow  # DDP's and HSDP's (sharded) run in CI
 @pytest.mark.timeout(250)
 def test_dptp_optimizer_state_corruption_on_the_optimizer_surface() -> None:
     faults = [
@@ -116,6 +118,7 @@ def test_dptp_collective_delay_is_group_scoped() -> None:
     assert min(v[0] for v in verdicts) == 3
 
 
+@pytest.mark.slow  # DDP's runs in CI
 @pytest.mark.timeout(250)
 def test_dptp_skipped_capture_is_inconclusive_and_training_goes_on() -> None:
     # Rank 1's group (1, 3, 5) is not ready; its TP partners (0, 2, 4) must not enter
@@ -144,6 +147,7 @@ def test_dptp_training_is_bitwise_identical_with_scout_on() -> None:
         assert res["on"] == res["off"]
 
 
+@pytest.mark.slow  # DDP's runs in CI, and DP x TP's straggler above
 @pytest.mark.timeout(250)
 def test_dptp_compute_straggler_with_the_default_config() -> None:
     # Every recipe on, all intervals 2: hidden layer k at step 2k + 1, the embedding and

@@ -42,6 +42,7 @@ def _all(results: list[Any]) -> set[tuple[Any, ...]]:
     }
 
 
+@pytest.mark.slow  # the DDP, DP x TP and pure-FSDP output faults run in CI
 @pytest.mark.timeout(250)
 def test_hsdp_output_bitflip_names_the_rank() -> None:
     faults = [{"rank": 2, "step": 2, "kind": "output", "target": "layers.2", "how": ["bitflip", 0]}]
@@ -138,6 +139,7 @@ def test_hsdp_optimizer_state_corruption_on_the_optimizer_surface() -> None:
     assert (2, "optimizer/result", "attributed", "sdc", (3,), "rank") in verdicts
 
 
+@pytest.mark.slow  # DDP's runs in CI
 @pytest.mark.timeout(250)
 def test_hsdp_skipped_capture_is_inconclusive_and_training_goes_on() -> None:
     faults = [{"rank": 4, "step": 2, "kind": "skip"}]
@@ -188,6 +190,7 @@ def test_fsdp_clean_run_reports_nothing() -> None:
     assert _all(results) == set()
 
 
+@pytest.mark.slow  # DDP's runs in CI, and HSDP's straggler above
 @pytest.mark.timeout(250)
 def test_hsdp_compute_straggler_with_the_default_config() -> None:
     faults = [
