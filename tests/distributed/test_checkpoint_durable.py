@@ -111,10 +111,7 @@ def fresh_restore(kind: str, ckpt: str, refs: str, role: str | None) -> dict[str
 
 
 @pytest.mark.timeout(240)
-# HSDP (a replicated FSDP2 shard) under ``-m slow``; both of its halves run in CI.
-@pytest.mark.parametrize(
-    "kind", ["replicated", "fsdp2", pytest.param("hsdp", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("kind", ["replicated", "fsdp2", "hsdp"])
 def test_fresh_processes_restore_bitwise(tmp_path: Path, kind: str) -> None:
     ckpt, refs = tmp_path / "ckpt", tmp_path / "refs"
     refs.mkdir()

@@ -42,7 +42,7 @@ def _all(results: list[Any]) -> set[tuple[Any, ...]]:
     }
 
 
-@pytest.mark.slow  # the DDP, DP x TP and pure-FSDP output faults run in CI
+@pytest.mark.slow  # the DDP and pure-FSDP output faults run in CI
 @pytest.mark.timeout(250)
 def test_hsdp_output_bitflip_names_the_rank() -> None:
     faults = [{"rank": 2, "step": 2, "kind": "output", "target": "layers.2", "how": ["bitflip", 0]}]
