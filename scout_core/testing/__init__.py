@@ -1,6 +1,8 @@
 """Test tooling shipped with SCOUT, for its own tests, plugin tests, examples and users.
 
-* :func:`run_ranks`: run a function on N local ranks over Gloo with a hard timeout.
+* :func:`run_ranks`: run a function on N local ranks over Gloo with a hard timeout
+  (forked from a process that has imported torch, and ``SCOUT_TEST_PRELOAD``'s
+  modules: ``zygotes.py``).
 * :class:`Faults`: deterministic fault injectors keyed by (rank, step);
   :func:`comm_delay` stalls this rank inside SCOUT's timed diagnostic collectives of
   one group kind (what a plugin's own timed collective reads through

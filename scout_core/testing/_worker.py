@@ -47,9 +47,10 @@ def _resolve(target: str) -> Any:
     return obj
 
 
-def main(spec_path: str) -> int:
+def main(spec_path: str, parent_pid: int | None = None) -> int:
+    """Run the spec's target; ``parent_pid`` is the zygote's when one forked this rank."""
     spec = json.loads(Path(spec_path).read_text())
-    _die_with_parent(spec["harness_pid"])
+    _die_with_parent(spec["harness_pid"] if parent_pid is None else parent_pid)
     for p in reversed(spec["sys_path"]):
         if p not in sys.path:
             sys.path.insert(0, p)

@@ -1,10 +1,11 @@
 """Run one function on N local ranks with Gloo, an ephemeral port and a hard timeout.
 
-Each rank is a fresh ``python -m scout_core.testing._worker`` process, the way
-``torchrun`` starts trainers, so a test exercises the same import and
-initialisation path a real job does. Nothing is pickled: the target is named as
-``"module:function"`` (or passed as a module-level function), arguments and return
-values travel as JSON files.
+Each rank is its own process running ``scout_core/testing/_worker.py``, the way
+``torchrun`` starts trainers. On Linux it is forked from a zygote that has already
+imported torch (``zygotes.py``: what that changes, and ``SCOUT_TEST_FRESH_RANKS=1``
+to start every rank as a fresh interpreter instead). Nothing is pickled: the target
+is named as ``"module:function"`` (or passed as a module-level function), arguments
+and return values travel as JSON files.
 
 [Why a process per rank and not multiprocessing]
 Ranks must be killable as a unit (a test may SIGSTOP one of them), must never
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from scout_core.errors import ScoutError
+from scout_core.testing.zygotes import ForkedRank, fork_rank
 
 __all__ = ["RankFailedError", "RankProcess", "RanksTimeoutError", "run_ranks"]
 
@@ -55,7 +57,7 @@ class RankProcess:
     """One spawned rank: its process, the files it reports through."""
 
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedRank
     result_path: Path
     log_path: Path
 
@@ -108,6 +110,9 @@ def _kill_tree(ranks: Sequence[RankProcess]) -> None:
         if r.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(r.proc.pid, signal.SIGKILL)
+            # A forked rank may not have made its own session yet.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                r.proc.kill()
     for r in ranks:
         # A rank may have started helpers (observers) in their own sessions; those carry
         # a parent-death signal, so they follow their rank.
@@ -183,15 +188,9 @@ def run_ranks(
                 }
             )
             child_env.update(env or {})  # may override MASTER_ADDR / MASTER_PORT
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, str(_WORKER), str(spec_path)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=child_env,
-                    start_new_session=True,
-                )
+            proc = fork_rank(spec_path, log_path, child_env, os.getcwd()) or _start(
+                spec_path, log_path, child_env
+            )
             ranks.append(RankProcess(rank, proc, scratch / f"result-{rank}.json", log_path))
         if on_start is not None:
             on_start(ranks)
@@ -200,6 +199,19 @@ def run_ranks(
     finally:
         _kill_tree(ranks)
         del store
+
+
+def _start(spec_path: Path, log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """A rank as a fresh interpreter (where no zygote can fork it)."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, str(_WORKER), str(spec_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+        )
 
 
 def _wait(ranks: list[RankProcess], timeout_s: float) -> None:

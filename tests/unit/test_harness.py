@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scout_core.testing.harness import RankFailedError, RanksTimeoutError, run_ranks
+from scout_core.testing.harness import RankFailedError, RankProcess, RanksTimeoutError, run_ranks
+from scout_core.testing.zygotes import ForkedRank
+
+FORKED = {"OMP_NUM_THREADS": "1"}  # one BLAS thread: the zygote can fork
 
 
 def rank_sum(offset: int) -> int:
@@ -38,6 +41,25 @@ def rank_sleeps_forever() -> None:
     time.sleep(3600)
 
 
+def rank_facts() -> dict[str, object]:
+    import numpy
+
+    return {
+        "ppid": os.getppid(),
+        "rank": os.environ["RANK"],
+        "call": os.environ.get("SCOUT_HARNESS_CALL"),
+        "cwd": os.getcwd(),
+        "draw": int(numpy.random.randint(2**31)),
+    }
+
+
+def rank_exits(code: int) -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+    os._exit(code)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -59,13 +81,17 @@ def test_results_come_back_per_rank() -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
-def test_a_failing_rank_raises_with_its_traceback_and_peers_are_killed() -> None:
+@pytest.mark.parametrize("env", [None, FORKED], ids=["default-env", "forked"])
+def test_a_failing_rank_raises_with_its_traceback_and_peers_are_killed(
+    env: dict[str, str] | None,
+) -> None:
     pids: list[int] = []
     with pytest.raises(RankFailedError, match="injected failure on rank 1"):
         run_ranks(
             rank_fails_on_one,
             3,
             timeout_s=60,
+            env=env,
             on_start=lambda ranks: pids.extend(r.proc.pid for r in ranks),
         )
     assert len(pids) == 3 and not any(_alive(p) for p in pids)
@@ -73,7 +99,8 @@ def test_a_failing_rank_raises_with_its_traceback_and_peers_are_killed() -> None
 
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
-def test_timeout_kills_every_rank() -> None:
+@pytest.mark.parametrize("env", [None, FORKED], ids=["default-env", "forked"])
+def test_timeout_kills_every_rank(env: dict[str, str] | None) -> None:
     pids: list[int] = []
     start = time.monotonic()
     with pytest.raises(RanksTimeoutError, match=r"ranks \[0, 1, 2\] still running"):
@@ -81,6 +108,7 @@ def test_timeout_kills_every_rank() -> None:
             rank_sleeps_forever,
             3,
             timeout_s=8,
+            env=env,
             on_start=lambda ranks: pids.extend(r.proc.pid for r in ranks),
         )
     assert time.monotonic() - start < 30
@@ -123,3 +151,102 @@ def test_a_scripts_own_function_runs_on_every_rank(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[9, 9, 9]"  # (0+1+2) + 3 * (1 + 1)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_ranks_fork_from_one_zygote_with_their_own_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    first = run_ranks(rank_facts, 3, env={**FORKED, "SCOUT_HARNESS_CALL": "a"}, timeout_s=60)
+    again = run_ranks(rank_facts, 3, env={**FORKED, "SCOUT_HARNESS_CALL": "b"}, timeout_s=60)
+    parents = {r["ppid"] for r in first + again}
+    # One zygote forked all six: not this process, and the same for both calls
+    # (SCOUT_HARNESS_CALL is not read at import, so it is set per rank, not per zygote).
+    assert len(parents) == 1 and os.getpid() not in parents
+    assert [r["rank"] for r in first] == ["0", "1", "2"]
+    assert {r["call"] for r in first} == {"a"} and {r["call"] for r in again} == {"b"}
+    assert {r["cwd"] for r in first + again} == {str(tmp_path)}
+    # A fresh interpreter seeds numpy's global generator from the OS; so does a fork.
+    assert len({r["draw"] for r in first + again}) == 6
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_an_import_variable_gets_its_own_zygote_and_fresh_ranks_opt_out() -> None:
+    one = run_ranks(rank_facts, 2, env=FORKED, timeout_s=60)
+    two = run_ranks(rank_facts, 2, env={**FORKED, "TORCH_SHOW_CPP_STACKTRACES": "1"}, timeout_s=60)
+    later = {**FORKED, "TORCHELASTIC_ERROR_FILE": "/nonexistent/error.json"}  # read on error
+    three = run_ranks(rank_facts, 2, env=later, timeout_s=60)
+    fresh = run_ranks(rank_facts, 2, env={**FORKED, "SCOUT_TEST_FRESH_RANKS": "1"}, timeout_s=60)
+    assert len({r["ppid"] for r in one}) == len({r["ppid"] for r in two}) == 1
+    assert one[0]["ppid"] != two[0]["ppid"]
+    assert {r["ppid"] for r in three} == {one[0]["ppid"]}
+    assert {r["ppid"] for r in fresh} == {os.getpid()}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_zygote_with_a_thread_is_not_forked_from(tmp_path: Path) -> None:
+    # Forking a process that holds a second thread can leave a lock held forever in
+    # the child; a preload that starts one sends the ranks back to fresh interpreters.
+    (tmp_path / "starts_a_thread.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    )
+    env = {
+        **FORKED,
+        "SCOUT_TEST_PRELOAD": "starts_a_thread",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)]),
+    }
+    results = run_ranks(rank_facts, 2, env=env, timeout_s=60)
+    assert {r["ppid"] for r in results} == {os.getpid()}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_forked_ranks_exit_code_comes_back_as_popens_would() -> None:
+    procs: list[RankProcess] = []
+    with pytest.raises(RankFailedError, match="exit 87"):
+        run_ranks(rank_exits, 3, args=(87,), env=FORKED, timeout_s=60, on_start=procs.extend)
+    assert all(isinstance(p.proc, ForkedRank) for p in procs)
+    assert [p.proc.returncode for p in procs] == [87, 87, 87]
+
+
+def rank_reports_then_sleeps(folder: str) -> None:
+    Path(folder, f"rank-{os.environ['RANK']}").write_text(f"{os.getpid()} {os.getppid()}")
+    time.sleep(3600)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_zygote_and_forked_ranks_die_with_a_killed_harness(tmp_path: Path) -> None:
+    # The zygote outlives one run_ranks call (it serves the next), never the harness.
+    script = tmp_path / "harness.py"
+    script.write_text(
+        "import sys\n"
+        "from scout_core.testing import run_ranks\n"
+        "from test_harness import rank_reports_then_sleeps\n"
+        "run_ranks(rank_reports_then_sleeps, 2, args=(sys.argv[1],), timeout_s=600,\n"
+        "          env={'OMP_NUM_THREADS': '1'})\n"
+    )
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, *(p for p in sys.path if p)])}
+    harness = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("rank-*"))) < 2:
+            assert harness.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        pids = {int(p) for f in tmp_path.glob("rank-*") for p in f.read_text().split()}
+        assert harness.pid not in pids and len(pids) == 3  # two ranks, one zygote
+        harness.kill()
+        harness.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        harness.kill()
+        harness.wait()

@@ -1,0 +1,112 @@
+"""A pre-imported parent that forks test ranks (:func:`scout_core.testing.run_ranks`).
+
+Started by the harness with the ranks' environment, less the variables it sets per
+rank. It imports torch (and ``SCOUT_TEST_PRELOAD``'s modules) once, then forks one
+child per request, so a rank skips the 3-4 CPU-seconds of ``import torch`` a fresh
+interpreter pays. A child becomes a rank exactly as ``_worker.py`` does, in its own
+session, dying with this process, which dies with the harness.
+
+Protocol, one JSON object per line: requests on stdin
+(``{"spec", "log", "env", "cwd"}``), replies on stdout: ``{"ready", "threads"}`` once,
+``{"pid"}`` per request, and ``{"exit", "code"}`` (``Popen.returncode``'s convention)
+when a child ends. The zygote must hold a single thread when it forks; it reports its
+count and the harness falls back to fresh processes otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import sys
+import traceback
+from typing import Any
+
+_worker: Any = importlib.import_module("_worker")  # beside this script, as ranks run it
+PRELOAD_ENV = "SCOUT_TEST_PRELOAD"  # zygotes.PRELOAD_ENV: this script imports no package
+
+
+def _send(message: dict[str, Any]) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    while data:
+        data = data[os.write(1, data) :]
+
+
+def _become_rank(request: dict[str, Any], zygote_pid: int) -> None:
+    """In the forked child: the rank's session, files, environment; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        _worker._die_with_parent(zygote_pid)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.argv = [os.path.join(os.path.dirname(__file__), "_worker.py"), request["spec"]]
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:  # a fresh process seeds it from the OS; forks share it
+            numpy.random.seed()
+        code = _worker.main(request["spec"], parent_pid=zygote_pid)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1  # unknown: the harness treats it as unsafe
+
+
+def main() -> int:
+    _worker._die_with_parent(int(sys.argv[1]))
+    import torch
+    import torch.distributed
+
+    del torch
+    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+        importlib.import_module(name.strip())
+    _send({"ready": True, "threads": _threads()})
+    me = os.getpid()
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.02)
+        if readable:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return 0  # the harness closed the pipe: children die with us
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    _become_rank(request, me)
+                _send({"pid": pid})
+        _reap()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
