@@ -1,10 +1,11 @@
 """A pre-imported parent that forks test ranks (:func:`scout_core.testing.run_ranks`).
 
-Started by the harness with the ranks' environment, less the variables it sets per
-rank. It imports torch (and ``SCOUT_TEST_PRELOAD``'s modules) once, then forks one
-child per request, so a rank skips the 3-4 CPU-seconds of ``import torch`` a fresh
-interpreter pays. A child becomes a rank exactly as ``_worker.py`` does, in its own
-session, dying with this process, which dies with the harness.
+Started by the harness with its own environment and the ranks' values of the variables
+read while importing (``zygotes.KEY_PREFIXES``). It imports torch (and
+``SCOUT_TEST_PRELOAD``'s modules) once, then forks one child per request, so a rank
+skips the 3-4 CPU-seconds of ``import torch`` a fresh interpreter pays. A child becomes
+a rank exactly as ``_worker.py`` does, in its own session, dying with this process,
+which dies with the harness.
 
 Protocol, one JSON object per line: requests on stdin
 (``{"spec", "log", "env", "cwd"}``), replies on stdout: ``{"ready", "threads"}`` once,
@@ -27,13 +28,13 @@ _worker: Any = importlib.import_module("_worker")  # beside this script, as rank
 PRELOAD_ENV = "SCOUT_TEST_PRELOAD"  # zygotes.PRELOAD_ENV: this script imports no package
 
 
-def _send(message: dict[str, Any]) -> None:
+def _send(replies: int, message: dict[str, Any]) -> None:
     data = (json.dumps(message) + "\n").encode()
     while data:
-        data = data[os.write(1, data) :]
+        data = data[os.write(replies, data) :]
 
 
-def _become_rank(request: dict[str, Any], zygote_pid: int) -> None:
+def _become_rank(request: dict[str, Any], zygote_pid: int, replies: int) -> None:
     """In the forked child: the rank's session, files, environment; never returns."""
     code = 1
     try:
@@ -46,6 +47,7 @@ def _become_rank(request: dict[str, Any], zygote_pid: int) -> None:
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
+        os.close(replies)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
@@ -62,7 +64,7 @@ def _become_rank(request: dict[str, Any], zygote_pid: int) -> None:
         os._exit(code)
 
 
-def _reap() -> None:
+def _reap(replies: int) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -70,7 +72,7 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-        _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        _send(replies, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def _threads() -> int:
@@ -82,13 +84,15 @@ def _threads() -> int:
 
 def main() -> int:
     _worker._die_with_parent(int(sys.argv[1]))
+    replies = os.dup(1)  # the pipe to the harness; fd 1 goes where a stray print may land
+    os.dup2(2, 1)
     import torch
     import torch.distributed
 
     del torch
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         importlib.import_module(name.strip())
-    _send({"ready": True, "threads": _threads()})
+    _send(replies, {"ready": True, "threads": _threads()})
     me = os.getpid()
     pending = b""
     while True:
@@ -103,9 +107,9 @@ def main() -> int:
                 request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    _become_rank(request, me)
-                _send({"pid": pid})
-        _reap()
+                    _become_rank(request, me, replies)
+                _send(replies, {"pid": pid})
+        _reap(replies)
 
 
 if __name__ == "__main__":

@@ -250,3 +250,17 @@ def test_zygote_and_forked_ranks_die_with_a_killed_harness(tmp_path: Path) -> No
     finally:
         harness.kill()
         harness.wait()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_preload_that_prints_leaves_the_zygote_protocol_intact(tmp_path: Path) -> None:
+    (tmp_path / "chatty.py").write_text("print('hello from an import', flush=True)\n")
+    env = {
+        **FORKED,
+        "SCOUT_TEST_PRELOAD": "chatty",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)]),
+    }
+    results = run_ranks(rank_facts, 2, env=env, timeout_s=60)
+    parents = {r["ppid"] for r in results}
+    assert len(parents) == 1 and os.getpid() not in parents
