@@ -16,6 +16,8 @@
   :class:`Block`, :func:`batch`, :func:`train_step`, ``VOCAB``.
 * :func:`signature` / :func:`signature_many`: bitwise fingerprints of tensors, to
   compare training states in tests.
+* :func:`discover_catalog` / :func:`distinct_verdicts`: the MoE tests' shape catalog
+  (through the CLI) and the distinct verdicts of a run.
 
 Plugins and examples import these names only as ``from scout_core.testing import X``.
 Importing this package does not import torch until a name is used.
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
         runnable,
     )
     from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
+    from scout_core.testing.moe_checks import discover_catalog, distinct_verdicts
     from scout_core.testing.trial import FAULT_KINDS, TrialFault
 
 __all__ = [
@@ -74,6 +77,9 @@ __all__ = [
     # comparing states
     "signature",
     "signature_many",
+    # MoE checks
+    "discover_catalog",
+    "distinct_verdicts",
     # examples' documented launch commands
     "documented_launches",
     "runnable",
@@ -95,6 +101,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
     "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),
     "scout_core.decision.signature": ("signature", "signature_many"),
+    "scout_core.testing.moe_checks": ("discover_catalog", "distinct_verdicts"),
     "scout_core.testing.launches": (
         "documented_launches",
         "runnable",

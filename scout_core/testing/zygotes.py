@@ -18,8 +18,11 @@ What differs from a fresh interpreter, and how it is kept out of the results:
 * Forked ranks share the zygote's string-hash seed, so a bug that made ranks disagree on
   a set's iteration order would no longer show here; the example and ``torchrun``
   tests still start fresh interpreters.
-* A zygote must hold one thread when it forks. One that reports more (a preloaded
-  module started a thread) is not used; ranks start fresh instead.
+* A zygote must hold one thread when it forks. numpy's OpenBLAS would start a pool
+  when torch imports numpy, so a zygote runs it with one thread unless the ranks set
+  ``OPENBLAS_NUM_THREADS`` (numpy's BLAS is single-threaded in forked ranks; torch's
+  own threads are unchanged). A zygote that still reports more threads (a preloaded
+  module started one) is not used; ranks start fresh instead.
 
 ``SCOUT_TEST_FRESH_RANKS=1`` turns zygotes off: every rank is a fresh interpreter.
 """
@@ -63,8 +66,11 @@ KEY_PREFIXES = (
     PRELOAD_ENV,
 )
 """Variables that may be read while importing: ranks share a zygote only if these agree."""
+_ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
+"""Unless the ranks set it: numpy's OpenBLAS starts its thread pool when torch imports
+numpy, and a zygote must hold a single thread to fork."""
 _READ_LATER = ("TORCHELASTIC_",)  # torch.distributed.elastic reads its error file when it records
-_MAX_ZYGOTES = 4
+_MAX_ZYGOTES = 6
 _READY_TIMEOUT_S = 180.0
 _ZYGOTE = Path(__file__).with_name("_zygote.py")
 
@@ -222,7 +228,7 @@ def _zygote_for(env: Mapping[str, str]) -> _Zygote | None:
         # The import-time variables are the ranks'; the rest the harness's own, so the
         # zygote carries no call's values (a test may look for them in /proc/*/environ).
         own = {k: v for k, v in os.environ.items() if not _read_on_import(k)}
-        zygote = _Zygote({**own, **dict(key)})
+        zygote = _Zygote({**own, **_ONE_BLAS_THREAD, **dict(key)})
         if not zygote.usable:
             zygote.close()
             _refused.add(key)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scout_core.testing.harness import run_ranks
+from scout_core.testing.moe_checks import distinct_verdicts
 
 pytestmark = pytest.mark.distributed
 
@@ -48,16 +49,6 @@ def _run(
     return run_ranks(scout_moe, world, args=(specs, faults, steps, cfg), timeout_s=400, env=ENV)
 
 
-def _verdicts(results: list[Any]) -> list[tuple[int, str, str, list[int]]]:
-    """Every rank sees its group's verdicts; the union over ranks, sorted."""
-    seen = {
-        (v["step"], v["surface"], v["failure"], tuple(v["outliers"]))
-        for r in results
-        for v in r["verdicts"]
-    }
-    return sorted((s, surf, str(f), list(o)) for s, surf, f, o in seen)
-
-
 def _faults_case(world: int, tmp: Path, specs: str = "uniform") -> None:
     """An expert-weight fault on rank 2 (MoE layer 0) and a router fault on rank 3
     (MoE layer 1), both after step 1: each is an ``sdc`` naming its rank, the expert
@@ -75,7 +66,7 @@ def _faults_case(world: int, tmp: Path, specs: str = "uniform") -> None:
     results = _run(world, faults, 6, cfg, specs)
     catalog = results[0]["catalog"]
     rotation = sum(1 for kind, _ in catalog if kind == "experts")
-    verdicts = _verdicts(results)
+    verdicts = distinct_verdicts(results)
     expert = [v for v in verdicts if v[1].startswith("experts/layers.0.moe.experts@")]
     router = [v for v in verdicts if v[1].startswith("layer/layers.1.moe.router/")]
     assert expert and router, verdicts
@@ -107,7 +98,7 @@ def _clean_case(world: int, steps: int, tmp: Path) -> list[Any]:
         "router_interval": 1,
     }
     results = _run(world, [], steps, cfg)
-    assert _verdicts(results) == []
+    assert distinct_verdicts(results) == []
     return results
 
 
@@ -143,7 +134,7 @@ def test_heterogeneous_expert_fault_ep2_by_expert_dp4(tmp_path: Path) -> None:
     catalog = [path for kind, path in results[0]["catalog"] if kind == "experts"]
     rotation = len(catalog)
     assert {p.split("@")[0] for p in catalog} == {f"layers.{i}.moe.experts" for i in range(3)}
-    verdicts = _verdicts(results)
+    verdicts = distinct_verdicts(results)
     assert verdicts, "the fault was not found"
     assert all(v[1].startswith("experts/layers.2.moe.experts@") for v in verdicts), verdicts
     assert {(v[2], tuple(v[3])) for v in verdicts} == {("sdc", (2,))}

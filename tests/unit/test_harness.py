@@ -13,7 +13,8 @@ import pytest
 from scout_core.testing.harness import RankFailedError, RankProcess, RanksTimeoutError, run_ranks
 from scout_core.testing.zygotes import ForkedRank
 
-FORKED = {"OMP_NUM_THREADS": "1"}  # one BLAS thread: the zygote can fork
+FORKED = {"OMP_NUM_THREADS": "1"}
+FRESH = {"SCOUT_TEST_FRESH_RANKS": "1"}
 
 
 def rank_sum(offset: int) -> int:
@@ -81,9 +82,9 @@ def test_results_come_back_per_rank() -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("env", [None, FORKED], ids=["default-env", "forked"])
+@pytest.mark.parametrize("env", [FRESH, FORKED], ids=["fresh", "forked"])
 def test_a_failing_rank_raises_with_its_traceback_and_peers_are_killed(
-    env: dict[str, str] | None,
+    env: dict[str, str],
 ) -> None:
     pids: list[int] = []
     with pytest.raises(RankFailedError, match="injected failure on rank 1"):
@@ -99,8 +100,8 @@ def test_a_failing_rank_raises_with_its_traceback_and_peers_are_killed(
 
 @pytest.mark.distributed
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("env", [None, FORKED], ids=["default-env", "forked"])
-def test_timeout_kills_every_rank(env: dict[str, str] | None) -> None:
+@pytest.mark.parametrize("env", [FRESH, FORKED], ids=["fresh", "forked"])
+def test_timeout_kills_every_rank(env: dict[str, str]) -> None:
     pids: list[int] = []
     start = time.monotonic()
     with pytest.raises(RanksTimeoutError, match=r"ranks \[0, 1, 2\] still running"):
@@ -179,11 +180,14 @@ def test_an_import_variable_gets_its_own_zygote_and_fresh_ranks_opt_out() -> Non
     two = run_ranks(rank_facts, 2, env={**FORKED, "TORCH_SHOW_CPP_STACKTRACES": "1"}, timeout_s=60)
     later = {**FORKED, "TORCHELASTIC_ERROR_FILE": "/nonexistent/error.json"}  # read on error
     three = run_ranks(rank_facts, 2, env=later, timeout_s=60)
-    fresh = run_ranks(rank_facts, 2, env={**FORKED, "SCOUT_TEST_FRESH_RANKS": "1"}, timeout_s=60)
+    fresh = run_ranks(rank_facts, 2, env={**FORKED, **FRESH}, timeout_s=60)
+    default = run_ranks(rank_facts, 2, timeout_s=60)  # no OMP_NUM_THREADS: forked as well
     assert len({r["ppid"] for r in one}) == len({r["ppid"] for r in two}) == 1
     assert one[0]["ppid"] != two[0]["ppid"]
     assert {r["ppid"] for r in three} == {one[0]["ppid"]}
     assert {r["ppid"] for r in fresh} == {os.getpid()}
+    parents = {r["ppid"] for r in default}
+    assert len(parents) == 1 and not parents & {os.getpid(), one[0]["ppid"], two[0]["ppid"]}
 
 
 @pytest.mark.distributed

@@ -14,47 +14,24 @@ router's surfaces; nothing else is reported.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scout_core.testing import run_ranks
+from scout_core.testing import discover_catalog, distinct_verdicts, run_ranks
 
 pytestmark = pytest.mark.distributed
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def _catalog(tmp: Path) -> str:
-    from mg_moe_scenarios import catalog_model
-
-    model, out = tmp / "model.json", tmp / "catalog.json"
-    model.write_text(json.dumps(catalog_model()), encoding="utf-8")
-    cmd = [sys.executable, "-m", "scout_core", "catalog", "discover", "--model", str(model)]
-    cmd += ["--dtype", "float32", "--quiet", "--out", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    return str(out)
-
-
-def _verdicts(results: list[Any]) -> list[tuple[int, str, str, list[int]]]:
-    seen = {
-        (v["step"], v["surface"], v["failure"], tuple(v["outliers"]))
-        for r in results
-        for v in r["verdicts"]
-    }
-    return sorted((s, surf, str(f), list(o)) for s, surf, f, o in seen)
-
-
 @pytest.mark.timeout(150)
 def test_expert_and_router_faults_on_a_megatron_moe_gpt(tmp_path: Path) -> None:
-    from mg_moe_scenarios import moe_run
+    from mg_moe_scenarios import catalog_model, moe_run
 
     over = {
-        "moe_catalog": _catalog(tmp_path),
+        "moe_catalog": discover_catalog(catalog_model(), tmp_path),
         "recipes": ["router", "experts"],
         "expert_interval": 1,
         "router_interval": 1,
@@ -79,7 +56,7 @@ def test_expert_and_router_faults_on_a_megatron_moe_gpt(tmp_path: Path) -> None:
     assert {p.split("@")[0] for p in rotation} == {
         f"decoder.layers.{i}.mlp.experts" for i in range(2)
     }
-    verdicts = _verdicts(results)
+    verdicts = distinct_verdicts(results)
     expert = [v for v in verdicts if v[1].startswith("experts/decoder.layers.0.mlp.experts@")]
     router = [v for v in verdicts if v[1].startswith("layer/decoder.layers.1.mlp.router/")]
     assert expert and router, verdicts
