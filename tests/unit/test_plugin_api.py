@@ -70,6 +70,8 @@ TESTING = {
     "documented_launches",
     "runnable",
     "check_documented_launch",
+    "discover_catalog",
+    "distinct_verdicts",
     "installed_plugins",
     "TinyLM",
     "Block",
