@@ -86,10 +86,8 @@ def main() -> int:
     _worker._die_with_parent(int(sys.argv[1]))
     replies = os.dup(1)  # the pipe to the harness; fd 1 goes where a stray print may land
     os.dup2(2, 1)
-    import torch
-    import torch.distributed
+    import torch.distributed  # noqa: F401  # the point of a zygote: imported once
 
-    del torch
     for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         importlib.import_module(name.strip())
     _send(replies, {"ready": True, "threads": _threads()})

@@ -2,8 +2,9 @@
 
 A fresh interpreter spends 3-4 CPU-seconds in ``import torch`` (Megatron-Core adds
 about 11) before a rank does any work; on a 2-core machine that was most of a
-multi-rank test. A zygote pays it once: it is started with the ranks' environment,
-imports torch, and forks each rank from there (``_zygote.py``). A forked rank still
+multi-rank test. A zygote pays it once: it is started with the harness's environment
+and the ranks' import-time variables, imports torch, and forks each rank from there
+(``_zygote.py``). A forked rank still
 runs in its own process and session, with its own environment, working directory,
 log file, parent-death signal and exit code, and starts with no torch state: the
 zygote never runs an op or joins a group.
@@ -137,13 +138,12 @@ class _Zygote:
         return ForkedRank(self, pid)
 
     def exit_code(self, pid: int) -> int | None:
-        while self._drain_one():
-            pass
+        self._drain()
         return self._exits.pop(pid, None)
 
     @property
     def busy(self) -> bool:
-        self.exit_code(-1)
+        self._drain()
         return bool(self._live)
 
     def close(self) -> None:
@@ -166,6 +166,11 @@ class _Zygote:
                 return None
             if "exit" not in message:
                 return message
+
+    def _drain(self) -> None:
+        """Read every message already sent."""
+        while self._drain_one() is not None:
+            pass
 
     def _drain_one(self, wait_s: float = 0.0) -> dict[str, Any] | None:
         """Read one message (recording exit reports); None if none came or the pipe ended."""
@@ -248,8 +253,7 @@ def fork_rank(
     usable zygote could be had.
     """
     if (
-        os.environ.get(FRESH_ENV, "") not in ("", "0")
-        or env.get(FRESH_ENV, "") not in ("", "0")
+        env.get(FRESH_ENV, "") not in ("", "0")  # the ranks' environment: the harness's + env=
         or not sys.platform.startswith("linux")
         or threading.current_thread() is not threading.main_thread()
     ):

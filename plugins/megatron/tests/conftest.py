@@ -15,12 +15,15 @@ per rank.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
 
 MEGATRON_MODULES = (
-    "megatron.core.dist_checkpointing,megatron.core.models.gpt,megatron.core.optimizer"
+    "megatron.core.dist_checkpointing",
+    "megatron.core.models.gpt",
+    "megatron.core.optimizer",
 )
 
 
@@ -28,11 +31,10 @@ MEGATRON_MODULES = (
 def megatron_core() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import megatron.core.dist_checkpointing
-        import megatron.core.models.gpt
-        import megatron.core.optimizer  # noqa: F401
+        for name in MEGATRON_MODULES:
+            importlib.import_module(name)
 
 
 @pytest.fixture(autouse=True)
 def _ranks_preload_megatron(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SCOUT_TEST_PRELOAD", MEGATRON_MODULES)
+    monkeypatch.setenv("SCOUT_TEST_PRELOAD", ",".join(MEGATRON_MODULES))
