@@ -9,7 +9,8 @@
 reported. Prints one JSON object: per tree and model size, the number of runs and
 the field-wise median (``healthy_path.median_of``); then the markdown table
 ``docs/replay.md`` shows (measured / estimate, idle-step overhead, due-step
-breakdown, gate memory), one row per tree and size.
+breakdown, gate memory), one row per tree and size; then the per-recipe table (each
+recipe's paired overhead against its own estimate), one row per tree, size and recipe.
 """
 
 from __future__ import annotations
@@ -80,6 +81,26 @@ def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(rows)
 
 
+def recipe_table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The markdown table of each recipe's paired overhead against its own estimate (one
+    row per tree, model size and recipe; runs without ``per_recipe`` have no rows)."""
+    rows = [
+        "| checkout | layers | recipe | paired overhead | estimate | / estimate"
+        " | ms per round: measured, estimate | boundary ms | collectives ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for tree, sizes in medians.items():
+        for layers in sorted(sizes, key=int):
+            for recipe, r in (sizes[layers]["median"].get("per_recipe") or {}).items():
+                rows.append(
+                    f"| {tree} | {layers} | {recipe} | {_pct(r['overhead'])}"
+                    f" | {_pct(r['estimate'])} | {_x(r['over_estimate'])}"
+                    f" | {r['paired_ms_per_round']:.1f}, {r['estimate_ms_per_round']:.1f}"
+                    f" | {r['boundary_ms']:.1f} | {r['collectives_ms']:.1f} |"
+                )
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -95,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps({"trees": medians, "skipped": skipped}, indent=2))
     print(table(medians))
+    print()
+    print(recipe_table(medians))
     return 0
 
 

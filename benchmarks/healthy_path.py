@@ -34,6 +34,10 @@ Per model it prints:
   gate copies on some due steps only), ``gate_copies`` (due steps that copied) and
   ``gate_capture_per_copy_ms``, and ``replay_compute_ms`` (the rest: the replayed
   module calls, signing, packing);
+* ``per_recipe``: per recipe (each has its own phase with the spread cadence), the
+  paired overhead of its due steps against its own estimate, in shares of the period
+  and in ms per round, with its boundary and collective time: which recipe the gap
+  between measured and estimate comes from;
 * ``gate_memory``: the host bytes the checkpoint gate holds on rank 0 at the end
   (``held_bytes``), the most it held at once (``peak_bytes``) and both as a multiple
   of the model + optimizer state (``--gate-memory lean`` bounds them by 2x);
@@ -210,7 +214,13 @@ def bench_rank(
     session = enable_torch(pairs[0][0], on_opt, cfg)
     on_opt.register_step_post_hook(probe.leave)  # after SCOUT's: the boundary is between
     due: list[bool] = []
-    session.on_boundary(lambda boundary: due.append(bool(boundary.due)))
+    kinds: list[list[str]] = []  # the recipe kinds due at each step
+
+    def seen(boundary: Any) -> None:
+        due.append(bool(boundary.due))
+        kinds.append([recipe.kind for recipe in boundary.due])
+
+    session.on_boundary(seen)
     off_opt_s: list[float] = []
     mark = [0.0]
     pairs[1][1].register_step_pre_hook(lambda *_: mark.__setitem__(0, time.perf_counter()))
@@ -229,6 +239,7 @@ def bench_rank(
         "times": times,
         "scout": scout,
         "due": due,
+        "kinds": kinds,
         "verdicts": verdicts,
         "estimate": _estimates(
             cfg, layers=layers, shares=shares, opt_share=opt_share, params=params, sched=sched
@@ -298,23 +309,27 @@ def _estimates(
     opt_share: float,
     params: int,
     sched: Any,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """V/(I*N) and its FLOP-share versions, with and without the extra recipes."""
     v = len(cfg.variants)
     recipes = set(cfg.recipes)
     hidden = v / (cfg.replay_interval * layers) if "hidden" in recipes else 0.0
-    hidden_flops = v * shares["layer"] / cfg.replay_interval if "hidden" in recipes else 0.0
-    extras = 0.0
+    per_recipe: dict[str, float] = {}
+    if "hidden" in recipes:
+        per_recipe["hidden"] = v * shares["layer"] / cfg.replay_interval
     if "embedding" in recipes:  # integer token inputs: one variant (no scaling)
-        extras += shares["embedding"] / cfg.embedding_interval
+        per_recipe["embedding"] = shares["embedding"] / cfg.embedding_interval
     if "lm_head" in recipes:
-        extras += v * shares["lm_head"] / cfg.lm_head_interval
+        per_recipe["lm_head"] = v * shares["lm_head"] / cfg.lm_head_interval
     if "optimizer" in recipes:
-        extras += min(1.0, cfg.optimizer_slice / params) * opt_share / cfg.optimizer_interval
+        per_recipe["optimizer"] = (
+            min(1.0, cfg.optimizer_slice / params) * opt_share / cfg.optimizer_interval
+        )
     return {
         "paper_v_over_i_n": hidden,
-        "hidden_flops": hidden_flops,
-        "with_extras": hidden_flops + extras,
+        "hidden_flops": per_recipe.get("hidden", 0.0),
+        "with_extras": sum(per_recipe.values()),
+        "per_recipe": per_recipe,
         "layer_flop_share": shares["layer"],
         "lm_head_flop_share": shares["lm_head"],
         "optimizer_time_share": opt_share,
@@ -354,6 +369,7 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
     base = sum(statistics.median(slowest("off", i) for i in sel) for sel in phases.values())
     paired = extra / base if base else 0.0
     mine = results[0]["scout"]
+    per_recipe = _per_recipe(results, phases, slowest, base, est.get("per_recipe", {}))
 
     def med(key: str, sel: list[int], scale: float = 1e3) -> float:
         return scale * statistics.median(mine[i][key] for i in sel) if sel else 0.0
@@ -404,9 +420,46 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
             else 0.0
         ),
         "due": {"overhead": ratio(due), **breakdown},
+        "per_recipe": per_recipe,
         "gate_memory": results[0].get("memory", {}),
         "verdicts": results[0]["verdicts"],
     }
+
+
+def _per_recipe(
+    results: list[dict[str, Any]],
+    phases: dict[int, list[int]],
+    slowest: Callable[[str, int], float],
+    base: float,
+    estimates: dict[str, float],
+) -> dict[str, dict[str, float | None]]:
+    """The paired overhead of each due phase against its recipes' own estimate: where the
+    gap between measured and estimate lies. Keyed by the recipes due there (one per
+    phase with the spread cadence, ``hidden+embedding`` style without it)."""
+    kinds = results[0]["kinds"]
+    mine = results[0]["scout"]
+    groups: dict[str, list[list[int]]] = {}
+    for sel in phases.values():
+        due = sorted({kind for i in sel for kind in kinds[i]})
+        if due:
+            groups.setdefault("+".join(due), []).append(sel)
+    out: dict[str, dict[str, float | None]] = {}
+    for label, sels in groups.items():
+        extra = sum(
+            statistics.median(slowest("on", i) - slowest("off", i) for i in sel) for sel in sels
+        )
+        estimate = sum(estimates.get(kind, 0.0) for kind in label.split("+"))
+        steps = [i for sel in sels for i in sel]
+        out[label] = {
+            "overhead": extra / base if base else 0.0,
+            "estimate": estimate,
+            "over_estimate": extra / (estimate * base) if estimate and base else None,
+            "paired_ms_per_round": 1e3 * extra / len(sels),
+            "estimate_ms_per_round": 1e3 * estimate * base / len(sels),
+            "boundary_ms": 1e3 * statistics.median(mine[i]["boundary"] for i in steps),
+            "collectives_ms": 1e3 * statistics.median(mine[i]["coll"] for i in steps),
+        }
+    return out
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
