@@ -58,10 +58,11 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from scout_core.checkpoint.replicas import PeerReplica
-from scout_core.checkpoint.state import capture_tree, flatten, local, restore_tree
+from scout_core.checkpoint.state import capture_tree, flatten, restore_tree
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
+from scout_core.topology.shards import local_shard
 
 __all__ = ["Snapshot", "InMemoryCheckpoints"]
 
@@ -352,12 +353,12 @@ class InMemoryCheckpoints:
         total = 0
         for t in self.model.state_dict().values():
             if isinstance(t, torch.Tensor):
-                total += local(t).numel() * t.element_size()
+                total += local_shard(t).numel() * t.element_size()
         for opt in self.optimizers:
             for state in opt.state.values():
                 for v in state.values():
                     if isinstance(v, torch.Tensor):
-                        total += local(v).numel() * v.element_size()
+                        total += local_shard(v).numel() * v.element_size()
         return total
 
     def get(self, selection: Selection) -> Snapshot | None:

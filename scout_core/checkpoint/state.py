@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream
+from scout_core.topology.shards import local_shard
 
 __all__ = [
     "HostShard",
@@ -43,7 +44,6 @@ __all__ = [
     "check_tree",
     "restore_tree",
     "flatten",
-    "local",
     "unflatten",
 ]
 
@@ -90,15 +90,10 @@ def _copy_tree(value: Any, copy: Copy) -> Any:
     return value
 
 
-def local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, any other tensor itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def _address(t: torch.Tensor) -> int:
     """Where ``t``'s (local) data lives; 0 when it has none."""
     try:
-        return int(local(t).data_ptr())
+        return int(local_shard(t).data_ptr())
     except RuntimeError:  # a tensor without storage
         return 0
 

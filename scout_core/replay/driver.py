@@ -45,7 +45,7 @@ from scout_core.replay.capture import Capturer
 from scout_core.replay.control import ControlFlow
 from scout_core.replay.experts import ExpertRunner
 from scout_core.replay.moe_tracks import moe_recipes
-from scout_core.replay.optimizer import OptimizerReplay, local_tensor
+from scout_core.replay.optimizer import OptimizerReplay
 from scout_core.replay.runner import LayerRunner, RoundOutcome
 from scout_core.replay.schedule import (
     ALL_TO_ALL,
@@ -61,6 +61,7 @@ from scout_core.replay.scope import check_cublas_workspace
 from scout_core.replay.verdicts import VerdictMaker
 from scout_core.topology.groups import PeerGroup, create_peer_groups, diagnostic_group
 from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core.topology.shards import local_shard
 from scout_core.vocabulary import Mode
 
 __all__ = ["ReplayDriver", "exchange_hosts"]
@@ -352,13 +353,13 @@ class ReplayDriver:
         tensors: list[torch.Tensor] = []
         for opt in self.optimizers:
             held = [p for g in opt.param_groups for p in g["params"]]
-            tensors += [local_tensor(p.detach()) for p in held]
+            tensors += [local_shard(p.detach()) for p in held]
             for p in held:
                 state = opt.state.get(p, {})
                 for key in sorted(state):
                     value = state[key]
                     if isinstance(value, torch.Tensor):
-                        tensors.append(local_tensor(value.detach()))
+                        tensors.append(local_shard(value.detach()))
         surface = Surface("optimizer/state", Mode.EXACT, signature_many(tensors))
         results = exchange(
             [surface], group=self.peers.pg, ranks=self.peers.ranks, kappa=self.config.kappa

@@ -47,21 +47,12 @@ from scout_core.replay.packing import pack, sign, unpack
 from scout_core.replay.runner import RoundOutcome, payload_device, timed_broadcast
 from scout_core.replay.schedule import OPTIMIZER, Recipe
 from scout_core.topology.groups import PeerGroup
+from scout_core.topology.shards import local_shard
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["OptimizerReplay", "local_tensor"]
+__all__ = ["OptimizerReplay"]
 
 log = logging.getLogger(__name__)
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (FSDP2/TP), the tensor itself otherwise."""
-    to_local = getattr(t, "to_local", None)
-    if callable(to_local):
-        out = to_local()
-        assert isinstance(out, torch.Tensor)
-        return out
-    return t
 
 
 @dataclass
@@ -111,7 +102,7 @@ class OptimizerReplay:
 
     def slices(self) -> int:
         """How many slices one rotation over the local parameters has."""
-        total = sum(local_tensor(p).numel() for _, _, p in self._params())
+        total = sum(local_shard(p).numel() for _, _, p in self._params())
         return max(1, -(-total // self.slice_size))
 
     def _spans(self, which: int | None = None) -> Iterator[tuple[int, int, torch.Tensor, slice]]:
@@ -121,7 +112,7 @@ class OptimizerReplay:
         hi = lo + self.slice_size
         at = 0
         for oi, gi, p in self._params():
-            n = local_tensor(p).numel()
+            n = local_shard(p).numel()
             a, b = max(lo, at), min(hi, at + n)
             at += n
             if a >= b or p.grad is None or (which is not None and oi != which):
@@ -147,13 +138,13 @@ class OptimizerReplay:
             self._index, self._snap_step = index, step
             self._pieces = []
         for oi, gi, p, flat in self._spans(which):
-            n = local_tensor(p).numel()
+            n = local_shard(p).numel()
             state = self.optimizers[oi].state.get(p, {})
             slots: dict[str, torch.Tensor] = {}
             for key, value in state.items():
                 if not isinstance(value, torch.Tensor):
                     continue
-                v = local_tensor(value)
+                v = local_shard(value)
                 if v.numel() == n:
                     slots[key] = v.detach().reshape(-1)[flat].clone()
                 elif v.numel() == 1:
@@ -162,8 +153,8 @@ class OptimizerReplay:
                 _Piece(
                     oi,
                     gi,
-                    local_tensor(p).detach().reshape(-1)[flat].clone(),
-                    local_tensor(p.grad).detach().reshape(-1)[flat].clone(),  # type: ignore[arg-type]  # _spans skips grad None
+                    local_shard(p).detach().reshape(-1)[flat].clone(),
+                    local_shard(p.grad).detach().reshape(-1)[flat].clone(),  # type: ignore[arg-type]  # _spans skips grad None
                     slots,
                 )
             )
@@ -250,13 +241,13 @@ class OptimizerReplay:
         """This peer's own post-step values of the same slice (parameter and slots)."""
         out: list[torch.Tensor] = []
         for oi, _, p, flat in self._spans():
-            local = local_tensor(p)
+            local = local_shard(p)
             out.append(local.detach().reshape(-1)[flat])
             state = self.optimizers[oi].state.get(p, {})
             for key in sorted(state):
                 v = state[key]
-                if isinstance(v, torch.Tensor) and local_tensor(v).numel() == local.numel():
-                    out.append(local_tensor(v).detach().reshape(-1)[flat])
+                if isinstance(v, torch.Tensor) and local_shard(v).numel() == local.numel():
+                    out.append(local_shard(v).detach().reshape(-1)[flat])
         return out
 
     def _broadcast(self, pieces: list[_Piece], src: int) -> tuple[list[_Piece], float]:

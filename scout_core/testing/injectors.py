@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from scout_core.replay import taps
-from scout_core.replay.optimizer import local_tensor
+from scout_core.topology.shards import local_shard
 
 __all__ = [
     "AddNoise",
@@ -339,13 +339,13 @@ class Faults:
                     param = self._params.get(f.target)
                     if param is None:
                         param = root.get_parameter(f.target)
-                p = local_tensor(param)
+                p = local_shard(param)
                 if f.kind == "param":
                     f.payload.apply_(p)
                 elif f.kind == "grad":
                     if p.grad is None:
                         continue
-                    f.payload.apply_(local_tensor(p.grad))
+                    f.payload.apply_(local_shard(p.grad))
                 else:
                     how, key = f.payload
                     state = optimizer.state.get(param, {})
@@ -356,7 +356,7 @@ class Faults:
                     ]
                     if not slots:
                         continue  # no state yet (first step): nothing to corrupt
-                    how.apply_(local_tensor(state[key or slots[0]]))
+                    how.apply_(local_shard(state[key or slots[0]]))
                 self._fire(f)
 
         return hook
@@ -401,7 +401,7 @@ def _corrupt_first(output: Any, how: Corruption) -> Any:
     if isinstance(output, torch.Tensor):
         if output.is_floating_point():
             bad = output.clone()
-            how.apply_(local_tensor(bad))  # a DTensor's own shard: no collective
+            how.apply_(local_shard(bad))  # a DTensor's own shard: no collective
             return bad
         return output
     if isinstance(output, tuple | list):

@@ -145,9 +145,9 @@ class TrialFault:
         that parameter's values really live on this rank (default its local tensor; a
         framework that keeps them elsewhere, ZeRO-3's partition, says so). ``optimizer``
         is the one that holds the state (a framework's inner optimizer)."""
-        from scout_core.replay.optimizer import local_tensor
+        from scout_core.topology.shards import local_shard
 
-        self._param = (model, param, storage or local_tensor)
+        self._param = (model, param, storage or local_shard)
         faults = Faults()
         window = range(self.step, self.step + self.window)
         if self.kind == "compute_sdc":

@@ -2,5 +2,6 @@
 
 :mod:`.mesh` names the axes ``(d, s, t, p, c, e)`` and derives who is whose replica
 peer; :mod:`.groups` creates SCOUT's own diagnostic Gloo groups for those peers
-(never the training communicator, never ``WORLD``).
+(never the training communicator, never ``WORLD``); :mod:`.shards` reaches the part
+of a sharded tensor this rank holds.
 """

@@ -1,0 +1,19 @@
+"""A sharded parameter's local part: what this rank holds, reached without a collective.
+
+FSDP2, HSDP and TP parameters (and their gradients and optimizer state) are DTensors;
+SCOUT reads, signs, copies and corrupts only the shard this rank holds, never the
+global tensor, whose materialisation would run a collective on the training
+communicator.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+__all__ = ["local_shard"]
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
