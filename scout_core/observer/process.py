@@ -15,9 +15,7 @@ entry point of the store host (:mod:`.store_host`).
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -25,32 +23,22 @@ from collections.abc import Sequence
 from scout_core.observer.diagnosis_round import DiagnosisRound
 from scout_core.observer.record import PID, STATE, ObserverState, ProgressRecord
 from scout_core.observer.rendezvous import Rendezvous
-from scout_core.observer.spawn import read_spec_fd
+from scout_core.observer.spawn import die_with_parent, read_spec_fd
 from scout_core.observer.spec import ObserverSpec
 from scout_core.observer.store_host import serve
 from scout_core.observer.watch import SilenceWatch
 
 __all__ = ["Observer", "main", "run"]
 
-_PR_SET_PDEATHSIG = 1
-
 
 class Observer(Rendezvous, SilenceWatch, DiagnosisRound):
     """One rank's observer: the watch loop (main thread) and the doorbell (a thread)."""
 
 
-def _die_with_parent(trainer_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != trainer_pid:  # the trainer died before prctl took effect
-        os._exit(1)
-
-
 def observe(fd: int) -> int:
     """One rank's observer, told its spec through descriptor ``fd``."""
     spec = ObserverSpec.from_json(read_spec_fd(fd))
-    _die_with_parent(spec.trainer_pid)
+    die_with_parent(spec.trainer_pid)
     mem, ev_r, ev_w, _control = spec.fds
     record = ProgressRecord.attach(mem, ev_r, ev_w)
     record.set_observer_word(PID, os.getpid())

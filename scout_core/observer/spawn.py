@@ -19,8 +19,10 @@ can exceed the kernel's limit on one argument.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["read_spec_fd", "spawn", "spec_fd"]
+__all__ = ["die_with_parent", "read_spec_fd", "spawn", "spec_fd"]
+
+_PR_SET_PDEATHSIG = 1
 
 _requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
 
@@ -102,3 +106,13 @@ def read_spec_fd(fd: int) -> str:
     finally:
         os.close(fd)
     return b"".join(chunks).decode()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """The child's side of the module note: SIGKILL when the thread that started this
+    process ends (Linux), and exit now if ``parent_pid`` already died before that."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)

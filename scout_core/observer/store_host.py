@@ -22,13 +22,10 @@ lingers until they have all closed, or :data:`LINGER_S`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,7 +35,7 @@ from datetime import timedelta
 from torch._C._distributed_c10d import TCPStore
 
 from scout_core.errors import ScoutError
-from scout_core.observer.spawn import read_spec_fd, spawn, spec_fd
+from scout_core.observer.spawn import die_with_parent, read_spec_fd, spawn, spec_fd
 
 __all__ = ["LINGER_S", "SHUTDOWN", "StoreHost", "first_unrung_bell", "ring", "serve"]
 
@@ -46,7 +43,6 @@ SHUTDOWN = "shutdown"
 """The bell value rung when the store host's trainer closes: diagnosis is over."""
 LINGER_S = 2.0
 _START_TIMEOUT_S = 60.0  # interpreter + torch import on a loaded machine
-_PR_SET_PDEATHSIG = 1
 
 
 def first_unrung_bell(store: TCPStore, start: int = 1) -> int:
@@ -140,18 +136,10 @@ def _read_line(fd: int, timeout_s: float) -> str:
     return data.decode(errors="replace").split("\n", 1)[0]
 
 
-def _die_with_parent(trainer_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != trainer_pid:  # the trainer died before prctl took effect
-        os._exit(1)
-
-
 def serve(fd: int) -> int:
     """The host process: ``python -m scout_core.observer store <spec fd>``."""
     spec = _HostSpec(**json.loads(read_spec_fd(fd)))
-    _die_with_parent(spec.trainer_pid)
+    die_with_parent(spec.trainer_pid)
     try:
         store = TCPStore(
             spec.addr, spec.port, None, True, timeout=timedelta(seconds=30), wait_for_workers=False
