@@ -213,14 +213,8 @@ def bench_rank(
     cfg = Config(report_dir=report_dir, run_id="bench", observer=False, **more)
     session = enable_torch(pairs[0][0], on_opt, cfg)
     on_opt.register_step_post_hook(probe.leave)  # after SCOUT's: the boundary is between
-    due: list[bool] = []
-    kinds: list[list[str]] = []  # the recipe kinds due at each step
-
-    def seen(boundary: Any) -> None:
-        due.append(bool(boundary.due))
-        kinds.append([recipe.kind for recipe in boundary.due])
-
-    session.on_boundary(seen)
+    kinds: list[list[str]] = []  # the recipe kinds due at each step (none: an idle step)
+    session.on_boundary(lambda boundary: kinds.append([r.kind for r in boundary.due]))
     off_opt_s: list[float] = []
     mark = [0.0]
     pairs[1][1].register_step_pre_hook(lambda *_: mark.__setitem__(0, time.perf_counter()))
@@ -238,7 +232,6 @@ def bench_rank(
         "memory": memory,
         "times": times,
         "scout": scout,
-        "due": due,
         "kinds": kinds,
         "verdicts": verdicts,
         "estimate": _estimates(
@@ -340,7 +333,7 @@ def _estimates(
 def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
     steps = len(results[0]["times"]["on"])
     idx = range(warm, steps)
-    due_flags = results[0]["due"]
+    due_flags = [bool(kinds) for kinds in results[0]["kinds"]]
 
     def slowest(label: str, i: int) -> float:
         return max(r["times"][label][i] for r in results)

@@ -138,7 +138,8 @@ class OptimizerReplay:
             self._index, self._snap_step = index, step
             self._pieces = []
         for oi, gi, p, flat in self._spans(which):
-            n = local_shard(p).numel()
+            local = local_shard(p)
+            n = local.numel()
             state = self.optimizers[oi].state.get(p, {})
             slots: dict[str, torch.Tensor] = {}
             for key, value in state.items():
@@ -153,7 +154,7 @@ class OptimizerReplay:
                 _Piece(
                     oi,
                     gi,
-                    local_shard(p).detach().reshape(-1)[flat].clone(),
+                    local.detach().reshape(-1)[flat].clone(),
                     local_shard(p.grad).detach().reshape(-1)[flat].clone(),  # type: ignore[arg-type]  # _spans skips grad None
                     slots,
                 )
@@ -246,8 +247,11 @@ class OptimizerReplay:
             state = self.optimizers[oi].state.get(p, {})
             for key in sorted(state):
                 v = state[key]
-                if isinstance(v, torch.Tensor) and local_shard(v).numel() == local.numel():
-                    out.append(local_shard(v).detach().reshape(-1)[flat])
+                if not isinstance(v, torch.Tensor):
+                    continue
+                v = local_shard(v)
+                if v.numel() == local.numel():
+                    out.append(v.detach().reshape(-1)[flat])
         return out
 
     def _broadcast(self, pieces: list[_Piece], src: int) -> tuple[list[_Piece], float]:
