@@ -48,8 +48,10 @@ Peer replication (a ring of diagnostic Gloo sends) is :mod:`.replicas`.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,14 +111,13 @@ def _source_key(t: torch.Tensor) -> tuple[Any, ...]:
 
 
 class _CpuCopy:
-    """The deferred CPU copies of one capture, run on a thread of their own; the same
-    ``synchronize`` / ``query`` as a CUDA event (see the module doc)."""
+    """The deferred CPU copies of one capture, run by the copier's worker thread; the
+    same ``synchronize`` / ``query`` as a CUDA event (see the module doc)."""
 
     def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self._pairs = pairs
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="scout-gate-copy", daemon=True)
-        self._thread.start()
+        self._done = threading.Event()
 
     def _run(self) -> None:
         try:
@@ -131,12 +132,53 @@ class _CpuCopy:
             self._pairs = []
 
     def synchronize(self) -> None:
-        self._thread.join()
+        self._done.wait()
         if self._error is not None:
             raise CheckpointError(f"the gate's background copy failed: {self._error}")
 
     def query(self) -> bool:
-        return not self._thread.is_alive()
+        return self._done.is_set()
+
+
+class _CopyWorker:
+    """One long-lived thread that runs the gate's CPU copies in order.
+
+    Starting a thread per capture made the capture wait until the new thread had
+    started (``Thread.start`` blocks for it), which on a busy host took milliseconds;
+    handing a copy to a waiting thread is a queue put. The thread starts with the
+    first copy and ends at :meth:`stop` (the gate's ``close``), or once the worker is
+    garbage collected (a gate dropped without ``close``): it holds the queue, not the
+    worker. It is a daemon, so a job that never closes the gate still exits.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_CpuCopy | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        weakref.finalize(self, self._jobs.put, None)
+
+    def submit(self, job: _CpuCopy) -> _CpuCopy:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=_serve, args=(self._jobs,), name="scout-gate-copy", daemon=True
+            )
+            self._thread.start()
+        self._jobs.put(job)
+        return job
+
+    def stop(self) -> None:
+        """End the thread after the copies queued so far (idempotent)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+def _serve(jobs: queue.SimpleQueue[_CpuCopy | None]) -> None:
+    while (job := jobs.get()) is not None:
+        try:
+            job._run()
+        finally:
+            job._done.set()
 
 
 class _HostCopier:
@@ -154,6 +196,7 @@ class _HostCopier:
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.fresh = False
         """Whether the capture in progress allocated a buffer (the pool lacked one)."""
+        self.worker = _CopyWorker()
 
     def begin(self) -> None:
         self._used = False
@@ -172,7 +215,7 @@ class _HostCopier:
 
     def later(self, t: torch.Tensor) -> torch.Tensor:
         """Copy ``t``, which only an optimizer step writes: on CPU after the capture
-        returns (:meth:`finish` starts the thread), on CUDA as any other."""
+        returns (:meth:`finish` hands it to the worker thread), on CUDA as any other."""
         return self(t, later=True)
 
     def __call__(self, t: torch.Tensor, *, later: bool = False) -> torch.Tensor:
@@ -205,7 +248,7 @@ class _HostCopier:
         """The event marking the end of this capture's copies, or ``None``."""
         deferred, self._deferred = self._deferred, []
         if deferred and not self._used:
-            return _CpuCopy(deferred)
+            return self.worker.submit(_CpuCopy(deferred))
         for host, live in deferred:  # with a CUDA copy in flight, CPU tensors go now
             host.copy_(live)
         if not self._used:
@@ -270,6 +313,7 @@ class InMemoryCheckpoints:
     def close(self) -> None:
         """Wait for the copies in flight and remove the optimizer hooks (idempotent)."""
         self.settle()
+        self._copier.worker.stop()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -302,7 +346,7 @@ class InMemoryCheckpoints:
         # capture that only reused released buffers holds no more than before.
         if self._copier.fresh:
             self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
-        event = self._copier.finish()  # last: a CPU copy thread starts here
+        event = self._copier.finish()  # last: the CPU copy starts here
         self._copier.pool = {}  # what this capture did not reuse is freed
         snap = Snapshot(step=step, tree=tree, _event=event, buffers=self._copier.made)
         snap.blocking_s = time.monotonic() - start

@@ -253,6 +253,39 @@ def test_cpu_copy_overlaps_the_next_iteration_and_the_step_waits_for_it(
     mem.close()
 
 
+def test_one_worker_thread_runs_every_background_copy_and_close_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A capture hands its copy to a waiting thread instead of starting one (starting a
+    # thread blocked the capture until it ran); the gate's close ends that thread.
+    import gc
+    import threading
+
+    runners: list[threading.Thread] = []
+    delay_background_copy(monkeypatch, lambda: runners.append(threading.current_thread()))
+    model, opt = make()
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    for step in range(3):
+        train(model, opt, 1)
+        mem.capture(step).wait()
+    assert len(runners) == 3 and all(t is runners[0] for t in runners)
+    assert runners[0] is not threading.current_thread() and runners[0].name == "scout-gate-copy"
+    mem.close()
+    assert not runners[0].is_alive()
+    # A gate dropped without close (with its optimizer: its step hook holds the gate)
+    # does not leave its thread waiting forever.
+    model, opt = make()
+    train(model, opt, 1)
+    mem = InMemoryCheckpoints(model, [opt], default_rng_streams())
+    mem.capture(3).wait()
+    dropped = runners[-1]
+    assert dropped is not runners[0] and dropped.is_alive()
+    del mem, opt
+    gc.collect()
+    dropped.join(timeout=10)
+    assert not dropped.is_alive()
+
+
 def test_what_the_forward_or_a_scheduler_writes_is_copied_before_capture_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
