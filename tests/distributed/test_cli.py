@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from scout_core.observer.spawn import die_with_parent
 
-@pytest.mark.distributed
-@pytest.mark.timeout(180)
-def test_c3_round_names_the_odd_rank() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scout_core.cli.main",
-            "c3-round",
-            "--ranks",
-            "4",
-            "--odd-rank",
-            "2",
-        ],
+
+def c3_round(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``scout c3-round`` in a child that is SIGKILLed if pytest dies (its ranks die with
+    it): a SIGKILLed pytest would otherwise leave the command and its ranks running."""
+    return subprocess.run(
+        [sys.executable, "-m", "scout_core.cli.main", "c3-round", *argv],
         capture_output=True,
         text=True,
         timeout=170,
         check=False,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
     )
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_c3_round_names_the_odd_rank() -> None:
+    out = c3_round("--ranks", "4", "--odd-rank", "2")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verdict: attributed, outliers [2]; identical on every rank: True" in out.stdout
     assert out.stdout.count("<- outlier") == 1
@@ -36,22 +38,7 @@ def test_c3_round_names_the_odd_rank() -> None:
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_c3_round_without_fault_agrees() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scout_core.cli.main",
-            "c3-round",
-            "--ranks",
-            "3",
-            "--odd-rank",
-            "-1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
+    out = c3_round("--ranks", "3", "--odd-rank", "-1")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verdict: agree, outliers []" in out.stdout
 
