@@ -19,7 +19,7 @@ does not block). :meth:`Snapshot.wait` blocks only when someone reads the copy
 On CPU the same shape: what only an optimizer step writes (the parameters and the
 optimizer state) is copied on a background thread (``torch``'s copy releases the
 GIL), during the next iteration's forward and backward, and the optimizer step
-pre-hook joins it before the step writes; model buffers (running statistics change
+pre-hook waits for it before the step writes; model buffers (running statistics change
 in the forward), RNG states and the caller's extra state are copied before
 :meth:`InMemoryCheckpoints.capture` returns. A restore first waits for every copy in
 flight (:meth:`InMemoryCheckpoints.settle`). As on CUDA, a write to a parameter
@@ -294,7 +294,7 @@ class InMemoryCheckpoints:
     def _before_step(self, *_: Any) -> None:
         # The step writes what the copy reads: it starts after the copy. On CUDA a
         # device-side wait (the host runs on); on CPU the background copy, long done
-        # by now (it ran during this iteration's forward and backward), is joined.
+        # by now (it ran during this iteration's forward and backward), is waited for.
         snap = self.latest
         if snap is None or snap._event is None:
             return
