@@ -217,6 +217,8 @@ class _Open:
     omitted: int = 0
     revision: int = 0
     last_id: str | None = None
+    surfaces: set[str] = field(default_factory=set)
+    """Every surface its findings were seen on, across revisions (what the summary names)."""
 
 
 class IncidentBook:
@@ -244,6 +246,7 @@ class IncidentBook:
                 inc.finding.group |= f.group
                 inc.hosts |= hosts
                 inc.revision += 1
+            inc.surfaces.update(r.surface for r in f.corroborating)
             inc.omitted += _extend(inc.corroborating, f.corroborating)
             inc.omitted += _extend(inc.explained, f.explained)
             self._open[f.key] = inc
@@ -302,7 +305,7 @@ def _summary(f: Finding, inc: _Open, latest: Finding) -> str:
         else f"steps {inc.first_step}-{inc.last_step}"
     )
     hosts = f" ({', '.join(sorted(inc.hosts))})" if inc.hosts else ""
-    surfaces = sorted({r.surface for r in latest.corroborating})
+    surfaces = sorted(inc.surfaces)
     shown = ", ".join(surfaces[:3]) + (
         f" and {len(surfaces) - 3} more" if len(surfaces) > 3 else ""
     )

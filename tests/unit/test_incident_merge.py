@@ -147,6 +147,27 @@ def test_stragglers_and_a_recurring_failure_are_one_incident_revised() -> None:
     assert "steps 4-5" in b.detail["summary"]
 
 
+def test_a_revised_incident_names_every_surface_it_was_seen_on() -> None:
+    # A recurring SDC moves through the layers as the hidden recipe rotates; the summary
+    # names every surface of the incident's steps, not only the latest step's.
+    book = IncidentBook("r")
+    for step, layer in ((9, 1), (10, 2), (11, 1)):
+        (latest,) = book.add(
+            merge_window([sdc(step, f"layer/blocks.{layer}/forward", (0, 1, 2), 2)], DDP)
+        )
+    assert latest.detail["summary"].endswith(
+        "at steps 9-11: layer/blocks.1/forward, layer/blocks.2/forward"
+    )
+    for step, layer in ((12, 3), (13, 0)):
+        (latest,) = book.add(
+            merge_window([sdc(step, f"layer/blocks.{layer}/forward", (0, 1, 2), 2)], DDP)
+        )
+    assert latest.detail["summary"].endswith(
+        "at steps 9-13: layer/blocks.0/forward, layer/blocks.1/forward, "
+        "layer/blocks.2/forward and 1 more"
+    )
+
+
 def test_readers_keep_the_newest_revision(tmp_path: Any) -> None:
     from scout_core.records.evidence import EvidenceWriter
 
