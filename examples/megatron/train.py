@@ -131,7 +131,14 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if dist.get_world_size() != 6:
-        raise SystemExit("run this example on 6 ranks (--nproc_per_node 6): DP3 x TP2")
+        # Said once (rank 0): every rank exits, and six copies of one line interleave.
+        world = dist.get_world_size()
+        dist.destroy_process_group()
+        raise SystemExit(
+            f"run this example on 6 ranks (--nproc_per_node 6): DP3 x TP2, not {world}"
+            if rank == 0
+            else 1
+        )
     config = Config.from_file(args.config)
     if args.report_dir is not None:
         config = dataclasses.replace(config, report_dir=args.report_dir)
