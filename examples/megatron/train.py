@@ -131,7 +131,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if dist.get_world_size() != 6:
-        # Said once (rank 0): every rank exits, and six copies of one line interleave.
+        # Said once, by rank 0: every rank exits, and a line from each interleaved.
         world = dist.get_world_size()
         dist.destroy_process_group()
         raise SystemExit(
