@@ -133,12 +133,18 @@ def attach_fault(
     return faults.attach(model, opt)
 
 
-def report(spec: dict[str, Any] | None, verdicts: list[Any]) -> None:
+def report(spec: dict[str, Any] | None, verdicts: list[Any], replicas: int) -> None:
     """Print the injected fault and every verdict of this rank's session."""
     if spec is not None:
         print(f"injected: {spec['kind']} on rank {spec['rank']} from step {spec['step']}")
     if not verdicts:
-        print("SCOUT: no verdicts (all peers agreed)")
+        print("SCOUT: no verdicts")
+    if replicas < 3:
+        # Two peers have no majority: SCOUT names no rank, and a slow one is not flagged.
+        print(
+            f"note: {replicas} replica(s) (--nproc_per_node): SCOUT needs 3 or more to name "
+            "a rank, so a fault here may go unnamed"
+        )
     for record in verdicts:
         v = record.to_dict()
         who = ", ".join(f"rank {r}" for r in v["outliers"]) or "no single rank"
@@ -200,7 +206,7 @@ def main() -> None:
             print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
 
     if rank == 0:
-        report(spec, [] if session is None else list(session.verdicts))
+        report(spec, [] if session is None else list(session.verdicts), world)
     if faults is not None:
         faults.detach()
     if session is not None:

@@ -93,7 +93,7 @@ def report(report_dir: str, run_id: str, spec: dict[str, Any] | None) -> None:
         print(f"injected: {spec['kind']} on rank {spec['rank']} from step {spec['step']}")
     verdicts = [r for r in load_report(report_dir).verdicts() if r.run_id == run_id]
     if not verdicts:
-        print("SCOUT: no verdicts (all peers agreed)")
+        print("SCOUT: no verdicts")
     lines: dict[tuple[Any, ...], list[str]] = {}
     for record in verdicts:  # one line per decision; its surfaces listed together
         v = record.to_dict()

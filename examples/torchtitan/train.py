@@ -85,11 +85,20 @@ def _verdicts(report: Path, run_id: str) -> list[dict[str, Any]]:
     return sorted(seen.values(), key=lambda v: (v["step"], v.get("time") or 0.0))
 
 
-def _print_verdicts(verdicts: list[dict[str, Any]], spec: Any, freeze_file: Path) -> None:
+def _print_verdicts(
+    verdicts: list[dict[str, Any]], spec: Any, freeze_file: Path, replicas: int
+) -> None:
     if spec is not None:
         print(f"injected: {spec.kind} on rank {spec.rank} from step {spec.step}", flush=True)
     if not verdicts:
-        print("SCOUT: no verdicts (all peers agreed)", flush=True)
+        print("SCOUT: no verdicts", flush=True)
+    if replicas < 3:
+        # Two peers have no majority: SCOUT names no rank, and a slow one is not flagged.
+        print(
+            f"note: {replicas} replica(s) per peer group (world size / --tp): SCOUT needs 3 "
+            "or more to name a rank, so a fault here may go unnamed",
+            flush=True,
+        )
     for v in verdicts:
         who = ", ".join(f"rank {r}" for r in v["outliers"]) or "no single rank"
         print(
@@ -166,7 +175,8 @@ def main() -> None:
             dist.destroy_process_group()
         shutil.rmtree(scratch, ignore_errors=True)
     if rank == 0:
-        _print_verdicts(_verdicts(report, run_id), spec, freeze_file)
+        replicas = max(1, world // args.tp)
+        _print_verdicts(_verdicts(report, run_id), spec, freeze_file, replicas)
         print("done", flush=True)
 
 
