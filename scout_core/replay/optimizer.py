@@ -7,13 +7,16 @@ pre-hook clones one rotating slice of ``optimizer_slice`` elements: the
 parameter, its effective (already reduced) gradient, the optimizer slots of the
 same shape, the scalar slots and the group hyperparameters. After the real step:
 
-* the source peer broadcasts its pre-step slice and every peer applies the same
-  optimizer class to it (``optimizer/update``): a peer that computes the update
-  differently is the outlier;
-* each peer also signs its *own* pre-step slice (``optimizer/slice``) and its own
-  post-step slice (``optimizer/result``): replicated state must be bitwise equal
-  across replica peers, so a corrupted moment or parameter on one peer shows up
-  there.
+* each peer signs its *own* pre-step slice (``optimizer/slice``, exchanged with
+  readiness) and its own post-step slice (``optimizer/result``): replicated state
+  must be bitwise equal across replica peers, so a corrupted moment or parameter on
+  one peer shows up there;
+* every peer applies the same optimizer class to one and the same pre-step slice
+  (``optimizer/update``): a peer that computes the update differently is the
+  outlier. Where every peer's own slice agreed, each peer already holds those bytes
+  and replays its own copy; otherwise the source peer broadcasts its slice
+  (``optimizer/received``, timed ``t_bcast``) and every peer replays that. So a
+  healthy round runs two collectives on the peer group, not three.
 
 A job with several optimizers (Megatron's chained optimizers, TorchTitan's
 per-model-part ones) has one slice rotation over all of their parameters, in the
@@ -53,6 +56,9 @@ from scout_core.vocabulary import Mode, Status
 __all__ = ["OptimizerReplay"]
 
 log = logging.getLogger(__name__)
+
+_SLICE = "optimizer/slice"
+"""Each peer's own pre-step slice: replicated state is bitwise equal across peers."""
 
 
 @dataclass
@@ -164,49 +170,56 @@ class OptimizerReplay:
 
     def run(self, step: int, *, counts: control.Counts | None = None) -> RoundOutcome | None:
         """Replay and compare the snapshot taken before this step; None when skipped.
-        ``counts`` are this rank's control-flow counts since the last round."""
+        ``counts`` are this rank's control-flow counts since the last round.
+
+        The readiness exchange already carries each peer's own pre-step slice
+        (``optimizer/slice``). Where every peer's agrees, every peer holds the source's
+        bytes, so each replays its own copy and nothing is broadcast (the healthy path:
+        two collectives on the peer group, no ``optimizer/received`` or ``t_bcast``);
+        otherwise the source broadcasts its slice and every peer replays that."""
         if not self.supported:
             return None
         pieces, self._pieces = self._pieces, None
         recipe = Recipe(OPTIMIZER, None, self._index)
+        own_before = None if pieces is None else sign(self._flat(pieces))
         ready = exchange(
             [
                 Surface("optimizer/ready", Mode.EXACT, self._digest(pieces, step)),
+                Surface(_SLICE, Mode.EXACT, own_before),
                 *control.surfaces("optimizer", counts),
             ],
             group=self.peers.pg,
             ranks=self.peers.ranks,
             kappa=self.kappa,
         )
-        if control.diverged("optimizer", ready):
-            return RoundOutcome(
-                recipe, step, self.peers.ranks, False, dict(ready), "control flow diverged"
-            )
-        if ready["optimizer/ready"].status is not Status.AGREE or pieces is None:
-            return RoundOutcome(
-                recipe, step, self.peers.ranks, False, dict(ready), "optimizer snapshot differs"
-            )
-        own_before = sign(self._flat(pieces))
+        split = control.diverged("optimizer", ready)
+        if split or ready["optimizer/ready"].status is not Status.AGREE or pieces is None:
+            # Slices of peers that are not at the same point are not comparable: the
+            # round reads inconclusive, never a verdict on ``optimizer/slice``.
+            checked = {k: r for k, r in ready.items() if k != _SLICE}
+            reason = "control flow diverged" if split else "optimizer snapshot differs"
+            return RoundOutcome(recipe, step, self.peers.ranks, False, checked, reason)
         after = self._after()
-        src = self.peers.ranks[step % len(self.peers.ranks)]
-        received, t_bcast = self._broadcast(pieces, src)
+        surfaces: list[Surface] = []
+        src: int | None = None
+        received = pieces
+        if ready[_SLICE].status is not Status.AGREE:
+            src = self.peers.ranks[step % len(self.peers.ranks)]
+            received, t_bcast = self._broadcast(pieces, src)
+            surfaces += [
+                Surface("optimizer/received", Mode.EXACT, sign(self._flat(received))),
+                Surface("optimizer/t_bcast", Mode.STATISTICAL, t_bcast),
+            ]
         try:
             update: int | None = sign(self._replay(received))
         except Exception as exc:  # evidence goes missing; peers read inconclusive
             log.warning("optimizer replay failed on this rank: %s", exc)
             update = None
-        results = exchange(
-            [
-                Surface("optimizer/received", Mode.EXACT, sign(self._flat(received))),
-                Surface("optimizer/slice", Mode.EXACT, own_before),
-                Surface("optimizer/update", Mode.EXACT, update),
-                Surface("optimizer/result", Mode.EXACT, sign(after)),
-                Surface("optimizer/t_bcast", Mode.STATISTICAL, t_bcast),
-            ],
-            group=self.peers.pg,
-            ranks=self.peers.ranks,
-            kappa=self.kappa,
-        )
+        surfaces += [
+            Surface("optimizer/update", Mode.EXACT, update),
+            Surface("optimizer/result", Mode.EXACT, sign(after)),
+        ]
+        results = exchange(surfaces, group=self.peers.pg, ranks=self.peers.ranks, kappa=self.kappa)
         return RoundOutcome(recipe, step, self.peers.ranks, True, {**ready, **results}, source=src)
 
     def _digest(self, pieces: list[_Piece] | None, step: int) -> int | None:

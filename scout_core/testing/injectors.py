@@ -185,7 +185,8 @@ class Trigger:
 
         This rank sleeps ``seconds`` inside each timed collective of that kind, before
         entering it: ``"replica"`` (or ``"shard"`` under pure FSDP) is the peer group's
-        replay-input and optimizer-slice broadcast (``t_bcast``), ``"shard"`` also each
+        replay-input broadcast and the optimizer-slice broadcast (``t_bcast``; the optimizer
+        round broadcasts only where the peers' slices differ), ``"shard"`` also each
         FSDP parameter gather, ``"tp"`` each TP parameter gather (``t_gather``),
         ``"ep"`` / ``"ep_link"`` each replayed MoE all-to-all, before / inside the call
         (:meth:`delay_all_to_all`), ``"any"`` all of them. Training's own collectives are

@@ -151,9 +151,32 @@ def asymmetric(kind: str, odd_rank: int, at_step: int, steps: int, cfg: dict[str
     }
 
 
-def count_collectives(steps: int, cfg: dict[str, Any]) -> dict[str, Any]:
+_SKEW = [False]
+"""Whether :class:`_SkewedAdamW` miscomputes on this rank (set by the scenario)."""
+
+
+class _SkewedAdamW(torch.optim.AdamW):
+    """AdamW that, while ``_SKEW[0]`` is set, adds 1e-3 to every parameter it updates: a
+    rank whose optimizer computes the update wrongly. Replay's shadow optimizer is the
+    same class, so the replayed update is wrong on that rank too."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        if _SKEW[0]:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.add_(1e-3)
+        return loss
+
+
+def count_collectives(
+    steps: int, cfg: dict[str, Any], skew: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """DDP with SCOUT at ``cfg``'s cadence; per step, the collectives SCOUT issued at the
-    boundary (between two optimizer post hooks around SCOUT's) and the recipes due."""
+    boundary (between two optimizer post hooks around SCOUT's) and the recipes due.
+    ``skew=(rank, step)``: that rank's optimizer miscomputes from that step on
+    (:class:`_SkewedAdamW`)."""
     from torch.nn.parallel import DistributedDataParallel
 
     from scout_core.integration.torch_plugin import enable_torch
@@ -175,7 +198,7 @@ def count_collectives(steps: int, cfg: dict[str, Any]) -> dict[str, Any]:
         setattr(dist, name, counted)
     torch.manual_seed(0)
     model = DistributedDataParallel(TinyLM())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = _SkewedAdamW(model.parameters(), lr=1e-2)
     opt.register_step_post_hook(lambda *_: inside.__setitem__(0, True))
     due: list[list[str]] = []
     hooked: list[list[str]] = []
@@ -186,6 +209,7 @@ def count_collectives(steps: int, cfg: dict[str, Any]) -> dict[str, Any]:
         capturer = session.replay.capturer
         for step in range(steps):
             calls.append([])
+            _SKEW[0] = skew is not None and rank == skew[0] and step >= skew[1]
             train_step(model, opt, step, rank)
             hooked.append(list(capturer.hooked))
         verdicts = [r.to_dict() for r in session.verdicts]

@@ -136,8 +136,10 @@ def test_collectives_of_one_round_and_of_an_idle_step() -> None:
     # embedding at 14, a hidden layer at 19). A due step runs one recipe: readiness,
     # payload broadcast and result exchange on the peer group, plus one job-wide
     # reduction (the boundary vote, a gather of a few words per rank) carrying both the
-    # checkpoint gate's flags and the incident desk's "any records?" word; a step where
-    # nothing is due runs no collective and carries no capture hook.
+    # checkpoint gate's flags and the incident desk's "any records?" word. The healthy
+    # optimizer round broadcasts nothing: every peer's own slice agreed in readiness, so
+    # each replays its own. A step where nothing is due runs no collective and carries
+    # no capture hook.
     from control_scenarios import count_collectives
 
     (res, *_) = run_ranks(count_collectives, 4, args=(25, {}), timeout_s=200, env=ENV)
@@ -156,9 +158,37 @@ def test_collectives_of_one_round_and_of_an_idle_step() -> None:
         "all_gather_single",
         "all_gather_single",  # the vote
     ]
+    optimizer_calls = [c for c in round_calls if c != "broadcast"]
     for step, calls in enumerate(res["calls"]):
-        assert calls == (round_calls if step in due else []), (step, calls)
+        want = round_calls if step in due else []
+        if due.get(step) == ["optimizer"]:
+            want = optimizer_calls
+        assert calls == want, (step, calls)
     # Capture hooks exist only during an iteration whose layer recipe is due.
     hooked = {s + 1: paths for s, paths in enumerate(res["hooked"]) if paths}
     assert hooked == {9: ["head"], 14: ["embed"], 19: ["layers.0"]}
     assert res["hooked"][-1] == []
+
+
+@pytest.mark.timeout(200)
+def test_optimizer_round_broadcasts_only_when_the_peers_slices_differ() -> None:
+    # Rank 2's optimizer adds 1e-3 to every parameter from step 3 on. At step 3 every
+    # peer's pre-step slice still agrees, so no slice is broadcast and each peer
+    # replays its own: the replayed update names rank 2 as the real result does. From
+    # step 4 rank 2's state differs, and the source's slice is broadcast.
+    from control_scenarios import count_collectives
+
+    cfg = {"recipes": ["optimizer"], "optimizer_interval": 1}
+    results = run_ranks(count_collectives, 4, args=(6, cfg, (2, 3)), timeout_s=150, env=ENV)
+    res = results[0]
+    assert all(r["calls"] == res["calls"] for r in results)
+    broadcasts = [calls.count("broadcast") for calls in res["calls"]]
+    assert broadcasts == [0, 0, 0, 0, 1, 1], res["calls"]
+    seen = {(v["step"], v["surface"]): v for v in res["verdicts"]}
+    assert {s for s, _ in seen} == {3, 4, 5}
+    assert all(v["failure"] == "sdc" and v["outliers"] == [2] for v in seen.values())
+    assert {surface for step, surface in seen if step == 3} == {
+        "optimizer/update",
+        "optimizer/result",
+    }
+    assert (4, "optimizer/slice") in seen
