@@ -170,13 +170,8 @@ class OptimizerReplay:
 
     def run(self, step: int, *, counts: control.Counts | None = None) -> RoundOutcome | None:
         """Replay and compare the snapshot taken before this step; None when skipped.
-        ``counts`` are this rank's control-flow counts since the last round.
-
-        The readiness exchange already carries each peer's own pre-step slice
-        (``optimizer/slice``). Where every peer's agrees, every peer holds the source's
-        bytes, so each replays its own copy and nothing is broadcast (the healthy path:
-        two collectives on the peer group, no ``optimizer/received`` or ``t_bcast``);
-        otherwise the source broadcasts its slice and every peer replays that."""
+        ``counts`` are this rank's control-flow counts since the last round. The slice
+        is broadcast only where the peers' own slices differ (module doc)."""
         if not self.supported:
             return None
         pieces, self._pieces = self._pieces, None

@@ -151,19 +151,18 @@ def asymmetric(kind: str, odd_rank: int, at_step: int, steps: int, cfg: dict[str
     }
 
 
-_SKEW = [False]
-"""Whether :class:`_SkewedAdamW` miscomputes on this rank (set by the scenario)."""
-
-
 class _SkewedAdamW(torch.optim.AdamW):
-    """AdamW that, while ``_SKEW[0]`` is set, adds 1e-3 to every parameter it updates: a
+    """AdamW that, while ``skewed`` is set, adds 1e-3 to every parameter it updates: a
     rank whose optimizer computes the update wrongly. Replay's shadow optimizer is the
     same class, so the replayed update is wrong on that rank too."""
+
+    skewed = False
+    """Set by the scenario, on the class: the shadow instances see it too."""
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = super().step(closure)
-        if _SKEW[0]:
+        if _SkewedAdamW.skewed:
             for group in self.param_groups:
                 for p in group["params"]:
                     p.add_(1e-3)
@@ -209,7 +208,7 @@ def count_collectives(
         capturer = session.replay.capturer
         for step in range(steps):
             calls.append([])
-            _SKEW[0] = skew is not None and rank == skew[0] and step >= skew[1]
+            _SkewedAdamW.skewed = skew is not None and rank == skew[0] and step >= skew[1]
             train_step(model, opt, step, rank)
             hooked.append(list(capturer.hooked))
         verdicts = [r.to_dict() for r in session.verdicts]
