@@ -53,14 +53,23 @@ def _x(x: Any) -> str:
     return "n/a" if x is None else f"{float(x):.2f}x"
 
 
+def _ms(x: Any) -> str:
+    return "n/a" if x is None else f"{float(x):.1f}"
+
+
+def _count(x: Any) -> str:
+    return "n/a" if x is None else f"{float(x):.0f}"
+
+
 def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The markdown table of the medians (one row per tree and model size)."""
     rows = [
         "| checkout | layers | runs | overhead | estimate (with extras) | measured / estimate"
         " | paired median: overhead, / estimate"
+        " | boundary's critical path: overhead, / estimate"
         " | idle steps | idle SCOUT us | due steps | due: compute ms | collectives (ms)"
         " | gate capture ms per due step (per copy) | gate held / state |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tree, sizes in medians.items():
         for layers in sorted(sizes, key=int):
@@ -72,6 +81,8 @@ def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
                 f" | {_pct(est['with_extras'])} | {_x(m['measured_over_estimate'])}"
                 f" | {_pct(m.get('overhead_paired_median'))},"
                 f" {_x(m.get('paired_median_over_estimate'))}"
+                f" | {_pct(m.get('critical_path_overhead'))},"
+                f" {_x(m.get('critical_path_over_estimate'))}"
                 f" | {_pct(m['idle_overhead'])} | {m['idle_scout_us']:.0f}"
                 f" | {_pct(due['overhead'])} | {due['replay_compute_ms']:.1f}"
                 f" | {due['collectives']:.0f} ({due['collectives_ms']:.1f})"
@@ -86,8 +97,9 @@ def recipe_table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
     row per tree, model size and recipe; runs without ``per_recipe`` have no rows)."""
     rows = [
         "| checkout | layers | recipe | paired overhead | estimate | / estimate"
-        " | ms per round: measured, estimate | boundary ms | collectives ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | ms per round: measured, estimate | boundary ms | critical path ms"
+        " | collectives (ms) | gate capture ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for tree, sizes in medians.items():
         for layers in sorted(sizes, key=int):
@@ -96,7 +108,9 @@ def recipe_table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
                     f"| {tree} | {layers} | {recipe} | {_pct(r['overhead'])}"
                     f" | {_pct(r['estimate'])} | {_x(r['over_estimate'])}"
                     f" | {r['paired_ms_per_round']:.1f}, {r['estimate_ms_per_round']:.1f}"
-                    f" | {r['boundary_ms']:.1f} | {r['collectives_ms']:.1f} |"
+                    f" | {r['boundary_ms']:.1f} | {_ms(r.get('critical_ms'))}"
+                    f" | {_count(r.get('collectives'))} ({r['collectives_ms']:.1f})"
+                    f" | {_ms(r.get('gate_capture_ms'))} |"
                 )
     return "\n".join(rows)
 

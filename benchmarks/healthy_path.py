@@ -1,7 +1,7 @@
 """Healthy-path overhead of replay at the default cadence, printed as JSON.
 
     python benchmarks/healthy_path.py [--ranks 2] [--steps 200] [--layers 12 32 64]
-        [--repeats 3] [--device cpu|cuda]
+        [--repeats 3] [--device cpu|cuda] [--null]
 
 Two identical copies of a transformer-style model (``--layers`` blocks of
 self-attention plus MLP) train side by side in one job (DDP over Gloo), one with
@@ -24,6 +24,14 @@ Per model it prints:
   paired (same step) differences on - off, summed over a period, over the period's
   median step time (a jitter spike moves a sum by its whole size, a median not at all;
   on a shared 2-core machine the idle steps of one run read anywhere in about +-1%);
+* ``critical_path_overhead`` and ``critical_path_over_estimate``: the time SCOUT's
+  boundary held the job up, timed directly rather than as a difference of step times:
+  per step, the last rank to leave the boundary minus the last rank to reach it (an
+  early rank's wait there for a late peer is not counted: it would have waited as long
+  at the next gradient all-reduce), per phase the median, summed over a period, over
+  the period's median step time. It leaves out what SCOUT does inside the step (the
+  capture hooks of a due step) and the gate's background copy; the paired figure
+  includes them, with the machine's jitter;
 * ``idle_overhead``: the overhead of steps with no replay due (measured ratio), and
   ``idle_scout_us``: the time SCOUT's step hooks take on such a step, measured
   directly (the ratio is below the timing noise of a shared machine, this is not);
@@ -36,12 +44,15 @@ Per model it prints:
   module calls, signing, packing);
 * ``per_recipe``: per recipe (each has its own phase with the spread cadence), the
   paired overhead of its due steps against its own estimate, in shares of the period
-  and in ms per round, with its boundary and collective time: which recipe the gap
-  between measured and estimate comes from;
+  and in ms per round, with its boundary, critical-path, collective (time and count)
+  and gate-capture time: which recipe the gap between measured and estimate comes from;
 * ``gate_memory``: the host bytes the checkpoint gate holds on rank 0 at the end
   (``held_bytes``), the most it held at once (``peak_bytes``) and both as a multiple
   of the model + optimizer state (``--gate-memory lean`` bounds them by 2x);
 * ``load_avg``: the 1-minute load average before and after each run.
+
+``--null`` trains both copies without SCOUT (an A-A run): every figure is then the
+machine's noise floor, what a run reads when there is nothing to measure.
 
 ``--device cuda`` trains on the GPU (every rank on ``rank % device_count``: with one
 GPU the ranks share it, over Gloo with CUDA tensors) and times with synchronised
@@ -122,7 +133,14 @@ class _Probe:
         self.step: dict[str, float] = {}
 
     def reset(self) -> None:
-        self.step = {"boundary": 0.0, "coll": 0.0, "coll_n": 0.0, "capture": 0.0}
+        self.step = {
+            "boundary": 0.0,
+            "coll": 0.0,
+            "coll_n": 0.0,
+            "capture": 0.0,
+            "enter_at": 0.0,
+            "leave_at": 0.0,
+        }
 
     def wrap_collectives(self) -> None:
         import torch.distributed as dist
@@ -155,10 +173,11 @@ class _Probe:
 
     def enter(self, *_: Any) -> None:
         self.inside = True
-        self.start = time.perf_counter()
+        self.start = self.step["enter_at"] = time.perf_counter()
 
     def leave(self, *_: Any) -> None:
-        self.step["boundary"] += time.perf_counter() - self.start
+        self.step["leave_at"] = time.perf_counter()
+        self.step["boundary"] += self.step["leave_at"] - self.start
         self.inside = False
 
 
@@ -182,7 +201,13 @@ def _flop_shares(model: nn.Module, tokens: torch.Tensor, vocab: int) -> dict[str
 
 
 def bench_rank(
-    steps: int, layers: int, report_dir: str, device: str, gate_memory: str | None = None
+    steps: int,
+    layers: int,
+    report_dir: str,
+    device: str,
+    *,
+    gate_memory: str | None = None,
+    null: bool = False,
 ) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -211,21 +236,26 @@ def bench_rank(
     # Only a non-default gate_memory is passed: a checkout from before the key still runs.
     more = {} if gate_memory is None else {"gate_memory": gate_memory}
     cfg = Config(report_dir=report_dir, run_id="bench", observer=False, **more)
-    session = enable_torch(pairs[0][0], on_opt, cfg)
+    session = None if null else enable_torch(pairs[0][0], on_opt, cfg)
     on_opt.register_step_post_hook(probe.leave)  # after SCOUT's: the boundary is between
     kinds: list[list[str]] = []  # the recipe kinds due at each step (none: an idle step)
-    session.on_boundary(lambda boundary: kinds.append([r.kind for r in boundary.due]))
+    if session is not None:
+        session.on_boundary(lambda boundary: kinds.append([r.kind for r in boundary.due]))
     off_opt_s: list[float] = []
     mark = [0.0]
     pairs[1][1].register_step_pre_hook(lambda *_: mark.__setitem__(0, time.perf_counter()))
     pairs[1][1].register_step_post_hook(lambda *_: off_opt_s.append(time.perf_counter() - mark[0]))
     times, scout = _train(pairs, probe, steps, vocab, dev)
-    sched = session.replay.schedule if session.replay is not None else None
     opt_share = statistics.median(off_opt_s) / statistics.median(times["off"])
     params = sum(p.numel() for p in pairs[0][0].parameters())
-    verdicts = len(session.verdicts)
-    memory = _gate_memory(session)
-    session.close()
+    sched, verdicts, memory = None, 0, {}
+    if session is None:  # an A-A run: no step is due
+        kinds = [[] for _ in range(steps)]
+    else:
+        sched = session.replay.schedule if session.replay is not None else None
+        verdicts = len(session.verdicts)
+        memory = _gate_memory(session)
+        session.close()
     intervals = [getattr(cfg, f"{k}_interval", 20) for k in ("replay", "embedding", "lm_head")]
     return {
         "period": math.lcm(*intervals, cfg.optimizer_interval),
@@ -361,6 +391,9 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
     )
     base = sum(statistics.median(slowest("off", i) for i in sel) for sel in phases.values())
     paired = extra / base if base else 0.0
+    critical = [_critical_s(results, i) for i in range(steps)]
+    critical_sum = sum(statistics.median(critical[i] for i in sel) for sel in phases.values())
+    direct = critical_sum / base if base else 0.0
     mine = results[0]["scout"]
     per_recipe = _per_recipe(results, phases, slowest, base, est.get("per_recipe", {}))
 
@@ -404,6 +437,8 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
         "measured_over_paper_estimate": (
             overhead / est["paper_v_over_i_n"] if est["paper_v_over_i_n"] else None
         ),
+        "critical_path_overhead": direct,
+        "critical_path_over_estimate": direct / est["with_extras"] if est["with_extras"] else None,
         "idle_overhead": ratio(idle),
         "idle_scout_us": med("boundary", idle, 1e6),
         "idle_scout_share": (
@@ -417,6 +452,19 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
         "gate_memory": results[0].get("memory", {}),
         "verdicts": results[0]["verdicts"],
     }
+
+
+def _critical_s(results: list[dict[str, Any]], i: int) -> float:
+    """How long SCOUT's boundary held up step ``i`` of the job: the last rank to leave it
+    minus the last rank to reach it (``perf_counter`` is one clock for every process of
+    a host). A rank that reached the boundary early and waited in its collectives for a
+    late peer would have waited as long for that peer in the next step's gradient
+    all-reduce without SCOUT, so that wait is not SCOUT's; the late rank's time in the
+    boundary is. Zero for a checkout whose probe has no timestamps."""
+    stamps = [r["scout"][i] for r in results]
+    if not all("leave_at" in s for s in stamps):
+        return 0.0
+    return float(max(0.0, max(s["leave_at"] for s in stamps) - max(s["enter_at"] for s in stamps)))
 
 
 def _per_recipe(
@@ -450,7 +498,10 @@ def _per_recipe(
             "paired_ms_per_round": 1e3 * extra / len(sels),
             "estimate_ms_per_round": 1e3 * estimate * base / len(sels),
             "boundary_ms": 1e3 * statistics.median(mine[i]["boundary"] for i in steps),
+            "critical_ms": 1e3 * statistics.median(_critical_s(results, i) for i in steps),
             "collectives_ms": 1e3 * statistics.median(mine[i]["coll"] for i in steps),
+            "collectives": statistics.median(mine[i]["coll_n"] for i in steps),
+            "gate_capture_ms": 1e3 * statistics.median(mine[i]["capture"] for i in steps),
         }
     return out
 
@@ -496,6 +547,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Config.gate_memory (default: the checkout's default; older checkouts lack it)",
     )
+    p.add_argument(
+        "--null",
+        action="store_true",
+        help="train both copies without SCOUT (an A-A run): the figures are the noise floor",
+    )
     args = p.parse_args(argv)
     out: dict[str, Any] = {
         "ranks": args.ranks,
@@ -504,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "threads_per_rank": 1,
         "gate_memory": args.gate_memory or "default",
+        "null": args.null,
         "models": {},
     }
     env = {"OMP_NUM_THREADS": "1"}
@@ -519,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
             results = run_ranks(
                 "healthy_path:bench_rank",
                 args.ranks,
-                args=(args.steps, layers, report, args.device, args.gate_memory),
+                args=(args.steps, layers, report, args.device),
+                kwargs={"gate_memory": args.gate_memory, "null": args.null},
                 timeout_s=3600,
                 env=env,
             )
