@@ -81,7 +81,8 @@ def _copy_leaf(t: torch.Tensor, copy: Copy) -> torch.Tensor | HostShard:
 def _copy_tree(value: Any, copy: Copy) -> Any:
     if isinstance(value, torch.Tensor):
         return _copy_leaf(value, copy)
-    if isinstance(value, Mapping):
+    # (A state dict is made of plain dicts: ``type`` skips the ABC check per node.)
+    if type(value) is dict or isinstance(value, Mapping):
         return {k: _copy_tree(v, copy) for k, v in value.items()}
     if isinstance(value, list):
         return [_copy_tree(v, copy) for v in value]
