@@ -460,10 +460,8 @@ def _critical_s(results: list[dict[str, Any]], i: int) -> float:
     a host). A rank that reached the boundary early and waited in its collectives for a
     late peer would have waited as long for that peer in the next step's gradient
     all-reduce without SCOUT, so that wait is not SCOUT's; the late rank's time in the
-    boundary is. Zero for a checkout whose probe has no timestamps."""
+    boundary is."""
     stamps = [r["scout"][i] for r in results]
-    if not all("leave_at" in s for s in stamps):
-        return 0.0
     return float(max(0.0, max(s["leave_at"] for s in stamps) - max(s["enter_at"] for s in stamps)))
 
 

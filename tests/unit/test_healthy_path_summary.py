@@ -73,11 +73,3 @@ def test_critical_path_counts_the_late_ranks_time_in_the_boundary() -> None:
     assert hidden["collectives"] == 4.0
     # The paired step-time figure sees the same cost.
     assert out["overhead_paired_median"] == pytest.approx(expected)
-
-
-def test_critical_path_is_zero_for_a_probe_without_timestamps() -> None:
-    results = _results(0.1, 0.0, 0.0)
-    for rank in results:
-        for step in rank["scout"]:
-            del step["enter_at"], step["leave_at"]
-    assert healthy_path._summarise(results, warm=0)["critical_path_overhead"] == 0.0
