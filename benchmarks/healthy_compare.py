@@ -53,12 +53,8 @@ def _x(x: Any) -> str:
     return "n/a" if x is None else f"{float(x):.2f}x"
 
 
-def _ms(x: Any) -> str:
-    return "n/a" if x is None else f"{float(x):.1f}"
-
-
-def _count(x: Any) -> str:
-    return "n/a" if x is None else f"{float(x):.0f}"
+def _num(x: Any, digits: int) -> str:
+    return "n/a" if x is None else f"{float(x):.{digits}f}"
 
 
 def table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -108,9 +104,9 @@ def recipe_table(medians: dict[str, dict[str, dict[str, Any]]]) -> str:
                     f"| {tree} | {layers} | {recipe} | {_pct(r['overhead'])}"
                     f" | {_pct(r['estimate'])} | {_x(r['over_estimate'])}"
                     f" | {r['paired_ms_per_round']:.1f}, {r['estimate_ms_per_round']:.1f}"
-                    f" | {r['boundary_ms']:.1f} | {_ms(r.get('critical_ms'))}"
-                    f" | {_count(r.get('collectives'))} ({r['collectives_ms']:.1f})"
-                    f" | {_ms(r.get('gate_capture_ms'))} |"
+                    f" | {r['boundary_ms']:.1f} | {_num(r.get('critical_ms'), 1)}"
+                    f" | {_num(r.get('collectives'), 0)} ({r['collectives_ms']:.1f})"
+                    f" | {_num(r.get('gate_capture_ms'), 1)} |"
                 )
     return "\n".join(rows)
 

@@ -129,7 +129,6 @@ class _Probe:
 
     def __init__(self) -> None:
         self.inside = False
-        self.start = 0.0
         self.step: dict[str, float] = {}
 
     def reset(self) -> None:
@@ -173,11 +172,11 @@ class _Probe:
 
     def enter(self, *_: Any) -> None:
         self.inside = True
-        self.start = self.step["enter_at"] = time.perf_counter()
+        self.step["enter_at"] = time.perf_counter()
 
     def leave(self, *_: Any) -> None:
         self.step["leave_at"] = time.perf_counter()
-        self.step["boundary"] += self.step["leave_at"] - self.start
+        self.step["boundary"] += self.step["leave_at"] - self.step["enter_at"]
         self.inside = False
 
 
@@ -395,7 +394,9 @@ def _summarise(results: list[dict[str, Any]], warm: int) -> dict[str, Any]:
     critical_sum = sum(statistics.median(critical[i] for i in sel) for sel in phases.values())
     direct = critical_sum / base if base else 0.0
     mine = results[0]["scout"]
-    per_recipe = _per_recipe(results, phases, slowest, base, est.get("per_recipe", {}))
+    per_recipe = _per_recipe(
+        results, phases, slowest, base, est.get("per_recipe", {}), critical=critical
+    )
 
     def med(key: str, sel: list[int], scale: float = 1e3) -> float:
         return scale * statistics.median(mine[i][key] for i in sel) if sel else 0.0
@@ -471,10 +472,13 @@ def _per_recipe(
     slowest: Callable[[str, int], float],
     base: float,
     estimates: dict[str, float],
+    *,
+    critical: list[float],
 ) -> dict[str, dict[str, float | None]]:
     """The paired overhead of each due phase against its recipes' own estimate: where the
     gap between measured and estimate lies. Keyed by the recipes due there (one per
-    phase with the spread cadence, ``hidden+embedding`` style without it)."""
+    phase with the spread cadence, ``hidden+embedding`` style without it). ``critical``
+    is :func:`_critical_s` of every step."""
     kinds = results[0]["kinds"]
     mine = results[0]["scout"]
     groups: dict[str, list[list[int]]] = {}
@@ -496,7 +500,7 @@ def _per_recipe(
             "paired_ms_per_round": 1e3 * extra / len(sels),
             "estimate_ms_per_round": 1e3 * estimate * base / len(sels),
             "boundary_ms": 1e3 * statistics.median(mine[i]["boundary"] for i in steps),
-            "critical_ms": 1e3 * statistics.median(_critical_s(results, i) for i in steps),
+            "critical_ms": 1e3 * statistics.median(critical[i] for i in steps),
             "collectives_ms": 1e3 * statistics.median(mine[i]["coll"] for i in steps),
             "collectives": statistics.median(mine[i]["coll_n"] for i in steps),
             "gate_capture_ms": 1e3 * statistics.median(mine[i]["capture"] for i in steps),

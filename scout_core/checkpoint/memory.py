@@ -221,7 +221,7 @@ class _HostCopier:
         # blocking time (docs/replay.md, *Measured*).
         key = _source_key(t)
         if key[3]:
-            return self(t, later=True)
+            return self(t)
         free = self.pool.get(key)
         host = free.pop() if free else self._buffer(key, t, pinned=False)
         self._deferred.append((host, t))
@@ -232,17 +232,14 @@ class _HostCopier:
             made.append(host)
         return host
 
-    def __call__(self, t: torch.Tensor, *, later: bool = False) -> torch.Tensor:
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
         # Called once per tensor of the state (hundreds to thousands per capture), so
         # it does as little Python as it can: this is what the capture blocks for.
         # (capture_tree detaches a tensor that requires grad before it gets here.)
         key = _source_key(t)
         if not key[3]:
             host = self._buffer(key, t, pinned=False)
-            if later:
-                self._deferred.append((host, t))
-            else:
-                host.copy_(t)
+            host.copy_(t)
         else:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=t.device)  # type: ignore[no-untyped-call]  # torch.cuda.Stream is unannotated
