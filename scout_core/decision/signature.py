@@ -57,6 +57,16 @@ small tensor where the chunked path cost about 20. A one-time probe checks on wr
 data that this build's int32 ``mm`` computes the same lanes as the chunked fold, and
 the chunked fold stays the CPU's path where it does not (accelerators have no integer
 ``mm`` and always chunk). ``benchmarks/signature_throughput.py`` measures it.
+
+[Small tensors, and the words' mix, in NumPy]
+On a few hundred words every torch op costs its dispatch (5-7 us here), not its
+arithmetic, and a replay round signs a handful of surfaces: the mix of the words
+(nine ops) and the fold of a tensor under one row (six) were most of a small
+signature's ~200 us. Where NumPy is installed, both run on NumPy views of the same
+CPU memory: ``uint64`` and ``uint32`` arithmetic wraps, and NumPy's ``>>`` on
+unsigned words is the logical shift, so the words and the signature are bit for bit
+the torch path's (``tests/unit/test_signature.py`` compares both paths). Without
+NumPy the torch path runs.
 """
 
 from __future__ import annotations
@@ -64,9 +74,15 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+
+try:
+    import numpy as _np
+except ImportError:  # optional: the torch ops compute the same words (module doc)
+    _np = None  # type: ignore[assignment]
 
 __all__ = [
     "MAX_FOLD_WORDS",
@@ -294,7 +310,29 @@ def fold(t: Tensor) -> Tensor:
     """
     if not isinstance(t, Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    if _np is not None and t.device.type == "cpu":
+        data = _byte_view(t)
+        if data.numel() <= _ROW_BYTES:
+            return _fold_row_np(data)
     return _fold(t, _chunk_rows(t.device))
+
+
+def _fold_row_np(data: Tensor) -> Tensor:
+    """:func:`_fold` of at most one row of CPU bytes, on NumPy (module doc): the lanes
+    times row 0's multiplier, zero-padded to whole words."""
+    nbytes = data.numel()
+    width = min(MAX_FOLD_WORDS, -(-nbytes // _WORD_BYTES))
+    out = _np.zeros(width * _WORD_BYTES, dtype=_np.uint8)
+    out[:nbytes] = data.numpy()
+    lanes = out.view(_np.uint32)
+    lanes *= _row0_multiplier()
+    return torch.from_numpy(out.view(_np.int64))
+
+
+@functools.cache
+def _row0_multiplier() -> Any:
+    """Row 0's multiplier ``r_0`` as a NumPy ``uint32``."""
+    return _np.uint32(int(_MULTIPLIERS.get(1, torch.device("cpu"))[0]) & _MASK32)
 
 
 def _dtype_code(dtype: torch.dtype) -> int:
@@ -331,6 +369,8 @@ def _bodies(words: Tensor, counts: Sequence[int]) -> list[int]:
     """Each run of ``counts`` consecutive CPU fold words, keyed by position in its run,
     mixed and summed mod 2**64: one mix over all the runs, since each torch op on a few
     hundred words costs its dispatch, not its arithmetic."""
+    if _np is not None:
+        return _bodies_np(words, counts)
     one = len(counts) == 1
     keys = _POSITION_KEYS[: counts[0]] if one else torch.cat([_POSITION_KEYS[:n] for n in counts])
     lanes = _mix64_inplace(words + keys)
@@ -339,10 +379,45 @@ def _bodies(words: Tensor, counts: Sequence[int]) -> list[int]:
     return [int(part.sum()) & _MASK for part in parts]
 
 
+def _bodies_np(words: Tensor, counts: Sequence[int]) -> list[int]:
+    """:func:`_bodies` on a NumPy view of the words (module doc); the same integers."""
+    w = words.contiguous().numpy().view(_np.uint64)
+    keys = _position_keys_np()
+    if len(counts) == 1:
+        z = w + keys[: counts[0]]
+    else:
+        z = w + _np.concatenate([keys[:n] for n in counts])
+    z ^= z >> _np.uint64(30)
+    z *= _np.uint64(_MIX1)
+    z ^= z >> _np.uint64(27)
+    z *= _np.uint64(_MIX2)
+    z ^= z >> _np.uint64(31)
+    if len(counts) == 1:
+        return [int(z.sum(dtype=_np.uint64))]
+    # Run sums as differences of a wrapping prefix sum (an empty run sums to 0).
+    ends = _np.cumsum(_np.asarray(counts, dtype=_np.int64))
+    prefix = _np.zeros(len(z) + 1, dtype=_np.uint64)
+    _np.cumsum(z, dtype=_np.uint64, out=prefix[1:])
+    return [int(v) for v in prefix[ends] - prefix[ends - _np.asarray(counts)]]
+
+
+@functools.cache
+def _position_keys_np() -> Any:
+    """The position keys as NumPy ``uint64`` words (the same bits as the int64 ones)."""
+    return _POSITION_KEYS.numpy().view(_np.uint64)
+
+
 def _close(dtype: torch.dtype, dims: Sequence[int], nbytes: int, n: int, body: int) -> int:
     """Absorb the header (dtype name, rank, dims, byte count, word count) and the body."""
+    return _absorb(_header(dtype, tuple(dims), nbytes, n), body)
+
+
+@functools.lru_cache(maxsize=4096)
+def _header(dtype: torch.dtype, dims: tuple[int, ...], nbytes: int, n: int) -> int:
+    """The chain's state after the header: a replay round signs the same shapes every
+    time, and absorbing a header is a dozen Python mixes."""
     h = _SEED_ONE
-    for value in (_dtype_code(dtype), len(dims), *dims, nbytes, n, body):
+    for value in (_dtype_code(dtype), len(dims), *dims, nbytes, n):
         h = _absorb(h, value)
     return h
 

@@ -473,3 +473,53 @@ def test_torch_int32_arithmetic_wraps_mod_2_32() -> None:
     got = (a * r).view(-1, 4).sum(0, dtype=torch.int32).tolist()
     want = [((v * -1640531527) * 1024) & M32 for v in [(1 << 31) - 1, -(1 << 31), 123456789, -7]]
     assert [g & M32 for g in got] == want
+
+
+# --------------------------------------------------------------------------- NumPy path
+
+
+needs_numpy = pytest.mark.skipif(sigmod._np is None, reason="NumPy is not installed")
+
+
+@needs_numpy
+@pytest.mark.parametrize("nbytes", [0, 1, 3, 4, 7, 8, 9, 100, 4095, 4096])
+def test_numpy_fold_of_one_row_is_the_torch_fold_and_the_reference(nbytes: int) -> None:
+    t = sample(torch.uint8, n=nbytes, seed=100 + nbytes)
+    data = sigmod._byte_view(t)
+    np_words = sigmod._fold_row_np(data)
+    assert torch.equal(np_words, sigmod._fold(t, None))
+    assert torch.equal(np_words, sigmod._fold(t, 1))
+    assert unsigned(np_words) == ref_fold(tensor_bytes(t))
+    # An odd offset into a larger buffer (a view starting mid-lane) folds the same.
+    base = sample(torch.uint8, n=nbytes + 3, seed=nbytes)
+    view = base[3:]
+    assert torch.equal(sigmod._fold_row_np(sigmod._byte_view(view)), sigmod._fold(view, 1))
+
+
+@needs_numpy
+def test_numpy_mix_sums_every_run_as_the_torch_ops_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(21)
+    words = torch.randint(-(1 << 63), (1 << 63) - 1, (2000,), dtype=torch.int64, generator=g)
+    for counts in ([512], [1], [0], [3, 0, 512, 7], [0, 0], [512, 512, 512, 464]):
+        part = words[: sum(counts)]
+        np_bodies = sigmod._bodies(part, counts)
+        monkeypatch.setattr(sigmod, "_np", None)
+        assert np_bodies == sigmod._bodies(part, counts), counts
+        monkeypatch.undo()
+        at = 0
+        for n, body in zip(counts, np_bodies, strict=True):
+            run = unsigned(part[at : at + n])
+            assert body == sum(ref_mix(w + (j + 1) * GOLDEN) for j, w in enumerate(run)) & M64
+            at += n
+
+
+@needs_numpy
+def test_signatures_are_the_same_with_and_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.float64]
+    tensors = [sample(d, n=n, seed=n) for d in dtypes for n in (0, 1, 5, 300, 1100, 5000)]
+    groups = [tensors, tensors[:1], [None, *tensors[3:9], None], []]
+    with_np = [signature(t) for t in tensors] + [signature_many(g) for g in groups]
+    monkeypatch.setattr(sigmod, "_np", None)
+    without = [signature(t) for t in tensors] + [signature_many(g) for g in groups]
+    assert with_np == without
+    assert with_np[:-4] == [ref_signature(t) for t in tensors]
