@@ -115,7 +115,8 @@ def _model_tree(model: torch.nn.Module, copy: Copy, later: Copy | None) -> dict[
     out: dict[str, Any] = {}
     for k, v, param in live:
         if param and not (buffers and _address(v) in buffers):
-            out[k] = _copy_leaf(v, later)
+            # A plain parameter (most entries) skips _copy_leaf's DTensor check.
+            out[k] = later(v.detach()) if type(v) is torch.nn.Parameter else _copy_leaf(v, later)
         else:
             out[k] = _copy_tree(v, copy)
     return out
@@ -127,7 +128,31 @@ def _optim_tree(opt: torch.optim.Optimizer, copy: Copy, later: Copy | None) -> A
     sd = opt.state_dict()
     if later is None:
         return _copy_tree(sd, copy)
-    return {k: _copy_tree(v, later if k == "state" else copy) for k, v in sd.items()}
+    return {
+        k: _copy_state(v, later) if k == "state" else _copy_tree(v, copy) for k, v in sd.items()
+    }
+
+
+def _copy_state(state: Any, later: Copy) -> Any:
+    """An optimizer's per-parameter state (a dict of slot dicts) through ``later``.
+
+    The capture's hot loop, one pass per tensor of the optimizer state: a plain tensor
+    slot goes straight to ``later``, without the generic walk's per-node checks and
+    calls (with the same shortcut for parameters, about a tenth less blocking time per
+    capture: docs/replay.md, *Measured*); anything else takes the generic walk.
+    """
+    if type(state) is not dict:
+        return _copy_tree(state, later)
+    out: dict[Any, Any] = {}
+    for index, slots in state.items():
+        if type(slots) is not dict:
+            out[index] = _copy_tree(slots, later)
+            continue
+        out[index] = {
+            k: later(v) if type(v) is torch.Tensor and not v.requires_grad else _copy_tree(v, later)
+            for k, v in slots.items()
+        }
+    return out
 
 
 def capture_tree(
