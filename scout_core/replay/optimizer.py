@@ -15,8 +15,10 @@ same shape, the scalar slots and the group hyperparameters. After the real step:
   (``optimizer/update``): a peer that computes the update differently is the
   outlier. Where every peer's own slice agreed, each peer already holds those bytes
   and replays its own copy; otherwise the source peer broadcasts its slice
-  (``optimizer/received``, timed ``t_bcast``) and every peer replays that. So a
-  healthy round runs two collectives on the peer group, not three.
+  (``optimizer/received``, timed ``t_bcast``) and every peer replays that. Each peer
+  replays its own slice before it knows, and the readiness, both slice signatures
+  and that update travel in one exchange: a healthy round runs one collective on the
+  peer group; a round whose slices differ adds the broadcast and a second exchange.
 
 A job with several optimizers (Megatron's chained optimizers, TorchTitan's
 per-model-part ones) has one slice rotation over all of their parameters, in the
@@ -59,6 +61,8 @@ log = logging.getLogger(__name__)
 
 _SLICE = "optimizer/slice"
 """Each peer's own pre-step slice: replicated state is bitwise equal across peers."""
+_UPDATE = "optimizer/update"
+"""The update replayed on one and the same pre-step slice."""
 
 
 @dataclass
@@ -177,45 +181,56 @@ class OptimizerReplay:
         pieces, self._pieces = self._pieces, None
         recipe = Recipe(OPTIMIZER, None, self._index)
         own_before = None if pieces is None else sign(self._flat(pieces))
-        ready = exchange(
+        after = sign(self._after())
+        # Optimistically, each peer replays its own slice before the one exchange: where
+        # every peer's slice agrees that is the source's bytes (module doc).
+        update = None if pieces is None else self._signed_update(pieces)
+        ready = [
+            Surface("optimizer/ready", Mode.EXACT, self._digest(pieces, step)),
+            Surface(_SLICE, Mode.EXACT, own_before),
+            *control.surfaces("optimizer", counts),
+        ]
+        first = exchange(
             [
-                Surface("optimizer/ready", Mode.EXACT, self._digest(pieces, step)),
-                Surface(_SLICE, Mode.EXACT, own_before),
-                *control.surfaces("optimizer", counts),
+                *ready,
+                Surface(_UPDATE, Mode.EXACT, update),
+                Surface("optimizer/result", Mode.EXACT, after),
             ],
             group=self.peers.pg,
             ranks=self.peers.ranks,
             kappa=self.kappa,
         )
-        split = control.diverged("optimizer", ready)
-        if split or ready["optimizer/ready"].status is not Status.AGREE or pieces is None:
+        split = control.diverged("optimizer", first)
+        if split or first["optimizer/ready"].status is not Status.AGREE or pieces is None:
             # Slices of peers that are not at the same point are not comparable: the
-            # round reads inconclusive, never a verdict on ``optimizer/slice``.
-            checked = {k: r for k, r in ready.items() if k != _SLICE}
+            # round reads inconclusive, never a verdict on the slice or the update.
+            checked = {s.name: first[s.name] for s in ready if s.name != _SLICE}
             reason = "control flow diverged" if split else "optimizer snapshot differs"
             return RoundOutcome(recipe, step, self.peers.ranks, False, checked, reason)
-        after = self._after()
-        surfaces: list[Surface] = []
-        src: int | None = None
-        received = pieces
-        if ready[_SLICE].status is not Status.AGREE:
-            src = self.peers.ranks[step % len(self.peers.ranks)]
-            received, t_bcast = self._broadcast(pieces, src)
-            surfaces += [
+        if first[_SLICE].status is Status.AGREE:
+            return RoundOutcome(recipe, step, self.peers.ranks, True, first)
+        # The peers' slices differ: every peer replays the source's (a second exchange).
+        src = self.peers.ranks[step % len(self.peers.ranks)]
+        received, t_bcast = self._broadcast(pieces, src)
+        results = exchange(
+            [
                 Surface("optimizer/received", Mode.EXACT, sign(self._flat(received))),
                 Surface("optimizer/t_bcast", Mode.STATISTICAL, t_bcast),
-            ]
+                Surface(_UPDATE, Mode.EXACT, self._signed_update(received)),
+            ],
+            group=self.peers.pg,
+            ranks=self.peers.ranks,
+            kappa=self.kappa,
+        )
+        return RoundOutcome(recipe, step, self.peers.ranks, True, {**first, **results}, source=src)
+
+    def _signed_update(self, pieces: list[_Piece]) -> int | None:
+        """The signature of the replayed update of ``pieces``; None when it failed."""
         try:
-            update: int | None = sign(self._replay(received))
+            return sign(self._replay(pieces))
         except Exception as exc:  # evidence goes missing; peers read inconclusive
             log.warning("optimizer replay failed on this rank: %s", exc)
-            update = None
-        surfaces += [
-            Surface("optimizer/update", Mode.EXACT, update),
-            Surface("optimizer/result", Mode.EXACT, sign(after)),
-        ]
-        results = exchange(surfaces, group=self.peers.pg, ranks=self.peers.ranks, kappa=self.kappa)
-        return RoundOutcome(recipe, step, self.peers.ranks, True, {**ready, **results}, source=src)
+            return None
 
     def _digest(self, pieces: list[_Piece] | None, step: int) -> int | None:
         if pieces is None:
