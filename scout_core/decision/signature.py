@@ -65,8 +65,8 @@ arithmetic, and a replay round signs a handful of surfaces: the mix of the words
 signature's ~200 us. Where NumPy is installed, both run on NumPy views of the same
 CPU memory: ``uint64`` and ``uint32`` arithmetic wraps, and NumPy's ``>>`` on
 unsigned words is the logical shift, so the words and the signature are bit for bit
-the torch path's (``tests/unit/test_signature.py`` compares both paths). Without
-NumPy the torch path runs.
+the torch path's (``tests/unit/test_signature.py`` compares both paths). NumPy is a
+dependency of the package; a source tree run where it is missing takes the torch path.
 """
 
 from __future__ import annotations
@@ -310,10 +310,8 @@ def fold(t: Tensor) -> Tensor:
     """
     if not isinstance(t, Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    if _np is not None and t.device.type == "cpu":
-        data = _byte_view(t)
-        if data.numel() <= _ROW_BYTES:
-            return _fold_row_np(data)
+    if _np is not None and t.device.type == "cpu" and t.numel() * t.element_size() <= _ROW_BYTES:
+        return _fold_row_np(_byte_view(t))
     return _fold(t, _chunk_rows(t.device))
 
 
@@ -395,10 +393,11 @@ def _bodies_np(words: Tensor, counts: Sequence[int]) -> list[int]:
     if len(counts) == 1:
         return [int(z.sum(dtype=_np.uint64))]
     # Run sums as differences of a wrapping prefix sum (an empty run sums to 0).
-    ends = _np.cumsum(_np.asarray(counts, dtype=_np.int64))
+    sizes = _np.asarray(counts, dtype=_np.int64)
+    ends = _np.cumsum(sizes)
     prefix = _np.zeros(len(z) + 1, dtype=_np.uint64)
     _np.cumsum(z, dtype=_np.uint64, out=prefix[1:])
-    return [int(v) for v in prefix[ends] - prefix[ends - _np.asarray(counts)]]
+    return [int(v) for v in prefix[ends] - prefix[ends - sizes]]
 
 
 @functools.cache
