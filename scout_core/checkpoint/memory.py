@@ -206,8 +206,10 @@ class _HostCopier:
 
     def _buffer(self, key: tuple[Any, ...], t: torch.Tensor, pinned: bool) -> torch.Tensor:
         free = self.pool.get(key)
-        if free:
-            return free.pop()
+        return free.pop() if free else self._allocate(t, pinned)
+
+    def _allocate(self, t: torch.Tensor, pinned: bool) -> torch.Tensor:
+        """A new host buffer for ``t`` (the pool had none of its layout)."""
         self.fresh = True
         # empty_like keeps a dense tensor's strides (as clone does) and makes an
         # overlapping one (an expanded view) contiguous, so the copy can write it.
@@ -223,7 +225,7 @@ class _HostCopier:
         if key[3]:
             return self(t)
         free = self.pool.get(key)
-        host = free.pop() if free else self._buffer(key, t, pinned=False)
+        host = free.pop() if free else self._allocate(t, pinned=False)
         self._deferred.append((host, t))
         made = self.made.get(key)
         if made is None:
