@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from docs_blocks import DATA, RUN, Block, commands, extract, output_matches
+from docs_blocks import (
+    DATA,
+    RUN,
+    Block,
+    commands,
+    expected_exit_code,
+    extract,
+    output_matches,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted(
@@ -172,9 +180,13 @@ def test_console_block(block: Block, workdir: Path) -> None:
         output = parts[i] if i == 0 else parts[i].split("\n", 1)[1] if "\n" in parts[i] else ""
         output = _elide(output, workdir)
         rc = int(parts[i + 1].split("\n", 1)[0].split()[0])
-        rc_shown = i + 1 < len(steps) and steps[i + 1].line.strip() == "echo $?"
-        assert rc_shown or rc == 0, (
-            f"{block.id}: `{step.line}` exited {rc}:\n{output}\n{res.stderr}"
+        try:
+            documented = expected_exit_code(steps, i)
+        except ValueError as exc:
+            pytest.fail(f"{block.id}: {exc}")
+        assert rc == documented, (
+            f"{block.id}: `{step.line}` exited {rc}, the transcript documents {documented}:"
+            f"\n{output}\n{res.stderr}"
         )
         missing = output_matches(step.expected, output)
         assert missing is None, (
