@@ -54,6 +54,7 @@ __all__ = ["DiagnosisRound"]
 _BELL_WAIT = timedelta(hours=1)
 _HISTORY_SLOTS = 4  # lagging op ids checked against the peers' rings, per round
 _STUCK = frozenset({Failure.GROUP_STALL, Failure.INPUT_STALL, Failure.CHECKPOINT_STALL})
+_NO_TEMPLATE = (0, 0, 0)  # a real fingerprint's first word carries its op code, never 0
 
 
 class DiagnosisRound(ObserverBase):
@@ -136,7 +137,14 @@ class DiagnosisRound(ObserverBase):
         with self.lock:
             quiet = 0.0 if snap.op_id != self.last_op else started - self.quiet_since
         mine = RankEvidence(
-            s.rank, snap.step, snap.op_id, int(snap.stage), snap.fingerprint, quiet, snap.peer
+            s.rank,
+            snap.step,
+            snap.op_id,
+            int(snap.stage),
+            snap.fingerprint,
+            quiet,
+            snap.peer,
+            self.rec.template(snap),
         )
         self.ops.set(f"r/{n}/ev/{s.rank}", json.dumps(mine.to_json()))
         members = self.register(f"r/{n}/{self.gid}", deadline)
@@ -175,6 +183,7 @@ class DiagnosisRound(ObserverBase):
                 Surface("stage", Mode.EXACT, mine.stage),
                 Surface("peer", Mode.EXACT, 0 if mine.peer is None else mine.peer + 1),
                 Surface("quiet", Mode.STATISTICAL, mine.quiet_s),
+                Surface("template", Mode.EXACT, mine.template or _NO_TEMPLATE, width=3),
             ],
             group=self.group,
             ranks=list(range(len(present))),
@@ -186,7 +195,8 @@ class DiagnosisRound(ObserverBase):
             stage = results["stage"].evidence[i]
             peer = results["peer"].evidence[i]
             q = results["quiet"].evidence[i]
-            assert isinstance(coord, tuple) and isinstance(fp, tuple)
+            t = results["template"].evidence[i]
+            assert isinstance(coord, tuple) and isinstance(fp, tuple) and isinstance(t, tuple)
             assert isinstance(stage, int) and isinstance(peer, int) and isinstance(q, float)
             out.append(
                 RankEvidence(
@@ -197,6 +207,7 @@ class DiagnosisRound(ObserverBase):
                     (fp[0], fp[1], fp[2]),
                     q,
                     peer - 1 if peer else None,
+                    None if t == _NO_TEMPLATE else (t[0], t[1], t[2]),
                 )
             )
         return out

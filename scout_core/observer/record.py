@@ -32,14 +32,16 @@ collectives::
     16 PEER    the pending point-to-point partner's global rank + 1 (0: none)
     17 RING_N  collectives entered so far (the ring's write position)
     18..31     spare
-    32..159    the last RING collectives entered: (op id, three fingerprint words)
+    32..191    the last RING collectives entered: (op id, step, three fingerprint words)
 
 [The ring of recent collectives]
 A rank behind its peers inside a collective may be waiting for a partner, or may
 have entered a collective its peers never ran (a protocol mismatch). Its peers are
 past that point by then, so the observers ask each peer's ring what it ran at the
 lagging rank's op id (:mod:`.diagnosis_round`). Equivalent ranks publish the same
-sequence of operations, so op ids line up across a peer group.
+sequence of operations, so op ids line up across a peer group. Each entry also keeps
+the step it was entered in, so a rank can say what it entered at the same position of
+the last iteration it completed (:meth:`ProgressRecord.template`).
 
 [Seqlock]
 A publish makes SEQ odd, writes the fields, and makes SEQ even again; a reader
@@ -89,9 +91,10 @@ __all__ = [
 RING = 32
 """Recent collectives kept in the record."""
 _RING_AT = 32
-WORDS = _RING_AT + 4 * RING
+_ENTRY = 5
+WORDS = _RING_AT + _ENTRY * RING
 SIZE = WORDS * 8
-_MAGIC = 0x5C0_0B5_0002
+_MAGIC = 0x5C0_0B5_0003
 
 SEQ, OP_ID, STEP, STAGE, FP0, FP1, FP2, CLOSING = range(8)
 ARMED, STATE, ROUNDS, COLLS, STOREOPS, PID, MAGIC = range(8, 15)
@@ -227,8 +230,9 @@ class ProgressRecord:
             op_id, step, st, (f0, f1, f2), bool(closing), torn, None if peer <= 0 else peer - 1
         )
 
-    def history(self) -> dict[int, tuple[int, int, int]]:
-        """The recent collectives: op id → fingerprint (at most :data:`RING`)."""
+    def recent(self) -> tuple[list[tuple[int, int, tuple[int, int, int]]], bool]:
+        """The recent collectives, oldest first: (op id, step, fingerprint), at most
+        :data:`RING`; and whether the ring still holds every collective since the start."""
         w = self.words
         ring: list[int] = []
         count = 0
@@ -240,11 +244,32 @@ class ProgressRecord:
                 break
             if attempt % 64 == 63:
                 time.sleep(0.0005)
-        found: dict[int, tuple[int, int, int]] = {}
-        for i in range(min(count, RING)):
-            op, f0, f1, f2 = ring[4 * i : 4 * i + 4]
-            found[op] = (f0, f1, f2)
-        return found
+        out = []
+        for n in range(max(0, count - RING), count):
+            i = _ENTRY * (n % RING)
+            op, step, f0, f1, f2 = ring[i : i + _ENTRY]
+            out.append((op, step, (f0, f1, f2)))
+        return out, count <= RING
+
+    def history(self) -> dict[int, tuple[int, int, int]]:
+        """The recent collectives: op id → fingerprint (at most :data:`RING`)."""
+        return {op: fp for op, _, fp in self.recent()[0]}
+
+    def template(self, snap: Snapshot) -> tuple[int, int, int] | None:
+        """What this rank entered at the pending collective's position (its index among
+        the step's collectives on the same group) in the previous step; None outside a
+        collective, at the first step, or when the ring no longer holds that whole step."""
+        if snap.stage is not Stage.COLLECTIVE or snap.step < 1:
+            return None
+        entries, complete = self.recent()
+        word = snap.fingerprint[1]
+        if not complete and (not entries or entries[0][1] >= snap.step - 1):
+            return None  # the ring may have dropped the start of the previous step
+        position = sum(
+            1 for op, step, fp in entries if step == snap.step and fp[1] == word and op < snap.op_id
+        )
+        before = [fp for _, step, fp in entries if step == snap.step - 1 and fp[1] == word]
+        return before[position] if position < len(before) else None
 
     def wait_for_progress(self, timeout_s: float) -> bool:
         """Arm the event and sleep until the trainer signals or ``timeout_s`` passes."""
@@ -328,8 +353,8 @@ class Publisher:
             w[FP0], w[FP1], w[FP2] = fp
             w[PEER] = 0 if peer is None else peer + 1
             n = self._ring_n
-            at = _RING_AT + 4 * (n % RING)
-            w[at], w[at + 1], w[at + 2], w[at + 3] = op, fp[0], fp[1], fp[2]
+            at = _RING_AT + _ENTRY * (n % RING)
+            w[at], w[at + 1], w[at + 2], w[at + 3], w[at + 4] = op, self._step, fp[0], fp[1], fp[2]
             self._ring_n = n + 1
             w[RING_N] = n + 1
             w[SEQ] = seq + 1

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_core.observer.fingerprint import describe
-from scout_core.observer.held import release_held
+from scout_core.observer.mismatch import name_mismatches
 from scout_core.observer.record import Stage
+from scout_core.observer.roots import name_roots, release_held
 from scout_core.observer.verdict import RankEvidence, Verdict
 from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Scope, Status
@@ -80,6 +81,9 @@ class GroupResult:
     verdicts: tuple[Verdict, ...] = ()
     waits: tuple[Wait, ...] = ()
     stalls: tuple[Stall, ...] = ()
+    evidence: tuple[RankEvidence, ...] = ()
+    """The present members' evidence: every observer builds the job's wait-for graph
+    from the union of these (:mod:`.roots`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,7 @@ class GroupResult:
                 for w in self.waits
             ],
             "stalls": [[list(s.members), s.step, s.pending] for s in self.stalls],
+            "evidence": [e.to_json() for e in self.evidence],
         }
 
     @classmethod
@@ -104,6 +109,7 @@ class GroupResult:
                 for r, f, s, p, a, q in data["waits"]
             ),
             tuple(Stall(tuple(m), int(s), dict(p)) for m, s, p in data["stalls"]),
+            tuple(RankEvidence.from_json(e) for e in data.get("evidence", ())),
         )
 
 
@@ -239,7 +245,7 @@ def resolve(
                 stalls.extend(f for f in found if isinstance(f, Stall))
                 continue
         out.append(v)
-    return GroupResult(group, lead, tuple(out), tuple(waits), tuple(stalls))
+    return GroupResult(group, lead, tuple(out), tuple(waits), tuple(stalls), tuple(evidence))
 
 
 def _stall_key(s: Stall) -> tuple[str, str]:
@@ -266,6 +272,8 @@ def merge(
         decided.extend(
             (v if v.group else replace(v, group=res.group), res.lead) for v in res.verdicts
         )
+    decided = name_roots(decided, ordered, layout, sorted(job_ranks))
+    decided = name_mismatches(decided, ordered, layout, sorted(job_ranks))
     stalls: dict[tuple[str, str], list[tuple[Stall, int]]] = {}
     for res in ordered:
         for st in res.stalls:
@@ -301,7 +309,8 @@ def merge(
             if set(w.waits_for) & cause
         }
         if held:
-            decided[i] = (replace(v, detail={**v.detail, "waiting": held}), writer)
+            waiting = {**v.detail.get("waiting", {}), **held}
+            decided[i] = (replace(v, detail={**v.detail, "waiting": waiting}), writer)
             attached |= {int(r) for r in held}
     for w, lead in waits:
         if w.rank in attached or not w.quiet:

@@ -56,6 +56,9 @@ class RankEvidence:
     quiet_s: float
     peer: int | None = None
     """The partner of a pending point-to-point operation (a global rank)."""
+    template: tuple[int, int, int] | None = None
+    """What the rank entered at the same position of its previous step (a pending
+    collective only; :meth:`~.record.ProgressRecord.template`)."""
 
     def to_json(self) -> list[Any]:
         return [
@@ -66,11 +69,13 @@ class RankEvidence:
             list(self.fingerprint),
             self.quiet_s,
             self.peer,
+            None if self.template is None else list(self.template),
         ]
 
     @classmethod
     def from_json(cls, data: Sequence[Any]) -> RankEvidence:
-        rank, step, op_id, stage, fp, quiet, peer = data
+        rank, step, op_id, stage, fp, quiet, peer, *rest = data
+        t = rest[0] if rest else None
         return cls(
             int(rank),
             int(step),
@@ -79,6 +84,7 @@ class RankEvidence:
             (int(fp[0]), int(fp[1]), int(fp[2])),
             float(quiet),
             None if peer is None else int(peer),
+            None if t is None else (int(t[0]), int(t[1]), int(t[2])),
         )
 
 

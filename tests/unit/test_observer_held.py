@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scout_core.observer.fingerprint import COLLECTIVES
-from scout_core.observer.held import release_held
 from scout_core.observer.record import Stage
 from scout_core.observer.resolve import GroupResult, merge, resolve
 from scout_core.observer.roles import GroupRoles
+from scout_core.observer.roots import release_held
 from scout_core.observer.verdict import RankEvidence, Verdict, decide_round
 from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Scope, Status

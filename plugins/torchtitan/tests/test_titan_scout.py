@@ -9,7 +9,7 @@ replaying every recipe every step. One rank misbehaves through SCOUT's own injec
 * a 200 ms straggler on rank 3 → ``straggler`` naming rank 3;
 * rank 4 frozen with SIGSTOP → ``hang`` within ``hang_timeout_s`` + 2 s, naming rank 4
   only: its TP partner 5, held up in a DTensor collective the observer cannot see, is
-  recorded as waiting for it (``scout_core/observer/held.py``), never named;
+  recorded as waiting for it (``scout_core/observer/roots.py``), never named;
 * 30 clean steps → no record that names a rank or is inconclusive.
 """
 
