@@ -16,7 +16,7 @@ if [ -n "${SCOUT_BOOTSTRAP_NO_INSTALL:-}" ] && [ -x .venv/bin/python ]; then
   exit 0
 fi
 stamp=.venv/.scout-bootstrap
-want="$(cat pyproject.toml plugins/*/pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)"
+want="$(cat pyproject.toml plugins/*/pyproject.toml scripts/bootstrap.sh scripts/constraints-dev.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   pip=(.venv/bin/pip install -q --disable-pip-version-check)
   # The core was distributed as "scout" before it became "scout-core"; the two would
@@ -27,7 +27,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "${pip[@]}" "torch==2.13.0"
   say "installing scout-core, its three plugins, DeepSpeed, Megatron-Core, TorchTitan and the test tools"
   "${pip[@]}" "torch==2.13.0" \
-    -e ".[dev]" -e plugins/deepspeed -e plugins/megatron -e plugins/torchtitan
+    -c scripts/constraints-dev.txt -e ".[dev]" -e plugins/deepspeed -e plugins/megatron -e plugins/torchtitan
   # Megatron-Bridge's callback API is tested from its installed callbacks.py, which
   # needs nothing else; Bridge's own dependencies (Transformer Engine ...) need CUDA.
   say "installing megatron-bridge==0.3.1 (callbacks only, no dependencies)"
