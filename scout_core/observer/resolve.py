@@ -272,12 +272,17 @@ def merge(
         decided.extend(
             (v if v.group else replace(v, group=res.group), res.lead) for v in res.verdicts
         )
-    decided = name_roots(decided, ordered, layout, sorted(job_ranks))
+    decided, stuck = name_roots(decided, ordered, layout, sorted(job_ranks))
     decided = name_mismatches(decided, ordered, layout, sorted(job_ranks))
     stalls: dict[tuple[str, str], list[tuple[Stall, int]]] = {}
     for res in ordered:
         for st in res.stalls:
             stalls.setdefault(_stall_key(st), []).append((st, res.lead))
+    waiting_for: dict[tuple[str, str], dict[str, Any]] = {}
+    for g in stuck:
+        st = Stall(g.members, g.step, g.pending)
+        stalls.setdefault(_stall_key(st), []).append((st, g.writer))
+        waiting_for.setdefault(_stall_key(st), {}).update(g.waiting)
     for key in sorted(stalls):
         found = stalls[key]
         members = sorted({tuple(st.members) for st, _ in found})
@@ -294,6 +299,7 @@ def merge(
                 "pending": found[0][0].pending,
                 "reason": "every member of these collectives is inside them and none "
                 "completes: a transport or device stall; run device and fabric checks",
+                **({"waiting": waiting_for[key]} if waiting_for.get(key) else {}),
             },
             group=everyone,
         )

@@ -8,10 +8,12 @@ group results every observer reads, so every observer reaches the same records:
   naming nobody. The graph over every present rank's position names each root it
   reaches when every root is a single rank (rank scope; ``hang``, ``input_stall`` or
   ``checkpoint_stall`` by the root's stage), with the chain of waits as evidence and
-  every waiter under ``detail["waiting"]``. A group whose ranks only wait for a root of
-  another group is explained by that root's record. Ranks that may each wait for the
-  other, or a root whose observer did not answer, leave the record as it was (group
-  scope), with the reason.
+  every waiter under ``detail["waiting"]``. A root inside a collective whose every
+  member sits inside the same operation is no culprit: that collective is stuck (a
+  link, a switch), recorded as a ``group_stall`` naming its members. A group whose
+  ranks only wait for a root of another group is explained by that root's record.
+  Ranks that may each wait for the other, or a root whose observer did not answer,
+  leave the record as it was (group scope), with the reason.
 * :func:`release_held` moves a rank a vote named, but that waits for another named rank,
   to that rank's record as waiting (a TP partner in a collective SCOUT does not see).
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from scout_core.observer.fingerprint import describe
 from scout_core.observer.record import Stage
@@ -35,7 +37,7 @@ from scout_core.observer.waitfor import Position, WaitForGraph, peer_order
 from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Scope, Status
 
-__all__ = ["GroupEvidence", "name_roots", "position_of", "release_held"]
+__all__ = ["GraphStall", "GroupEvidence", "name_roots", "position_of", "release_held"]
 
 _P2P_CODE = 16
 _PROGRESS = frozenset({Failure.HANG, Failure.INPUT_STALL, Failure.CHECKPOINT_STALL})
@@ -126,17 +128,30 @@ def _root_verdict(
     )
 
 
+class GraphStall(NamedTuple):
+    """A collective the graph found stuck with every member inside it (no rank named)."""
+
+    members: tuple[int, ...]
+    step: int
+    pending: dict[str, Any]
+    writer: int
+    waiting: dict[str, Any]
+    """The ranks that wait for it, as ``detail["waiting"]`` lists them."""
+
+
 def name_roots(
     decided: Decided,
     results: Sequence[GroupEvidence],
     layout: MeshLayout | None,
     job: Sequence[int],
-) -> Decided:
-    """``decided`` with the stalls no vote decided named by the wait-for graph (module doc)."""
+) -> tuple[Decided, list[GraphStall]]:
+    """``decided`` with the stalls no vote decided named by the wait-for graph (module
+    doc), and the collectives it found stuck with every member inside (for
+    :func:`~.resolve.merge` to record as group stalls, beside those its groups found)."""
     evidence = {e.rank: e for res in results for e in res.evidence}
     todo = [i for i, (v, _) in enumerate(decided) if _inconclusive(v)]
     if not evidence or not todo:
-        return list(decided)
+        return list(decided), []
     behind: list[tuple[int, int]] = []
     for res in results:
         if any(_inconclusive(replace(v, group=v.group or res.group)) for v in res.verdicts):
@@ -151,6 +166,7 @@ def name_roots(
     quiet = {r: e.quiet_s for r, e in evidence.items()}
     out: Decided = []
     explained: dict[int, list[int]] = {}
+    stalls: list[GraphStall] = []
     for i, (v, writer) in enumerate(decided):
         if i not in todo:
             out.append((v, writer))
@@ -163,11 +179,29 @@ def name_roots(
             out.append((replace(v, detail={**v.detail, "graph": why}), writer))
             continue
         for root in singles:
-            if root in v.group:
+            members = graph.stalled(root)
+            if members is not None:
+                stalls.append(_stall(graph, root, members, writer))
+            elif root in v.group:
                 out.append((_root_verdict(graph, v, root, quiet), writer))
             else:
                 explained.setdefault(root, []).extend(r for r in ranks if r != root)
-    return _attach(out, graph, explained)
+    return _attach(out, graph, explained), stalls
+
+
+def _stall(graph: WaitForGraph, root: int, members: tuple[int, ...], writer: int) -> GraphStall:
+    """A root inside a collective whose every member is inside it: the collective is
+    stuck, and every rank whose roots all lie in it waits for it."""
+    inside = set(members)
+    waiting: dict[str, Any] = {}
+    for r in sorted(graph.edges):
+        found = graph.roots_of([r])
+        if r in inside or not found or not all(c <= inside for c in found):
+            continue
+        entry = _entry(graph, r, min(found[0]))
+        waiting[str(r)] = {**entry, "for": sorted({m for c in found for m in c})}
+    p = graph.positions[root]
+    return GraphStall(members, p.step, dict(p.pending), writer, waiting)
 
 
 def _undecided(graph: WaitForGraph, roots: Sequence[frozenset[int]]) -> str:

@@ -113,6 +113,7 @@ class WaitForGraph:
     ) -> None:
         self.positions = {p.rank: p for p in positions}
         self.absent = frozenset(absent) - set(self.positions)
+        self.layout = layout
         nodes = sorted(self.positions)
         self.edges: dict[int, set[int]] = {r: set() for r in (*nodes, *sorted(self.absent))}
         for w in nodes:
@@ -176,6 +177,18 @@ class WaitForGraph:
                     for x in comp:
                         out[x] = frozen
         return out
+
+    def stalled(self, rank: int) -> tuple[int, ...] | None:
+        """The members of ``rank``'s pending collective when every one of them sits inside
+        that same operation (nobody behind: the collective itself is stuck), else None."""
+        p = self.positions.get(rank)
+        members = None if p is None else p.members_in(self.layout)
+        if p is None or p.operation is None or members is None or len(members) < 2:
+            return None
+        inside = all(
+            m in self.positions and self.positions[m].operation == p.operation for m in members
+        )
+        return tuple(sorted(members)) if inside else None
 
     def component(self, rank: int) -> frozenset[int]:
         return self._component[rank]

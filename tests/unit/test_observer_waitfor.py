@@ -316,3 +316,21 @@ def test_the_record_gives_the_previous_steps_collective_at_the_same_position() -
         assert rec.template(rec.read()) is None
     finally:
         rec.close()
+
+
+def test_a_pair_stuck_together_in_one_collective_is_a_stall_not_a_root() -> None:
+    """HSDP 2 x 2: shard partners 0 and 1 sit inside the same all-reduce over their shard
+    group, which never completes; 2 and 3 wait for them in the replicas' all-reduce. Each
+    vote is a pair with no majority, and 0 and 1 wait for nobody: the collective is stuck,
+    so one group stall names its members and no rank is named."""
+    evidence = [
+        _in(HSDP, 0, 2, 40, (0, 1)),
+        _in(HSDP, 1, 2, 40, (0, 1)),
+        _in(HSDP, 2, 2, 60, (0, 2)),
+        _in(HSDP, 3, 2, 60, (1, 3)),
+    ]
+    decided = _round(HSDP, [(0, 2), (1, 3)], evidence)
+    assert _named(decided) == [("group_stall", "agree", ())]
+    v = decided[0][0]
+    assert v.detail["stalled"] == [[0, 1]] and v.scope is Scope.GROUP
+    assert {r: w["for"] for r, w in v.detail["waiting"].items()} == {"2": [0], "3": [1]}
