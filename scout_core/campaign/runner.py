@@ -21,7 +21,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ class CampaignResult:
 def _stopper(victim: int, report_dir: Path, times: dict[str, float]) -> Callable[[list[Any]], None]:
     """``run_ranks``'s ``on_start`` for a SIGSTOP trial (module doc)."""
     from scout_core.records.reading import load_report
-    from scout_core.testing.trial import STOP_MARKER
+    from scout_core.testing.trial import RESUMED_MARKER, STOP_MARKER
 
     def has_hang() -> bool:
         if not report_dir.is_dir():
@@ -79,6 +79,7 @@ def _stopper(victim: int, report_dir: Path, times: dict[str, float]) -> Callable
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
+            (marker.parent / RESUMED_MARKER).write_text("{}")
 
     def on_start(ranks: list[Any]) -> None:
         threading.Thread(target=drive, args=(ranks,), daemon=True).start()
@@ -86,15 +87,18 @@ def _stopper(victim: int, report_dir: Path, times: dict[str, float]) -> Callable
     return on_start
 
 
-def run_trial(trial: Trial, setup: Setup, out_dir: Path) -> TrialScore:
-    """Run one trial and score it from its evidence."""
+def run_trial(
+    trial: Trial, setup: Setup, out_dir: Path, *, fault: Mapping[str, Any] | None = None
+) -> TrialScore:
+    """Run one trial and score it from its evidence; ``fault``: extra keys of the
+    fault's spec (a test kind's, such as the group a ``collective_stall`` holds open)."""
     from scout_core.errors import ScoutError
     from scout_core.records.reading import load_report
     from scout_core.testing.harness import run_ranks
 
     report_dir = out_dir / f"trial-{trial.index:03d}-{trial.setup}-{trial.kind}"
     payload = trial.to_dict() | {
-        "fault": fault_spec(trial.kind, trial.victim, trial.step),
+        "fault": fault_spec(trial.kind, trial.victim, trial.step) | dict(fault or {}),
         "scout": trial_settings(str(report_dir), trial.to_dict()),
     }
     times: dict[str, float] = {}

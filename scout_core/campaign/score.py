@@ -39,6 +39,7 @@ ACCEPTED: Mapping[str, frozenset[str]] = {
     "input_stall": frozenset({"input_stall"}),
     "checkpoint_stall": frozenset({"checkpoint_stall"}),
     "clean": frozenset(),
+    "collective_stall": frozenset(),  # a test kind: the stalled group is named, no rank
 }
 """The failure classes a verdict may report for each fault kind to count as true."""
 

@@ -18,10 +18,21 @@ The numerical faults and the compute straggler go through :class:`Faults` (modul
 and optimizer hooks); the communication straggler through
 :meth:`Trigger.delay_collective`. The rest happen in the loop itself, where a real
 one would: a dataloader fetch that stalls (``input_stall``), a checkpoint write that
-stalls (``checkpoint_stall``), a collective of another type on one rank
-(``protocol_mismatch``), a thread that holds the GIL (``hang_gil``), and a rank that
-waits, marked, for the campaign runner to ``SIGSTOP`` it (``hang_sigstop``: a process
-cannot resume itself, so the runner stops it and continues it once the verdict is in).
+stalls (``checkpoint_stall``), a collective of another type on one rank where the
+others run the loop's usual one (``protocol_mismatch``: every rank all-reduces a
+metric on a side group at every step, as training loops log a loss, and at the fault
+step the victim broadcasts instead), a thread that holds the GIL (``hang_gil``), and
+a rank that waits, marked, for the campaign runner to ``SIGSTOP`` it (``hang_sigstop``:
+a process cannot resume itself, so the runner stops it and continues it once the
+verdict is in).
+
+One kind is for tests, never drawn by a campaign (:data:`TEST_KINDS`):
+``collective_stall`` holds a collective open with every member inside it (a link or
+switch fault): the spec's ``ranks`` all-reduce on a group of their own at the fault
+step, and the transport under SCOUT's collective patch stalls there. That transport is
+a wrapper of ``torch.distributed.all_reduce`` installed when the :class:`TrialFault` is
+constructed, so it must be constructed before SCOUT attaches (SCOUT's patch then wraps
+it); :meth:`TrialFault.detach` removes it.
 
 [Timing]
 Stalls last ``stall_s`` (the spec's, by default the hang timeout + 3 s), long enough
@@ -44,7 +55,7 @@ from typing import Any
 
 from scout_core.testing.injectors import BitFlip, Faults, flip_bit
 
-__all__ = ["FAULT_KINDS", "STOP_MARKER", "TrialFault", "hold_gil"]
+__all__ = ["FAULT_KINDS", "RESUMED_MARKER", "STOP_MARKER", "TEST_KINDS", "TrialFault", "hold_gil"]
 
 FAULT_KINDS: tuple[str, ...] = (
     "param_sdc",
@@ -61,12 +72,17 @@ FAULT_KINDS: tuple[str, ...] = (
 )
 """Every fault kind a trial can carry; ``clean`` injects nothing (a control)."""
 
+TEST_KINDS: tuple[str, ...] = ("collective_stall",)
+"""Kinds for tests only (module doc): a campaign never draws them."""
+
 _HOOKED = frozenset({"compute_sdc", "optimizer_sdc", "compute_straggler", "comm_straggler"})
 """Kinds armed through :class:`Faults` hooks by :meth:`TrialFault.attach`."""
 
 STOP_MARKER = "campaign-stop-ready"
 """File the ``hang_sigstop`` victim writes in ``SCOUT_TEST_RANK_DIR`` (JSON: its pid),
 then waits: the runner stops it there, before the step's collectives."""
+RESUMED_MARKER = "campaign-stop-done"
+"""File the runner writes once it has continued the stopped victim (or given up)."""
 
 
 def hold_gil(seconds: float) -> None:
@@ -102,8 +118,9 @@ class TrialFault:
 
     def __init__(self, spec: Mapping[str, Any], *, rank: int | None = None) -> None:
         kind = str(spec["kind"])
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+        if kind not in FAULT_KINDS + TEST_KINDS:
+            known = ", ".join(FAULT_KINDS + TEST_KINDS)
+            raise ValueError(f"unknown fault kind {kind!r}; known: {known}")
         self.kind = kind
         self.victim = int(spec["rank"])
         self.step = int(spec["step"])
@@ -116,6 +133,12 @@ class TrialFault:
         self._side: Any = None
         self._param: tuple[Any, str, Callable[[Any], Any]] | None = None
         self._fired: list[list[Any]] = []
+        self._members = tuple(int(r) for r in spec.get("ranks", ()))
+        self._unwrap: Callable[[], None] | None = None
+        if kind == "collective_stall":
+            if not self._members:
+                raise ValueError("a collective_stall spec needs 'ranks': the stalled group")
+            self._unwrap = self._stalling_transport()
 
     @property
     def mine(self) -> bool:
@@ -124,12 +147,15 @@ class TrialFault:
 
     def prepare(self) -> None:
         """Collective, on every rank: the side group a protocol mismatch runs on (its
-        own short timeout, so the mismatched collective ends and training goes on)."""
-        if self.kind == "protocol_mismatch":
-            import torch.distributed as dist
+        own short timeout, so the mismatched collective ends and training goes on), or
+        the group a collective stall holds open."""
+        import torch.distributed as dist
 
-            timeout = timedelta(seconds=self.stall_s + 2.0)
+        timeout = timedelta(seconds=self.stall_s + 2.0)
+        if self.kind == "protocol_mismatch":
             self._side = dist.new_group(backend="gloo", timeout=timeout)
+        elif self.kind == "collective_stall":
+            self._side = dist.new_group(list(self._members), backend="gloo", timeout=timeout)
 
     def attach(
         self,
@@ -182,10 +208,12 @@ class TrialFault:
 
     def before_step(self, step: int) -> None:
         """At the start of ``step``: the loop-level faults that strike before training."""
+        if self.kind == "protocol_mismatch" and step <= self.step:
+            self._metric(mismatch=step == self.step)
         if step != self.step:
             return
-        if self.kind == "protocol_mismatch":
-            self._mismatch()
+        if self.kind == "collective_stall":
+            self._stall_collective()
         if not self.mine:
             return
         if self.kind in _HOOKED:
@@ -195,7 +223,12 @@ class TrialFault:
         elif self.kind == "hang_sigstop":
             self.mark_injected()
             _write_marker(STOP_MARKER, {"pid": os.getpid(), "rank": self.rank})
-            time.sleep(2.0)  # stopped in here by the runner (within ms), then continued
+            # stopped in here by the runner, which writes RESUMED once it has continued
+            # this process: the stop lands here however late a loaded machine runs it
+            resumed = _scratch() / RESUMED_MARKER
+            deadline = time.monotonic() + 60.0
+            while not resumed.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         elif self.kind == "hang_gil":
             self.mark_injected()
             threading.Thread(target=hold_gil, args=(self.stall_s,), daemon=True).start()
@@ -228,9 +261,12 @@ class TrialFault:
         }
 
     def detach(self) -> None:
-        """Remove the hooks :meth:`attach` installed."""
+        """Remove the hooks :meth:`attach` installed, and a stalling transport."""
         if self._faults is not None:
             self._faults.detach()
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
 
     # -- internals ----------------------------------------------------------------------
 
@@ -252,19 +288,62 @@ class TrialFault:
         if self.injected_at is None:
             self.injected_at = time.time()
 
-    def _mismatch(self) -> None:
+    def _metric(self, *, mismatch: bool) -> None:
+        """The loop's metric all-reduce on the side group; at the fault step the victim
+        broadcasts instead (module doc)."""
         import torch
         import torch.distributed as dist
 
         x = torch.ones(4)
         try:
-            if self.mine:
+            if mismatch and self.mine:
                 self.mark_injected()
                 dist.broadcast(x, src=0, group=self._side)
             else:
                 dist.all_reduce(x, group=self._side)
         except RuntimeError:
-            pass  # the side group's timeout ends the mismatched collective
+            if not mismatch:
+                raise
+            # the side group's timeout ends the mismatched collective
+
+    def _stall_collective(self) -> None:
+        """The stalled group's members all-reduce on it; the transport holds it open."""
+        import torch
+        import torch.distributed as dist
+
+        if self.rank not in self._members:
+            return
+        self._fired.append(["collective_stall", list(self._members), self.step])
+        self.mark_injected()
+        dist.all_reduce(torch.ones(4), group=self._side)
+
+    def _stalling_transport(self) -> Callable[[], None]:
+        """Wrap ``torch.distributed.all_reduce`` so that the stalled group's collective
+        at the fault step waits ``stall_s`` before it runs (module doc); returns the undo."""
+        import functools
+
+        import torch.distributed as dist
+
+        orig = dist.all_reduce
+        stall_s = self.stall_s
+
+        @functools.wraps(orig)
+        def all_reduce(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group", args[2] if len(args) > 2 else None)
+            if group is not None and group is self._side:
+                time.sleep(stall_s)
+            return orig(*args, **kwargs)
+
+        modules = (dist, dist.distributed_c10d)
+        for module in modules:
+            module.all_reduce = all_reduce  # type: ignore[attr-defined]
+
+        def undo() -> None:
+            for module in modules:
+                if module.all_reduce is all_reduce:
+                    module.all_reduce = orig  # type: ignore[attr-defined]
+
+        return undo
 
 
 class _Loader:
@@ -286,9 +365,12 @@ class _Loader:
         return self.steps
 
 
+def _scratch() -> Path:
+    return Path(os.environ.get("SCOUT_TEST_RANK_DIR", "."))
+
+
 def _write_marker(name: str, value: Any) -> None:
-    scratch = Path(os.environ.get("SCOUT_TEST_RANK_DIR", "."))
-    path = scratch / name
+    path = _scratch() / name
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value))
     tmp.rename(path)

@@ -105,6 +105,7 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     import scout_deepspeed
     from scout_deepspeed.adapter import inner_optimizer
 
+    fault = TrialFault(trial["fault"])  # before SCOUT attaches: see TrialFault's test kinds
     engine, module, data = _engine(options, dict(trial["scout"]))
     session = scout_deepspeed.session_of(engine)
     if session is None or session.adapter is None:
@@ -112,7 +113,6 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     layers = [ref.path for ref in session.adapter.repeated_layers()]
     first = layers[0]  # the first parameter of the first repeated block, as in every setup
     param = f"{first}.{next(n for n, _ in module.get_submodule(first).named_parameters())}"
-    fault = TrialFault(trial["fault"])
     fault.prepare()
     fault.attach(module, inner_optimizer(engine), layers=layers, param=param, storage=_storage)
     pipeline = bool(options.get("pipeline"))
