@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 def _print_table(results: list[tuple[str, Any]]) -> None:
     head = (
         "model", "layout", "ranks", "peers", "groups", "group ms", "decide ms",
-        "all groups ms", "diagnose ms", "found", "C3 / rank", "observer / rank: world vs peers",
+        "all groups ms", "diagnose ms", "hang ms",
+        "found", "C3 / rank", "observer / rank: world vs peers",
     )  # fmt: skip
     rows = [head]
     for model, s in results:
@@ -78,6 +79,7 @@ def _print_table(results: list[tuple[str, Any]]) -> None:
                 f"{(t['exact'] + t['statistical']) * 1e3:.2f}",
                 f"{t['every_group'] * 1e3:.1f}",
                 f"{t['diagnosis'] * 1e3:.2f}",
+                f"{t['wait_for'] * 1e3:.1f}",
                 "yes" if s.ok else "NO",
                 _kib(traffic.c3_round),
                 f"{_kib(traffic.observer_world)} vs {_kib(traffic.observer_peer_group)}",
@@ -95,6 +97,7 @@ def _print_table(results: list[tuple[str, Any]]) -> None:
     print(
         "group: every rank's address and peer group; decide: one exact and one statistical "
         "C3 decision\nin the culprit's group; all groups: the exact round of every peer "
-        "group; diagnose: the four\nplanted cross-PG scenarios. Traffic is what one rank "
+        "group; diagnose: the four\nplanted cross-PG scenarios; hang: the wait-for graph of a "
+        "frozen rank, its roots and waiters.\nTraffic is what one rank "
         "receives per round (1 KiB per peer)."
     )

@@ -1,6 +1,6 @@
 """From the wait-for graph to the job's hang verdicts: name the roots, list the waiters.
 
-Two uses of one edge rule (:func:`~.waitfor.may_wait_for`), both pure functions of the
+Two uses of one edge rule (:class:`~.waitfor.WaitForGraph`), both pure functions of the
 group results every observer reads, so every observer reaches the same records:
 
 * :func:`name_roots` decides the stalls no vote could: a peer group with no strict

@@ -5,7 +5,7 @@ inside a collective waits *for* the members of that collective's group that have
 entered it, so the asymmetry that names the culprit exists even in a pair of replicas.
 Every observer builds the same graph from the positions every rank published (its step,
 op id, stage and pending collective, gathered at the stall only), with one rule for an
-edge ``w -> c`` (:func:`may_wait_for`), ``w`` sitting in code that may block in a
+edge ``w -> c`` (:meth:`WaitForGraph._waits_for`), ``w`` sitting in code that may block in a
 collective (a layer, the optimizer, a collective) and ``c`` not past it:
 
 1. ``w``'s pending collective names its members (an aligned group, point-to-point):
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scout_core.observer.record import Stage
-from scout_core.topology.mesh import MeshLayout, parse_axis
+from scout_core.topology.mesh import AXES, MeshLayout, parse_axis
 
-__all__ = ["INSIDE", "OUTSIDE", "Position", "WaitForGraph", "may_wait_for", "same_instance"]
+__all__ = ["INSIDE", "OUTSIDE", "Position", "WaitForGraph"]
 
 OUTSIDE = frozenset({Stage.IDLE, Stage.DATALOADER, Stage.CHECKPOINT_READ, Stage.CHECKPOINT_WRITE})
 """Stages in which a rank issues no collective (SCOUT's publishers mark them)."""
@@ -74,34 +74,14 @@ class Position:
         return layout.group_along(self.rank, axes)
 
 
-def same_instance(layout: MeshLayout, a: int, b: int) -> bool:
-    """Whether ``a`` and ``b`` belong to one model instance (equal peer coordinates)."""
-    try:
-        pa, pb = layout.address(a), layout.address(b)
-    except ValueError:
-        return False
-    return all(pa.get(ax) == pb.get(ax) for ax in layout.axes_for("peer"))
-
-
-def may_wait_for(layout: MeshLayout | None, w: Position, c: Position) -> bool:
-    """The edge rule (module note, items 1 and 2)."""
-    if w.rank == c.rank or w.stage not in INSIDE:
-        return False
-    if c.step > w.step:
-        return False  # c is past w's step: it has entered whatever w waits in
-    members = w.members_in(layout)
-    if members is not None:
-        together = w.operation is not None and w.operation == c.operation
-        return c.rank in members and not together
-    if layout is None or not same_instance(layout, w.rank, c.rank):
-        return False
-    return c.step < w.step or c.stage in OUTSIDE or c.stage in INSIDE
-
-
 class WaitForGraph:
     """The graph over ``positions`` (module doc). ``behind`` adds the peer-order edges of
     item 3: pairs ``(w, c)`` where ``c`` is a peer strictly behind ``w`` in a group with
-    no strict majority. ``absent`` ranks have no position and wait for nobody."""
+    no strict majority. ``absent`` ranks have no position and wait for nobody.
+
+    Built in O(ranks x candidates): a rank in a known collective is checked against its
+    members, one in an unseen collective against its model instance. The roots each
+    component reaches are computed once, so every query below is cheap at job scale."""
 
     def __init__(
         self,
@@ -116,30 +96,82 @@ class WaitForGraph:
         self.layout = layout
         nodes = sorted(self.positions)
         self.edges: dict[int, set[int]] = {r: set() for r in (*nodes, *sorted(self.absent))}
+        self._members = {r: self.positions[r].members_in(layout) for r in nodes}
+        instances = self._instances()
+        others: dict[tuple[Any, tuple[int, ...]], list[int]] = {}
         for w in nodes:
-            pw = self.positions[w]
-            members = pw.members_in(layout)
-            for r in self.absent:
-                if members is not None and r in members:
-                    self.edges[w].add(r)
-            for c in nodes:
-                if may_wait_for(layout, pw, self.positions[c]):
-                    self.edges[w].add(c)
+            self.edges[w] |= self._waits_for(w, instances, others)
         for w, c in behind:
             ahead = self.positions.get(w)
             if ahead is None or ahead.stage not in _MAY_WAIT or c not in self.edges:
                 continue
-            if ahead.members_in(layout) is None:  # a known collective says whom it waits for
+            if self._members[w] is None:  # a known collective says whom it waits for
                 self.edges[w].add(c)
-        self._component = self._components()
+        self._components()
+        self._reachable()
+        self._hops: dict[int, dict[int, int]] = {}
 
-    def _components(self) -> dict[int, frozenset[int]]:
-        """Each node's strongly connected component (Tarjan, iterative)."""
+    def _waits_for(
+        self,
+        w: int,
+        instances: Mapping[int, tuple[int, ...]],
+        others: dict[tuple[Any, tuple[int, ...]], list[int]],
+    ) -> set[int]:
+        """The edge rule (module note, items 1 and 2): whom ``w`` may wait for.
+        ``others`` caches, per pending operation, the members not inside it."""
+        pw = self.positions[w]
+        if pw.stage not in INSIDE:
+            return set()
+        out: set[int] = set()
+        members = self._members[w]
+        if members is not None:  # item 1: the members not inside the same operation
+            key = (pw.operation, members)
+            if key not in others:
+                others[key] = [
+                    m
+                    for m in members
+                    if pw.operation is None
+                    or m not in self.positions
+                    or self.positions[m].operation != pw.operation
+                ]
+            for c in others[key]:
+                pc = self.positions.get(c)
+                if pc is None:
+                    if c in self.absent:
+                        out.add(c)
+                elif c != w and pc.step <= pw.step:  # a rank past w's step entered it
+                    out.add(c)
+            return out
+        for c in instances.get(w, ()):  # item 2: anyone of its model instance not past it
+            pc = self.positions[c]
+            if c == w or pc.step > pw.step:
+                continue
+            if pc.step < pw.step or pc.stage in OUTSIDE or pc.stage in INSIDE:
+                out.add(c)
+        return out
+
+    def _instances(self) -> dict[int, tuple[int, ...]]:
+        """Each present rank's model instance (the ranks with its peer coordinates)."""
+        layout = self.layout
+        if layout is None:
+            return {}
+        peer = set(layout.axes_for("peer"))
+        out: dict[int, tuple[int, ...]] = {}
+        for group in layout.groups([a for a in AXES if a not in peer]):
+            present = tuple(r for r in group if r in self.positions)
+            for r in present:
+                out[r] = present
+        return out
+
+    def _components(self) -> None:
+        """Each node's strongly connected component (Tarjan, iterative), numbered in the
+        order found: each after every component it reaches."""
         index: dict[int, int] = {}
         low: dict[int, int] = {}
         stack: list[int] = []
         on: set[int] = set()
-        out: dict[int, frozenset[int]] = {}
+        self._cid: dict[int, int] = {}
+        self._members_of: list[tuple[int, ...]] = []
         counter = 0
         for start in sorted(self.edges):
             if start in index:
@@ -166,23 +198,37 @@ class WaitForGraph:
                 if work:
                     low[work[-1][0]] = min(low[work[-1][0]], low[v])
                 if low[v] == index[v]:
-                    comp: set[int] = set()
+                    comp: list[int] = []
                     while True:
                         x = stack.pop()
                         on.discard(x)
-                        comp.add(x)
+                        comp.append(x)
+                        self._cid[x] = len(self._members_of)
                         if x == v:
                             break
-                    frozen = frozenset(comp)
-                    for x in comp:
-                        out[x] = frozen
-        return out
+                    self._members_of.append(tuple(sorted(comp)))
+
+    def _reachable(self) -> None:
+        """The sink components each component reaches (itself, when it is one), as
+        component numbers; a component is numbered after every one it reaches."""
+        interned: dict[frozenset[int], frozenset[int]] = {}
+        self._reach: list[frozenset[int]] = []
+        for i, comp_members in enumerate(self._members_of):
+            succ = {self._cid[c] for r in comp_members for c in self.edges[r]}
+            succ.discard(i)
+            if not succ:
+                found = frozenset({i})
+            elif len(succ) == 1:
+                found = self._reach[succ.pop()]
+            else:
+                found = frozenset().union(*(self._reach[t] for t in succ))
+            self._reach.append(interned.setdefault(found, found))
 
     def stalled(self, rank: int) -> tuple[int, ...] | None:
         """The members of ``rank``'s pending collective when every one of them sits inside
         that same operation (nobody behind: the collective itself is stuck), else None."""
         p = self.positions.get(rank)
-        members = None if p is None else p.members_in(self.layout)
+        members = self._members.get(rank)
         if p is None or p.operation is None or members is None or len(members) < 2:
             return None
         inside = all(
@@ -191,53 +237,57 @@ class WaitForGraph:
         return tuple(sorted(members)) if inside else None
 
     def component(self, rank: int) -> frozenset[int]:
-        return self._component[rank]
+        return frozenset(self._members_of[self._cid[rank]])
 
     def is_sink(self, rank: int) -> bool:
         """Whether ``rank``'s component waits for nobody outside itself."""
-        comp = self._component[rank]
-        return all(c in comp for r in comp for c in self.edges[r])
+        i = self._cid[rank]
+        return self._reach[i] == frozenset({i})
 
     def roots_of(self, ranks: Iterable[int]) -> list[frozenset[int]]:
         """The sink components reachable from ``ranks`` (a sink reaches itself)."""
-        seen: set[int] = set()
-        todo = [r for r in ranks if r in self.edges]
-        found: dict[frozenset[int], None] = {}
-        while todo:
-            r = todo.pop()
-            if r in seen:
-                continue
-            seen.add(r)
-            if self.is_sink(r):
-                found[self._component[r]] = None
-                continue
-            todo.extend(sorted(self.edges[r]))
-        return sorted(found, key=min)
+        found: set[int] = set()
+        for r in ranks:
+            if r in self._cid:
+                found |= self._reach[self._cid[r]]
+        return sorted((frozenset(self._members_of[i]) for i in found), key=min)
 
     def waiters(self, root: int) -> list[int]:
         """Every rank whose only root is ``{root}``: it waits for it, directly or not."""
-        return sorted(
-            r for r in self.edges if r != root and self.roots_of([r]) == [frozenset({root})]
-        )
+        only = frozenset({self._cid[root]})
+        return sorted(r for r in self.edges if r != root and self._reach[self._cid[r]] == only)
+
+    def next_hops(self, root: int) -> dict[int, int]:
+        """For every rank that reaches ``root``, the next rank on a shortest chain of
+        waits to it (one breadth-first search backwards, kept; :meth:`chain` follows it)."""
+        if root in self._hops:
+            return self._hops[root]
+        into: dict[int, list[int]] = {}
+        for w, cs in self.edges.items():
+            for c in cs:
+                into.setdefault(c, []).append(w)
+        hops: dict[int, int] = {root: root}
+        frontier = [root]
+        while frontier:
+            nxt: list[int] = []
+            for c in frontier:
+                for w in sorted(into.get(c, ())):
+                    if w not in hops:
+                        hops[w] = c
+                        nxt.append(w)
+            frontier = nxt
+        self._hops[root] = hops
+        return hops
 
     def chain(self, start: int, root: int) -> list[int]:
         """A shortest path of waits from ``start`` to ``root`` (for the evidence)."""
-        prev: dict[int, int] = {start: start}
-        frontier = [start]
-        while frontier and root not in prev:
-            nxt: list[int] = []
-            for r in frontier:
-                for c in sorted(self.edges[r]):
-                    if c not in prev:
-                        prev[c] = r
-                        nxt.append(c)
-            frontier = nxt
-        if root not in prev:
+        hops = self.next_hops(root)
+        if start not in hops:
             return []
-        path = [root]
-        while path[-1] != start:
-            path.append(prev[path[-1]])
-        return path[::-1]
+        path = [start]
+        while path[-1] != root:
+            path.append(hops[path[-1]])
+        return path
 
 
 def peer_order(

@@ -17,6 +17,11 @@ every rank of such a job would do, with synthetic evidence and a planted culprit
    group plus the culprit's replica group (machine-local, the culprit named), each
    alone (intra- and inter-machine communication), and two replica groups on disjoint
    machines (job level). Hosts are ``rank // gpus_per_host``.
+6. **hang**: the observers' wait-for graph (:mod:`scout_core.observer.waitfor`) over
+   every rank's position with the culprit frozen before its step: its TP partners wait
+   in their TP all-reduce, the rest of its model instance in collectives SCOUT does
+   not see, every other rank in its peer group's all-reduce; the graph's roots must be
+   the culprit alone, and every other rank must wait for it.
 
 Each part is timed and each planted culprit must be found exactly. **Goal**: grouping
 plus one decision at 16,384 ranks in under a second.
@@ -40,7 +45,7 @@ from typing import Any, TypeVar
 from scout_core.decision.c3 import DEFAULT_KAPPA, ROW_WORDS, decide_exact, decide_statistical
 from scout_core.decision.diagnosis import DiagnosisKind, SlowGroup, diagnose
 from scout_core.simulation.layouts import parse_layout
-from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core.topology.mesh import AXES, Axis, MeshLayout
 from scout_core.vocabulary import Status
 
 __all__ = ["ROW_BYTES", "Simulation", "Traffic", "simulate"]
@@ -91,6 +96,11 @@ class Simulation:
         """Grouping plus one decision: the number the 1-second goal is about."""
         return self.timings_s["group"] + self.timings_s["exact"]
 
+    @property
+    def hang_goal_s(self) -> float:
+        """Grouping plus the wait-for graph and its roots: a hang's 1-second goal."""
+        return self.timings_s["group"] + self.timings_s["wait_for"]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "layout": self.layout,
@@ -102,6 +112,7 @@ class Simulation:
             "culprit": self.culprit,
             "timings_s": dict(self.timings_s),
             "goal_s": self.goal_s,
+            "hang_goal_s": self.hang_goal_s,
             "checks": dict(self.checks),
             "ok": self.ok,
             "diagnoses": dict(self.diagnoses),
@@ -195,6 +206,7 @@ def simulate(
     flagged = _timed(timings, "every_group", every_group)
     sim.checks["only the culprit's group attributes"] = flagged == int(can_name)
     _diagnoses(sim, mesh, groups, culprit=culprit, per_host=gpus_per_host)
+    _hang(sim, mesh, groups, culprit)
     sim.traffic = Traffic(n * ROW_BYTES, world * ROW_BYTES, n * ROW_BYTES)
     return sim
 
@@ -254,3 +266,42 @@ def _diagnoses(
             right = right and host(culprit) in found.hosts
         sim.checks[f"diagnosis: {name}"] = right
     sim.timings_s["diagnosis"] = total
+
+
+def _hang(
+    sim: Simulation, mesh: MeshLayout, groups: Sequence[tuple[int, ...]], culprit: int
+) -> None:
+    """Part 6 of the module doc: the wait-for graph of a frozen culprit, timed."""
+    from scout_core.observer.record import Stage
+    from scout_core.observer.waitfor import Position, WaitForGraph
+
+    step = 3
+    tp = set(mesh.group_along(culprit, [Axis.T])) if mesh.size(Axis.T) > 1 else {culprit}
+    peer = set(mesh.axes_for("peer"))
+    instance = set(mesh.group_along(culprit, [a for a in AXES if a not in peer]))
+    positions: list[Position] = []
+    for members in groups:
+        for r in members:
+            if r == culprit:
+                positions.append(Position(r, step, Stage.IDLE, 30))
+            elif r in tp:  # inside the TP all-reduce the culprit never joined
+                op = ("tp", min(tp))
+                positions.append(Position(r, step, Stage.COLLECTIVE, 31, {}, tuple(tp), op))
+            elif r in instance:
+                positions.append(Position(r, step, Stage.LAYER, 31))  # an unseen collective
+            else:  # the peer group's gradient all-reduce, waiting for its member behind
+                op = ("dp", members[0])
+                positions.append(Position(r, step, Stage.COLLECTIVE, 60, {}, members, op))
+
+    def build() -> tuple[list[frozenset[int]], list[int]]:
+        graph = WaitForGraph(positions, mesh)
+        roots = graph.roots_of(range(mesh.world_size))
+        waiters = graph.waiters(culprit)
+        graph.next_hops(culprit)  # every waiter's chain of waits, for the record
+        return roots, waiters
+
+    roots, waiters = _timed(sim.timings_s, "wait_for", build)
+    sim.checks["hang: the graph's one root is the culprit"] = roots == [frozenset({culprit})]
+    sim.checks["hang: every other rank waits for the culprit"] = len(waiters) == (
+        mesh.world_size - 1
+    )

@@ -71,7 +71,7 @@ def test_published_layouts_find_every_planted_culprit(published: object) -> None
     assert sim.peer_degree == published.peer_degree
     assert sim.groups == published.gpus // published.peer_degree
     assert sim.ok, {k: v for k, v in sim.checks.items() if not v}
-    assert len(sim.checks) == 10  # 3 grouping, 2 C3, 1 job round, 4 diagnoses
+    assert len(sim.checks) == 12  # 3 grouping, 2 C3, 1 job round, 4 diagnoses, 2 hang
     assert sim.diagnoses == {name: name for name in DIAGNOSES}
     assert sim.notes == []
     assert sim.traffic is not None
@@ -111,6 +111,21 @@ def test_layouts_that_cannot_name_a_rank_say_so() -> None:
     assert "C3 cannot name a rank" in sim.notes[0]
     assert "exact C3 names the culprit" not in sim.checks
     assert sim.diagnoses["job_level"].startswith("not applicable")
+    # the wait-for graph needs no majority: a hang is named in pairs too
+    assert sim.checks["hang: the graph's one root is the culprit"]
+    assert sim.checks["hang: every other rank waits for the culprit"]
+
+
+def test_a_hang_the_graph_cannot_trace_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the culprit's TP partners no longer say whom they wait for."""
+    from scout_core.observer import waitfor
+
+    real = waitfor.Position.members_in
+    monkeypatch.setattr(waitfor.Position, "members_in", lambda self, layout: None)
+    sim = simulate("TP4 PP2 DP8")
+    assert not sim.checks["hang: the graph's one root is the culprit"]
+    monkeypatch.setattr(waitfor.Position, "members_in", real)
+    assert simulate("TP4 PP2 DP8").ok
 
 
 def test_a_wrong_decision_fails_the_check(
