@@ -28,11 +28,11 @@ attribute still holds SCOUT's wrapper; installing twice shares one patch.
 Nested calls (``all_gather_into_tensor`` calls ``all_gather_single``) publish
 once, at the outermost call, so every entry point gives the same coordinate.
 
-Collectives issued from C++ (DDP's reducer, FSDP2's all-gather/reduce-scatter,
-functional collectives in compiled graphs) and functions a module imported by
-name before the patch (``from torch.distributed import all_reduce``) are not
-seen; ``docs/observer.md`` lists them and what covers the gap (layer and
-optimizer boundaries).
+Collectives issued from C++ (DDP's reducer), functional collectives (DTensor
+redistribution, compiled graphs) and functions a module imported by name before
+the patch (``from torch.distributed import all_reduce``) are not seen;
+``docs/observer.md`` lists, per framework, what is seen and what covers the gap
+(layer and optimizer boundaries, and the wait-for graph's model-instance rule).
 
 [Why these hashes]
 Python's ``hash`` of a tuple of ints is deterministic across processes (only
