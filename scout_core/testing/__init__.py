@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     )
     from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
     from scout_core.testing.moe_checks import discover_catalog, distinct_verdicts
+    from scout_core.testing.round_log import RoundLog, ran_every_due_round
     from scout_core.testing.trial import FAULT_KINDS, TrialFault
 
 __all__ = [
@@ -63,6 +64,9 @@ __all__ = [
     "comm_delay",
     "TrialFault",
     "FAULT_KINDS",
+    # replay's schedule
+    "RoundLog",
+    "ran_every_due_round",
     # conformance
     "check_adapter",
     "check_plugin",
@@ -97,6 +101,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "comm_delay",
     ),
     "scout_core.testing.trial": ("TrialFault", "FAULT_KINDS"),
+    "scout_core.testing.round_log": ("RoundLog", "ran_every_due_round"),
     "scout_core.testing.conformance": ("check_adapter", "check_plugin", "installed_plugins"),
     "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
     "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),

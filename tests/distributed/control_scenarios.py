@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scout_core.testing import RoundLog
 from scout_core.testing.models import VOCAB, batch, train_step
 
 _COLLECTIVES = (
@@ -91,8 +92,8 @@ def override(
         if not before_enable and rank == rank_with:
             for block in model.layers:
                 _wrap(block, kind)
-        log: list[Any] = []
-        session.on_boundary(lambda boundary: log.extend(boundary.rounds))
+        log = RoundLog()
+        session.on_boundary(log)
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
         verdicts = [r.to_dict() for r in session.verdicts]
@@ -100,7 +101,7 @@ def override(
     logging.getLogger("scout_core").removeHandler(handler)
     return {
         "verdicts": verdicts,
-        "rounds": len(log),
+        **log.summary(),
         "logs": handler.lines,
         "overrides": overrides,
         "rank": rank,

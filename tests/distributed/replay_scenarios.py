@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scout_core.testing import RoundLog
 from scout_core.testing.models import TinyLM, train_step
 
 
@@ -95,13 +96,12 @@ def scenario(
     }
     base.update(cfg)
     with enable_torch(wrapped, opt, Config(**base), mesh=mesh) as session:
-        log: list[Any] = []
-        session.on_boundary(lambda boundary: log.extend(boundary.rounds))
+        log = RoundLog()
+        session.on_boundary(log)
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
-        rounds = len(log)
         verdicts = [r.to_dict() for r in session.verdicts]
-    return {"verdicts": verdicts, "rounds": rounds, "fired": inj.fired(), "rank": rank}
+    return {"verdicts": verdicts, **log.summary(), "fired": inj.fired(), "rank": rank}
 
 
 def _state_signature(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, str]:
@@ -134,7 +134,7 @@ def bitwise(setup: str, steps: int) -> dict[str, Any]:
 
     rank = dist.get_rank()
     out: dict[str, Any] = {}
-    log: list[Any] = []
+    log = RoundLog()
     for label in ("off", "on"):
         wrapped, _, mesh = build(setup)
         opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
@@ -152,12 +152,12 @@ def bitwise(setup: str, steps: int) -> dict[str, Any]:
                 observer=False,
             )
             session = enable_torch(wrapped, opt, cfg, mesh=mesh)
-            session.on_boundary(lambda boundary: log.extend(boundary.rounds))
+            session.on_boundary(log)
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
         out[label] = _state_signature(wrapped, opt)
         if session is not None:
-            out["rounds"] = len(log)
+            out.update(log.summary())
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
             session.close()
     return out

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from scout_core.testing import ran_every_due_round
 from scout_core.testing.harness import run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -74,7 +75,7 @@ def test_dptp_forward_override_finishes_and_blames_nobody_else() -> None:
         timeout_s=250,
         env=ENV,
     )
-    assert all(res["rounds"] == 4 * 4 for res in results)  # every round ran, none hung
+    assert all(ran_every_due_round(res, 4) for res in results)  # none hung
     named = results[3]["overrides"]
     assert set(named) == {f"layers.{i}" for i in range(4)}
     assert all("tensor parallelism" in str(why) for why in named.values())

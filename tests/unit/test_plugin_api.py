@@ -82,6 +82,8 @@ TESTING = {
     "signature_many",
     "TrialFault",
     "FAULT_KINDS",
+    "RoundLog",
+    "ran_every_due_round",
 }
 
 

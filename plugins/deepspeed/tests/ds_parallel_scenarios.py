@@ -246,7 +246,7 @@ def parallel_scenario(
     session = scout_deepspeed.session_of(engine)
     assert session is not None and session.adapter is not None
     adapter = session.adapter
-    rounds = round_log(session)
+    rounds = round_log(session).rounds
     inj = _faults(faults).attach(engine.module, inner_optimizer(engine))
     for step in range(steps):
         _train_step(engine, kind, step, rank, sp_or_ep)
@@ -280,7 +280,7 @@ def bitwise_on_off(kind: str, sp_or_ep: int, stage: int, steps: int) -> dict[str
         session = scout_deepspeed.session_of(engine)
         assert session is not None
         out[f"{label}_attached"] = session.adapter is not None
-        rounds = round_log(session)
+        rounds = round_log(session).rounds
         torch.manual_seed(1)
         losses = [_train_step(engine, kind, s, rank, sp_or_ep) for s in range(steps)]
         out[label] = _signatures(engine)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.testing import VOCAB, TinyLM, batch
+from scout_core.testing import VOCAB, RoundLog, TinyLM, batch
 
 MICRO = 4
 
@@ -49,11 +49,11 @@ def scout_section(**over: Any) -> dict[str, Any]:
     return base
 
 
-def round_log(session: Any) -> list[Any]:
-    """Every round outcome of ``session`` from now on, from its boundary events."""
-    rounds: list[Any] = []
-    session.on_boundary(lambda boundary: rounds.extend(boundary.rounds))
-    return rounds
+def round_log(session: Any) -> RoundLog:
+    """Every boundary of ``session`` from now on: its due recipes and round outcomes."""
+    log = RoundLog()
+    session.on_boundary(log)
+    return log
 
 
 def faults_from(specs: list[dict[str, Any]]) -> Any:
@@ -183,7 +183,7 @@ def scenario(
     rank = dist.get_rank()
     engine, session = zero_engine(stage, section)
     assert session.adapter is not None
-    rounds = round_log(session)
+    rounds = round_log(session).rounds
     opt = inner_optimizer(engine)
     inj = faults_from(faults).attach(engine.module, opt)
     param_spec = next((f for f in faults if f["kind"] == "param"), None)
@@ -274,7 +274,7 @@ def pipeline_scenario(faults: list[dict[str, Any]], steps: int) -> dict[str, Any
     rank = dist.get_rank()
     engine, session = build_pipeline({"recipes": ["hidden"]})
     adapter = session.adapter
-    rounds = round_log(session)
+    rounds = round_log(session).rounds
     opt = inner_optimizer(engine)
     inj = faults_from(faults).attach(engine.module, opt)
     for step in range(steps):
@@ -310,14 +310,14 @@ def clean_and_bitwise(stage: int, steps: int) -> dict[str, Any]:
         session = scout_deepspeed.session_of(engine)
         assert session is not None
         out[f"{label}_attached"] = session.adapter is not None
-        rounds = round_log(session)
+        log = round_log(session)
         torch.manual_seed(1)
         losses = [train_step(engine, step, rank) for step in range(steps)]
         out[label] = _state(engine)
         out[f"{label}_losses"] = [float(x).hex() for x in losses]
         if label == "on":
-            out["rounds"] = len(rounds)
-            out["surfaces"] = sorted({o.recipe.name for o in rounds})
+            out.update(log.summary())
+            out["surfaces"] = sorted({o.recipe.name for o in log.rounds})
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
         session.close()
     return out

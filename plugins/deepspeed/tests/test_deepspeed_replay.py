@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from scout_core.testing import run_ranks
+from scout_core.testing import ran_every_due_round, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -87,7 +87,10 @@ def test_zero_stage_localizes_sdc_and_straggler(stage: int) -> None:
         assert all(v["failure"] == "sdc" and v["outliers"] == [1] for v in param)
         assert "layer/layers.2/params" in {v["surface"] for v in param}
     else:
-        assert param == []  # a single-owner shard: peers gathered the same value
+        # A ZeRO-3 partition has one owner: its peers all-gather the owner's (corrupted)
+        # value, so replay has nothing to compare it with. Whatever is found there must
+        # name the owner, never a peer.
+        assert all(v["outliers"] == [1] for v in param)
     assert {v["surface"].split("/")[1] for v in verdicts} <= {
         "layers.0",
         "layers.1",
@@ -107,10 +110,8 @@ def test_clean_run_is_silent_and_bitwise_identical(stage: int) -> None:
     for res in results:
         assert res["on_attached"] and not res["off_attached"]
         assert res["verdicts"] == []  # no attributed or inconclusive record in 30 steps
-        # 30 hidden-layer rounds, plus embedding and LM head every 4 steps on phases of
-        # their own (embedding at 2, 6, ..., 26: 7; LM head at 1, 5, ..., 29: 8);
-        # optimizer replay is skipped under ZeRO (uniquely owned partitions).
-        assert res["rounds"] == 45
+        # optimizer replay is skipped under ZeRO (uniquely owned partitions)
+        assert ran_every_due_round(res, 30, skipped=["optimizer"])
         assert res["surfaces"] == [
             "layer/embed",
             "layer/head",

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from scout_core.testing import RoundLog
+
 STEP_FIELDS = ("step", "surface", "failure", "status", "outliers", "scope", "group")
 
 
@@ -148,13 +150,13 @@ def clean_and_bitwise(steps: int, over: dict[str, Any]) -> dict[str, Any]:
 
     spec_kwargs = {"dropout": 0.1}
     runs: dict[str, Any] = {}
-    rounds: list[Any] = []
+    log = RoundLog()
     for mode in ("on", "off"):
         spec, model, ddp, opt = build(spec_kwargs)
         session = None
         if mode == "on":
             session = scout_megatron.attach([ddp], opt, Config(**section(**over)))
-            session.on_boundary(lambda b: rounds.extend(b.rounds))
+            session.on_boundary(log)
         losses = [mgt.train_step(ddp, opt, mgt.get_batch(spec, s)) for s in range(steps)]
         runs[mode] = {
             "digest": mgt.digest(model, opt),
@@ -163,8 +165,8 @@ def clean_and_bitwise(steps: int, over: dict[str, Any]) -> dict[str, Any]:
         }
         if session is not None:
             runs["verdicts"] = verdict_rows(session.verdicts)
-            runs["rounds"] = len(rounds)
-            runs["recipes"] = sorted({r.recipe.name for r in rounds})
+            runs.update(log.summary())
+            runs["recipes"] = sorted({r.recipe.name for r in log.rounds})
             runs["observer"] = session.observer is not None
             session.close()
         mgt.teardown()

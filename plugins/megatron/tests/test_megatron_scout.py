@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from scout_core.testing import run_ranks
+from scout_core.testing import ran_every_due_round, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -88,10 +88,7 @@ def test_thirty_clean_steps_are_silent_and_bitwise_identical_to_scout_off() -> N
     for r in results:
         assert r["observer"]
         assert r["verdicts"] == []  # no record naming a rank, none inconclusive
-        # 30 hidden-layer rounds, plus embedding, output layer and optimizer every 4 steps,
-        # each at its own phase (the spread cadence: 2, 1 and 0 of every 4), so over steps
-        # 0..29 one of them runs 7 times and the other two 8 times each
-        assert r["rounds"] == 30 + 7 + 8 + 8
+        assert ran_every_due_round(r, 30)
         assert r["recipes"] == [
             "layer/decoder.layers.0",
             "layer/decoder.layers.1",
