@@ -32,8 +32,6 @@ from scout_core.campaign.score import TrialScore, score_trial
 
 __all__ = ["CampaignResult", "run_campaign", "run_trial"]
 
-_PORT_TAKEN = "EADDRINUSE"
-"""In a failed trial's logs: a rendezvous port was taken by another process (retried)."""
 _STEP_BUDGET_S = 8.0
 """Hard-timeout allowance per training step on a loaded CPU box (generous: a timed-out
 trial is scored from what it wrote, and counted as an error)."""
@@ -94,7 +92,7 @@ def run_trial(
     fault's spec (a test kind's, such as the group a ``collective_stall`` holds open)."""
     from scout_core.errors import ScoutError
     from scout_core.records.reading import load_report
-    from scout_core.testing.harness import run_ranks
+    from scout_core.testing.harness import port_clash, run_ranks
 
     report_dir = out_dir / f"trial-{trial.index:03d}-{trial.setup}-{trial.kind}"
     payload = trial.to_dict() | {
@@ -126,7 +124,7 @@ def run_trial(
         except (ScoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             log.write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")  # the ranks' logs
-            if attempt == 1 and _PORT_TAKEN in str(exc):
+            if attempt == 1 and port_clash(str(exc)):
                 # another process took the free port between the harness's pick and the
                 # bind: not the trial's doing; run it again from scratch, once
                 shutil.rmtree(report_dir, ignore_errors=True)

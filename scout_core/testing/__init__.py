@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from scout_core.testing.models import VOCAB, Block, TinyLM, batch, train_step
     from scout_core.testing.moe_checks import discover_catalog, distinct_verdicts
     from scout_core.testing.round_log import RoundLog, ran_every_due_round
+    from scout_core.testing.settings import BUSY_HOST
     from scout_core.testing.trial import FAULT_KINDS, TrialFault
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     # replay's schedule
     "RoundLog",
     "ran_every_due_round",
+    "BUSY_HOST",
     # conformance
     "check_adapter",
     "check_plugin",
@@ -102,6 +104,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "scout_core.testing.trial": ("TrialFault", "FAULT_KINDS"),
     "scout_core.testing.round_log": ("RoundLog", "ran_every_due_round"),
+    "scout_core.testing.settings": ("BUSY_HOST",),
     "scout_core.testing.conformance": ("check_adapter", "check_plugin", "installed_plugins"),
     "scout_core.testing.checkpoint_io": ("check_checkpoint_io",),
     "scout_core.testing.models": ("TinyLM", "Block", "batch", "train_step", "VOCAB"),

@@ -31,12 +31,44 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scout_core.errors import ScoutError
 from scout_core.testing.zygotes import ForkedRank, fork_rank
 
-__all__ = ["RankFailedError", "RankProcess", "RanksTimeoutError", "run_ranks"]
+__all__ = [
+    "RankFailedError",
+    "RankProcess",
+    "RanksTimeoutError",
+    "port_clash",
+    "retry_on_port_clash",
+    "run_ranks",
+]
+
+_T = TypeVar("_T")
+_PORT_CLASH = ("EADDRINUSE", "Address already in use", "address already in use")
+
+
+def port_clash(text: str) -> bool:
+    """Whether a failure's text says a port was taken (by another process, between a
+    test's pick of a free port and the bind that needed it)."""
+    return any(marker in text for marker in _PORT_CLASH)
+
+
+def retry_on_port_clash(run: Callable[[], _T], attempts: int = 3) -> _T:
+    """``run()``, again (up to ``attempts`` times) when it fails because a port it picked
+    was taken meanwhile: a test that passes a free port number on (a configured observer
+    port, a launcher's master port) cannot hold the port until the bind, so it retries
+    with a fresh pick instead of failing on another process's timing. Any other failure
+    is raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run()
+        except (ScoutError, OSError, AssertionError) as exc:
+            if attempt == attempts or not port_clash(str(exc)):
+                raise
+    raise AssertionError("unreachable")
+
 
 _GRACE_AFTER_FAILURE_S = 5.0
 _WORKER = Path(__file__).with_name("_worker.py")

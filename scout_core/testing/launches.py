@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import ast
 import shlex
+import shutil
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from scout_core.testing.harness import port_clash
 
 __all__ = ["LAUNCHERS", "check_documented_launch", "documented_launches", "runnable"]
 
@@ -84,17 +87,22 @@ def check_documented_launch(
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     seen: list[str] = []
     for attempt in range(1, runs + 1):
-        args = runnable(line.replace(relative, str(example)))
-        proc = subprocess.run(
-            [*args, "--report-dir", str(cwd / f"report-{index}-{attempt}")],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            start_new_session=True,
-        )
+        for _ in range(3):  # a launcher's free port taken meanwhile: pick another, again
+            args = runnable(line.replace(relative, str(example)))
+            report = cwd / f"report-{index}-{attempt}"
+            shutil.rmtree(report, ignore_errors=True)
+            proc = subprocess.run(
+                [*args, "--report-dir", str(report)],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+                start_new_session=True,
+            )
+            if proc.returncode == 0 or not port_clash(proc.stdout + proc.stderr):
+                break
         tail = (proc.stdout + proc.stderr)[-3000:]
         verdicts = [x for x in proc.stdout.splitlines() if x.startswith("SCOUT verdict:")]
         assert proc.returncode == 0, f"run {attempt} of `{line}` exited {proc.returncode}:\n{tail}"

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.testing import RoundLog
+from scout_core.testing import BUSY_HOST, RoundLog
 from scout_core.testing.models import VOCAB, batch, train_step
 
 _COLLECTIVES = (
@@ -50,6 +50,7 @@ def _config(**over: Any) -> Any:
         "report_dir": os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report"),
         "run_id": "test",
         "observer": False,
+        **BUSY_HOST,
     }
     base.update(over)
     return Config(**base)
@@ -61,7 +62,7 @@ def _wrap(block: nn.Module, kind: str) -> None:
     if kind == "slow":
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(0.05)
+            time.sleep(0.15)  # x3 in a replayed round: past BUSY_HOST's 0.3 s
             return inner(*args, **kwargs)
 
     else:

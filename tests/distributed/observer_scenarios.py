@@ -324,6 +324,12 @@ def wait_for(path: Path, timeout_s: float) -> Any:
     return json.loads(path.read_text())
 
 
+def wall_of(monotonic: float) -> float:
+    """The Unix time of a ``time.monotonic()`` reading taken on this machine: a record's
+    ``time`` is compared with it (the record's own timestamp, not a poller's)."""
+    return time.time() - (time.monotonic() - monotonic)
+
+
 def first_verdict(report_dir: str, timeout_s: float) -> float | None:
     """Monotonic time at which the first verdict record appeared (None: never)."""
     from scout_core.records.evidence import load_report

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.testing import RoundLog
+from scout_core.testing import BUSY_HOST, RoundLog
 from scout_core.testing.models import TinyLM, train_step
 
 
@@ -93,6 +93,7 @@ def scenario(
         "lm_head_interval": 1,
         "optimizer_interval": 1,
         "observer": False,
+        **BUSY_HOST,
     }
     base.update(cfg)
     with enable_torch(wrapped, opt, Config(**base), mesh=mesh) as session:
@@ -150,6 +151,7 @@ def bitwise(setup: str, steps: int) -> dict[str, Any]:
                 lm_head_interval=1,
                 optimizer_interval=1,
                 observer=False,
+                **BUSY_HOST,
             )
             session = enable_torch(wrapped, opt, cfg, mesh=mesh)
             session.on_boundary(log)

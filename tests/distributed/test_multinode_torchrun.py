@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +37,7 @@ from typing import Any
 import pytest
 
 from scout_core.records.reading import load_report
+from scout_core.testing.harness import retry_on_port_clash
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -119,7 +121,14 @@ def read(path: Path) -> Any:
 
 
 def run_job(tmp_path: Path) -> dict[int, str]:
-    """Run both agents to the end (bounded); kill whatever is left; their logs."""
+    """Run both agents to the end (bounded); kill whatever is left; their logs. A run
+    whose rendezvous port was taken meanwhile starts over on a fresh one."""
+    return retry_on_port_clash(lambda: _run_job_once(tmp_path))
+
+
+def _run_job_once(tmp_path: Path) -> dict[int, str]:
+    for name in ("out", "report", "ckpt", *(f"logs-{n}" for n in range(NODES))):
+        shutil.rmtree(tmp_path / name, ignore_errors=True)
     out = tmp_path / "out"
     out.mkdir()
     port = free_port()

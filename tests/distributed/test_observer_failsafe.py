@@ -32,7 +32,13 @@ from failsafe_scenarios import (
 from observer_scenarios import first_verdict, kill_quietly, wait_for
 
 from scout_core.records.evidence import load_report
-from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
+from scout_core.testing.harness import (
+    RankFailedError,
+    RankProcess,
+    port_clash,
+    retry_on_port_clash,
+    run_ranks,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -155,31 +161,38 @@ def test_teardown_after_a_verdict_attributes_nothing_new(tmp_path: Path) -> None
 
 @pytest.mark.timeout(300)
 def test_jobs_on_adjacent_master_ports_run_clean_with_separate_reports(tmp_path: Path) -> None:
-    port = free_port_run(3)
-    results: dict[str, Any] = {}
+    def both() -> tuple[int, dict[str, Any]]:
+        port = free_port_run(3)
+        results: dict[str, Any] = {}
 
-    def job(name: str, master: int, hold: int | None) -> None:
-        try:
-            results[name] = run_ranks(
-                busy_ports,
-                3,
-                args=(str(tmp_path / name), 5, hold),
-                timeout_s=240,
-                env={"MASTER_PORT": str(master)},
-            )
-        except Exception as exc:  # reported below
-            results[name] = exc
+        def job(name: str, master: int, hold: int | None) -> None:
+            try:
+                results[name] = run_ranks(
+                    busy_ports,
+                    3,
+                    args=(str(tmp_path / name), 5, hold),
+                    timeout_s=240,
+                    env={"MASTER_PORT": str(master)},
+                )
+            except Exception as exc:  # reported below
+                results[name] = exc
 
-    # job B's own store listens on B's MASTER_PORT = A's MASTER_PORT + 1: A's old
-    # observer port, where A's observers used to write into B's store
-    threads = [
-        threading.Thread(target=job, args=("a", port, None)),
-        threading.Thread(target=job, args=("b", port + 1, port + 1)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        # job B's own store listens on B's MASTER_PORT = A's MASTER_PORT + 1: A's old
+        # observer port, where A's observers used to write into B's store
+        threads = [
+            threading.Thread(target=job, args=("a", port, None)),
+            threading.Thread(target=job, args=("b", port + 1, port + 1)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        clash = [r for r in results.values() if isinstance(r, Exception) and port_clash(str(r))]
+        if clash:  # another process took one of the ports after the pick: pick again
+            raise clash[0]
+        return port, results
+
+    port, results = retry_on_port_clash(both)
     for name in ("a", "b"):
         res = results[name]
         assert isinstance(res, list), res

@@ -20,10 +20,11 @@ from observer_scenarios import (
     kill_quietly,
     scenario,
     wait_for,
+    wall_of,
 )
 
 from scout_core.records.evidence import load_report
-from scout_core.testing.harness import RankProcess, run_ranks
+from scout_core.testing.harness import RankProcess, retry_on_port_clash, run_ranks
 
 WORLD = 4
 CULPRIT = 2
@@ -46,7 +47,7 @@ def test_sigstop_before_collective_is_a_hang_on_that_rank(tmp_path: Path) -> Non
         pid = ranks[CULPRIT].proc.pid
         try:
             wait_for(scratch / "freeze-ready", 90)
-            times["freeze"] = time.monotonic()
+            times["freeze"] = wall_of(time.monotonic())
             os.kill(pid, signal.SIGSTOP)
             times["record"] = first_verdict(str(report), HANG_S + 10)
         finally:
@@ -55,12 +56,14 @@ def test_sigstop_before_collective_is_a_hang_on_that_rank(tmp_path: Path) -> Non
     def on_start(ranks: list[RankProcess]) -> None:
         threading.Thread(target=freezer, args=(ranks,), daemon=True).start()
 
-    results = run_ranks(
-        scenario,
-        WORLD,
-        args=("sigstop", free_port(), str(report), CULPRIT),
-        timeout_s=120,
-        on_start=on_start,
+    results = retry_on_port_clash(
+        lambda: run_ranks(
+            scenario,
+            WORLD,
+            args=("sigstop", free_port(), str(report), CULPRIT),
+            timeout_s=120,
+            on_start=on_start,
+        )
     )
     verdict = _only_verdict(report)
     assert verdict.failure.value == "hang"
@@ -74,7 +77,7 @@ def test_sigstop_before_collective_is_a_hang_on_that_rank(tmp_path: Path) -> Non
         "collective"
     }
     assert times["record"] is not None
-    latency = times["record"] - times["freeze"]  # type: ignore[operator]
+    latency = verdict.time - times["freeze"]  # type: ignore[operator]  # the record's own time
     print(f"sigstop: freeze -> record {latency:.2f} s (hang_timeout_s={HANG_S})")
     assert latency <= HANG_S + 2.0
     # every trainer, the frozen one once continued, got the verdict through its callback
@@ -110,13 +113,15 @@ def test_a_hang_record_states_the_measured_silence_not_the_timeout(tmp_path: Pat
     def on_start(ranks: list[RankProcess]) -> None:
         threading.Thread(target=watcher, args=(ranks,), daemon=True).start()
 
-    results = run_ranks(
-        scenario,
-        WORLD,
-        args=("late", free_port(), str(report), CULPRIT),
-        timeout_s=120,
-        on_start=on_start,
-        env={"OMP_NUM_THREADS": "1"},
+    results = retry_on_port_clash(
+        lambda: run_ranks(
+            scenario,
+            WORLD,
+            args=("late", free_port(), str(report), CULPRIT),
+            timeout_s=120,
+            on_start=on_start,
+            env={"OMP_NUM_THREADS": "1"},
+        )
     )
     verdict = _only_verdict(report)
     assert (verdict.failure.value, list(verdict.outliers)) == ("hang", [CULPRIT])
@@ -145,23 +150,25 @@ def test_gil_held_by_a_spinning_thread_is_a_hang_with_stacks(tmp_path: Path) -> 
 
     def on_start(ranks: list[RankProcess]) -> None:
         def watch() -> None:
-            times["freeze"] = wait_for(ranks[0].result_path.parent / "freeze-at", 90)
+            times["freeze"] = wall_of(wait_for(ranks[0].result_path.parent / "freeze-at", 90))
             times["record"] = first_verdict(str(report), HANG_S + 10)
 
         threading.Thread(target=watch, daemon=True).start()
 
-    run_ranks(
-        scenario,
-        WORLD,
-        args=("gil", free_port(), str(report), CULPRIT),
-        kwargs={"on_hang": "dump_stacks"},
-        timeout_s=120,
-        on_start=on_start,
+    retry_on_port_clash(
+        lambda: run_ranks(
+            scenario,
+            WORLD,
+            args=("gil", free_port(), str(report), CULPRIT),
+            kwargs={"on_hang": "dump_stacks"},
+            timeout_s=120,
+            on_start=on_start,
+        )
     )
     verdict = _only_verdict(report)
     assert (verdict.failure.value, list(verdict.outliers)) == ("hang", [CULPRIT])
     assert times["record"] is not None
-    latency = times["record"] - times["freeze"]  # type: ignore[operator]
+    latency = verdict.time - times["freeze"]  # type: ignore[operator]  # the record's own time
     print(f"gil: freeze -> record {latency:.2f} s (hang_timeout_s={HANG_S})")
     assert latency <= HANG_S + 2.0
     # faulthandler dumped the stuck rank's threads while the GIL was held, and only its
@@ -181,8 +188,10 @@ def test_idle_start_up_before_the_first_step_is_no_stall(tmp_path: Path) -> None
     # its first step, as a framework does between attaching SCOUT and its first forward
     # (the campaign's TorchTitan clean control saw a group_stall there): no record.
     report = tmp_path / "report"
-    results = run_ranks(
-        scenario, WORLD, args=("slow_start", free_port(), str(report), 0), timeout_s=90
+    results = retry_on_port_clash(
+        lambda: run_ranks(
+            scenario, WORLD, args=("slow_start", free_port(), str(report), 0), timeout_s=90
+        )
     )
     assert not report.exists() or load_report(report).records == ()
     for r in results:

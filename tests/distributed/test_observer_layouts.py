@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from observer_scenarios import first_verdict, kill_quietly, wait_for
+from observer_scenarios import first_verdict, kill_quietly, wait_for, wall_of
 
 from scout_core.records.evidence import load_report
 from scout_core.testing.harness import RankProcess, run_ranks
@@ -75,7 +75,7 @@ def test_sigstop_under_dp_tp_names_the_frozen_rank_not_its_tp_partner(tmp_path: 
         pid = ranks[2].proc.pid
         try:
             wait_for(scratch / "freeze-ready", 150)
-            times["freeze"] = time.monotonic()
+            times["freeze"] = wall_of(time.monotonic())
             os.kill(pid, signal.SIGSTOP)
             times["record"] = first_verdict(str(report), HANG_S + 15)
         finally:
@@ -93,7 +93,7 @@ def test_sigstop_under_dp_tp_names_the_frozen_rank_not_its_tp_partner(tmp_path: 
     assert v.detail["waiting"]["3"]["for"] == [2]  # the TP partner waits, is not named
     assert v.detail["waiting"]["3"]["pending"]["collective"] == "all_reduce"
     assert v.detail["waiting"]["3"]["pending"]["group"] == "t"
-    latency = times["record"] - times["freeze"]  # type: ignore[operator]
+    latency = v.time - times["freeze"]  # type: ignore[operator]  # the record's own time
     print(f"dp x tp sigstop: freeze -> record {latency:.2f} s")
     assert latency <= HANG_S + 3.0  # the freeze lands up to 1 s before the stall starts
     for res in results:  # every trainer got the one verdict through its callback
@@ -168,7 +168,7 @@ def test_sigstop_in_a_pipeline_stage_names_it_not_the_other_stage(tmp_path: Path
         pid = ranks[culprit].proc.pid
         try:
             wait_for(scratch / "freeze-ready", 150)
-            times["freeze"] = time.monotonic()
+            times["freeze"] = wall_of(time.monotonic())
             os.kill(pid, signal.SIGSTOP)
             times["record"] = first_verdict(str(report), HANG_S + 15)
         finally:
@@ -189,7 +189,7 @@ def test_sigstop_in_a_pipeline_stage_names_it_not_the_other_stage(tmp_path: Path
     assert v.detail["waiting"]["3"]["for"] == [2]  # the other stage's partner waits
     # a point-to-point wait (send and recv share one code: the record names it "send")
     assert v.detail["waiting"]["3"]["pending"]["group"] == "p2p"
-    latency = times["record"] - times["freeze"]  # type: ignore[operator]
+    latency = v.time - times["freeze"]  # type: ignore[operator]  # the record's own time
     print(f"pp x dp sigstop: freeze -> record {latency:.2f} s")
     assert latency <= HANG_S + 3.0  # the freeze lands up to 1 s before the stall starts
     for res in results:

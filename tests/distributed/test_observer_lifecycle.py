@@ -22,7 +22,7 @@ from observer_scenarios import (
     wait_for,
 )
 
-from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
+from scout_core.testing.harness import RankFailedError, RankProcess, retry_on_port_clash, run_ranks
 
 
 @pytest.mark.distributed
@@ -30,7 +30,9 @@ from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
 def test_healthy_run_exchanges_nothing_and_records_nothing(tmp_path: Path) -> None:
     report = tmp_path / "report"
     steps = 200
-    results = run_ranks(healthy, 4, args=(free_port(), str(report), steps), timeout_s=120)
+    results = retry_on_port_clash(
+        lambda: run_ranks(healthy, 4, args=(free_port(), str(report), steps), timeout_s=120)
+    )
     for r in results:
         assert r["step"] == steps
         assert r["elapsed"] > 2 * 2.0  # the run outlasted the hang timeout twice over
@@ -71,7 +73,11 @@ def test_killing_a_trainer_leaves_no_orphaned_observer(tmp_path: Path) -> None:
         threading.Thread(target=killer, args=(ranks,), daemon=True).start()
 
     with pytest.raises(RankFailedError):
-        run_ranks(orphan, 4, args=(free_port(), str(tmp_path)), timeout_s=90, on_start=on_start)
+        retry_on_port_clash(
+            lambda: run_ranks(
+                orphan, 4, args=(free_port(), str(tmp_path)), timeout_s=90, on_start=on_start
+            )
+        )
     assert [p.proc.returncode for p in procs] == [0, 0, -signal.SIGKILL, 0]
     assert seen["victim_observer_alive"] is False
     assert seen["others_alive"] == [True, True, True]

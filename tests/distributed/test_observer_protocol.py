@@ -19,7 +19,7 @@ from observer_scenarios import free_port, scenario
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from scout_core.records.evidence import load_report
-from scout_core.testing.harness import RankFailedError, RankProcess, run_ranks
+from scout_core.testing.harness import RankFailedError, RankProcess, retry_on_port_clash, run_ranks
 
 CULPRIT = 3
 
@@ -30,14 +30,16 @@ def test_different_collective_is_a_protocol_mismatch_and_terminates(tmp_path: Pa
     report = tmp_path / "report"
     procs: list[RankProcess] = []
     with pytest.raises(RankFailedError):
-        run_ranks(
-            scenario,
-            5,
-            args=("wrong_collective", free_port(), str(report), CULPRIT),
-            kwargs={"on_hang": "terminate", "hang_exit_code": 86},
-            timeout_s=120,
-            on_start=procs.extend,
-            env={"TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")},
+        retry_on_port_clash(
+            lambda: run_ranks(
+                scenario,
+                5,
+                args=("wrong_collective", free_port(), str(report), CULPRIT),
+                kwargs={"on_hang": "terminate", "hang_exit_code": 86},
+                timeout_s=120,
+                on_start=procs.extend,
+                env={"TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")},
+            )
         )
     assert [p.proc.returncode for p in procs] == [86] * 5
     # What torchrun's agent prints as the Root Cause of the failed job.
@@ -63,11 +65,13 @@ def test_different_collective_is_a_protocol_mismatch_and_terminates(tmp_path: Pa
 @pytest.mark.timeout(150)
 def test_different_shape_is_a_protocol_mismatch(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    results = run_ranks(
-        scenario,
-        4,
-        args=("wrong_shape", free_port(), str(report), CULPRIT),
-        timeout_s=120,
+    results = retry_on_port_clash(
+        lambda: run_ranks(
+            scenario,
+            4,
+            args=("wrong_shape", free_port(), str(report), CULPRIT),
+            timeout_s=120,
+        )
     )
     verdicts = load_report(report).verdicts()
     assert len(verdicts) == 1, [v.to_dict() for v in verdicts]
@@ -86,11 +90,13 @@ def test_different_shape_is_a_protocol_mismatch(tmp_path: Path) -> None:
 @pytest.mark.timeout(150)
 def test_peers_waiting_on_an_outside_rank_are_a_group_stall(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    results = run_ranks(
-        scenario,
-        4,
-        args=("group_stall", free_port(), str(report), CULPRIT),
-        timeout_s=120,
+    results = retry_on_port_clash(
+        lambda: run_ranks(
+            scenario,
+            4,
+            args=("group_stall", free_port(), str(report), CULPRIT),
+            timeout_s=120,
+        )
     )
     verdicts = load_report(report).verdicts()
     assert len(verdicts) == 1, [v.to_dict() for v in verdicts]

@@ -9,7 +9,7 @@ import pytest
 from observer_scenarios import free_port, scenario
 
 from scout_core.records.evidence import load_report
-from scout_core.testing.harness import run_ranks
+from scout_core.testing.harness import retry_on_port_clash, run_ranks
 
 CULPRIT = 1
 
@@ -27,7 +27,11 @@ def test_rank_stuck_in_a_stage(
     tmp_path: Path, name: str, failure: str, surface: str, stage: str
 ) -> None:
     report = tmp_path / "report"
-    results = run_ranks(scenario, 4, args=(name, free_port(), str(report), CULPRIT), timeout_s=120)
+    results = retry_on_port_clash(
+        lambda: run_ranks(
+            scenario, 4, args=(name, free_port(), str(report), CULPRIT), timeout_s=120
+        )
+    )
     verdicts = load_report(report).verdicts()
     assert len(verdicts) == 1, [v.to_dict() for v in verdicts]
     v = verdicts[0]

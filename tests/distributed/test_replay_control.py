@@ -40,7 +40,7 @@ def _verdicts(results: list[Any]) -> set[tuple[Any, ...]]:
 @pytest.mark.timeout(300)
 def test_ddp_slow_instance_forward_is_a_straggler_only() -> None:
     # Issue 10 item 2's reproduction: after enable, rank 2 wraps every block's forward
-    # in a 50 ms sleep. Replay runs the wrapper on the live module with the replay
+    # in a 150 ms sleep. Replay runs the wrapper on the live module with the replay
     # parameters bound, so rank 2 is slow and computes exactly what its peers do.
     from control_scenarios import override
 

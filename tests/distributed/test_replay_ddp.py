@@ -130,7 +130,7 @@ def test_collective_delay_is_group_scoped_without_straggler_or_sdc() -> None:
     # link at rank 2 would). Everyone who waits for it sees a long interval, so the
     # group's broadcast time is judged against its own clean rounds: group-scoped.
     faults = [
-        {"rank": 2, "step": s, "kind": "collective", "group": "replica", "seconds": 0.2}
+        {"rank": 2, "step": s, "kind": "collective", "group": "replica", "seconds": 0.4}
         for s in (2, 3, 4)
     ]
     results = _run(faults, steps=6, cfg={"recipes": ["hidden"]})
@@ -227,7 +227,7 @@ def test_collective_delay_with_the_default_config() -> None:
     # Rank 2 stalls in every timed broadcast of steps 5, 7 and 9 (hidden and optimizer
     # rounds). Each series is judged against its own clean rounds (1 and 3).
     faults = [
-        {"rank": 2, "step": s, "kind": "collective", "group": "replica", "seconds": 0.2}
+        {"rank": 2, "step": s, "kind": "collective", "group": "replica", "seconds": 0.4}
         for s in (5, 7, 9)
     ]
     verdicts = _verdicts(_run(faults, steps=10, cfg=DEFAULT))

@@ -108,7 +108,7 @@ def test_dptp_compute_straggler_and_no_sdc() -> None:
 @pytest.mark.timeout(250)
 def test_dptp_collective_delay_is_group_scoped() -> None:
     faults = [
-        {"rank": 2, "step": s, "kind": "collective", "group": "tp", "seconds": 0.2}
+        {"rank": 2, "step": s, "kind": "collective", "group": "tp", "seconds": 0.4}
         for s in (2, 3, 4)
     ]
     results = _run(faults, steps=6, cfg={"recipes": ["hidden"]})

@@ -90,7 +90,7 @@ def test_hsdp_compute_straggler() -> None:
 @pytest.mark.timeout(250)
 def test_hsdp_collective_delay_is_group_scoped() -> None:
     faults = [
-        {"rank": 2, "step": s, "kind": "collective", "group": "shard", "seconds": 0.2}
+        {"rank": 2, "step": s, "kind": "collective", "group": "shard", "seconds": 0.4}
         for s in (2, 3, 4)
     ]
     results = _run("hsdp", 6, faults, steps=6, cfg={"recipes": ["hidden"]})

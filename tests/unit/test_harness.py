@@ -268,3 +268,31 @@ def test_a_preload_that_prints_leaves_the_zygote_protocol_intact(tmp_path: Path)
     results = run_ranks(rank_facts, 2, env=env, timeout_s=60)
     parents = {r["ppid"] for r in results}
     assert len(parents) == 1 and os.getpid() not in parents
+
+
+def test_a_port_clash_is_retried_and_anything_else_raised_at_once() -> None:
+    from scout_core.testing.harness import RankFailedError, port_clash, retry_on_port_clash
+
+    calls: list[int] = []
+
+    def clashing_twice() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RankFailedError("rank 0: bind: Address already in use (EADDRINUSE)")
+        return "ran"
+
+    assert retry_on_port_clash(clashing_twice) == "ran" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(RankFailedError, match="EADDRINUSE"):
+        retry_on_port_clash(clashing_twice, attempts=2)  # still taken: the clash is raised
+    calls.clear()
+
+    def broken() -> None:
+        calls.append(1)
+        raise RankFailedError("rank 1: ValueError: a real failure")
+
+    with pytest.raises(RankFailedError, match="a real failure"):
+        retry_on_port_clash(broken)
+    assert len(calls) == 1
+    assert port_clash("OSError: [Errno 98] Address already in use")
+    assert not port_clash("ConnectionRefusedError")

@@ -84,6 +84,7 @@ TESTING = {
     "FAULT_KINDS",
     "RoundLog",
     "ran_every_due_round",
+    "BUSY_HOST",
 }
 
 

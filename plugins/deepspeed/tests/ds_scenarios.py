@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.testing import VOCAB, RoundLog, TinyLM, batch
+from scout_core.testing import BUSY_HOST, VOCAB, RoundLog, TinyLM, batch
 
 MICRO = 4
 
@@ -44,6 +44,7 @@ def scout_section(**over: Any) -> dict[str, Any]:
         "lm_head_interval": 4,
         "optimizer_interval": 4,
         "observer": True,  # the hang observer runs beside every DeepSpeed test (issue 10)
+        **BUSY_HOST,
     }
     base.update(over)
     return base

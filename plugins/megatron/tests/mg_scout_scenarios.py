@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from scout_core.testing import RoundLog
+from scout_core.testing import BUSY_HOST, RoundLog
 
 STEP_FIELDS = ("step", "surface", "failure", "status", "outliers", "scope", "group")
 
@@ -21,12 +21,11 @@ STEP_FIELDS = ("step", "surface", "failure", "status", "outliers", "scope", "gro
 def section(**over: Any) -> dict[str, Any]:
     """SCOUT settings of the tests: replay every step, everything else every 4 steps.
 
-    Six ranks share two loaded CPU cores, where a rank descheduled for a few tens of
-    milliseconds inside a replayed call is common; a straggler must be at least
-    0.3 s slower than its peers' median (the injected one is 3 x 0.2 s per round).
+    Six ranks share two loaded CPU cores: the straggler thresholds are
+    ``scout_core.testing.BUSY_HOST``'s (the injected straggler is 3 x 0.2 s per round).
     """
     base: dict[str, Any] = {
-        "straggler_min_excess_s": 0.3,
+        **BUSY_HOST,
         "report_dir": os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report"),
         "run_id": "megatron-test",
         "replay_interval": 1,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from scout_torchtitan.testing import TitanAssets, titan_argv
 
-from scout_core.testing import run_ranks
+from scout_core.testing import BUSY_HOST, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -34,6 +34,7 @@ SETTINGS: dict[str, Any] = {
     "lm_head_interval": 1,
     "optimizer_interval": 1,
     "hang_timeout_s": HANG_S,
+    **BUSY_HOST,
 }
 
 
