@@ -15,6 +15,7 @@ import pytest
 
 from scout_core.config import Config, fields_doc
 from scout_core.errors import ConfigError
+from scout_core.testing import BUSY_HOST
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -514,16 +515,19 @@ def test_configuration_doc_matches_the_code() -> None:
 def test_configuration_doc_examples_load(tmp_path: Path) -> None:
     text = DOCS.read_text(encoding="utf-8")
     blocks = re.findall(r"```(toml|json)\n(.*?)```", text, flags=re.DOTALL)
-    assert [kind for kind, _ in blocks] == ["toml", "json", "json"]
+    assert [kind for kind, _ in blocks] == ["toml", "toml", "json", "json"]
     loaded = []
     for i, (kind, body) in enumerate(blocks):
         path = tmp_path / f"example{i}.{kind}"
         path.write_text(body)
         loaded.append(Config.from_file(path, environ={}))
-    assert loaded[0].recipes == ("hidden", "optimizer")
-    assert loaded[0].on_hang == "terminate"
-    assert loaded[1].observer_port == 29650
-    assert loaded[2].observer is False
+    busy, section, deepspeed, flat = loaded
+    # The busy-host example is the setting SCOUT's own tests run with.
+    assert {k: getattr(busy, k) for k in BUSY_HOST} == BUSY_HOST
+    assert section.recipes == ("hidden", "optimizer")
+    assert section.on_hang == "terminate"
+    assert deepspeed.observer_port == 29650
+    assert flat.observer is False
 
 
 if __name__ == "__main__":
