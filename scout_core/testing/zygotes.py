@@ -22,8 +22,9 @@ What differs from a fresh interpreter, and how it is kept out of the results:
 * A zygote must hold one thread when it forks. numpy's OpenBLAS would start a pool
   when torch imports numpy, so a zygote runs it with one thread unless the ranks set
   ``OPENBLAS_NUM_THREADS`` (numpy's BLAS is single-threaded in forked ranks; torch's
-  own threads are unchanged). A zygote that still reports more threads (a preloaded
-  module started one) is not used; ranks start fresh instead.
+  own threads are unchanged); likewise pyarrow's jemalloc runs without its background
+  thread unless the ranks set ``JE_ARROW_MALLOC_CONF``. A zygote that still reports
+  more threads (a preloaded module started one) is not used; ranks start fresh instead.
 
 ``SCOUT_TEST_FRESH_RANKS=1`` turns zygotes off: every rank is a fresh interpreter.
 """
@@ -64,12 +65,19 @@ KEY_PREFIXES = (
     "LD_",
     "PYTHON",
     "TMPDIR",
+    "JE_",
+    "DS_",
     PRELOAD_ENV,
 )
 """Variables that may be read while importing: ranks share a zygote only if these agree."""
-_ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1"}
-"""Unless the ranks set it: numpy's OpenBLAS starts its thread pool when torch imports
-numpy, and a zygote must hold a single thread to fork."""
+_ONE_THREAD = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+}
+"""Unless the ranks set them: numpy's OpenBLAS starts its thread pool when torch imports
+numpy, and pyarrow's bundled jemalloc a background thread when it loads (TorchTitan's
+data loader imports ``datasets``, which imports pyarrow); a zygote must hold a single
+thread to fork."""
 _READ_LATER = ("TORCHELASTIC_",)  # torch.distributed.elastic reads its error file when it records
 _MAX_ZYGOTES = 6
 _READY_TIMEOUT_S = 180.0
@@ -233,7 +241,7 @@ def _zygote_for(env: Mapping[str, str]) -> _Zygote | None:
         # The import-time variables are the ranks'; the rest the harness's own, so the
         # zygote carries no call's values (a test may look for them in /proc/*/environ).
         own = {k: v for k, v in os.environ.items() if not _read_on_import(k)}
-        zygote = _Zygote({**own, **_ONE_BLAS_THREAD, **dict(key)})
+        zygote = _Zygote({**own, **_ONE_THREAD, **dict(key)})
         if not zygote.usable:
             zygote.close()
             _refused.add(key)
