@@ -210,6 +210,19 @@ def test_a_zygote_with_a_thread_is_not_forked_from(tmp_path: Path) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
+def test_a_zygote_that_preloads_pyarrow_is_forked_from() -> None:
+    # pyarrow's bundled jemalloc starts a background thread when it loads (TorchTitan's
+    # data loader imports it); a zygote turns that thread off, so it still forks.
+    pytest.importorskip("pyarrow")
+    results = run_ranks(
+        rank_facts, 2, env={**FORKED, "SCOUT_TEST_PRELOAD": "pyarrow"}, timeout_s=60
+    )
+    parents = {r["ppid"] for r in results}
+    assert len(parents) == 1 and os.getpid() not in parents
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
 def test_a_forked_ranks_exit_code_comes_back_as_popens_would() -> None:
     procs: list[RankProcess] = []
     with pytest.raises(RankFailedError, match="exit 87"):
