@@ -265,7 +265,8 @@ def framework_gate_on_dcp(directory: str) -> dict[str, Any]:
     gate.load(io)  # no tag: the newest verified
     out["restored"] = sig() == out["sigs"][3]
     out["step_after_load"] = session.step
-    got = gate.recover("straggler", io)
+    gate.target(io)
+    got = gate.recover("straggler")
     out["recover_straggler"] = list(got)
     session.close()
     return out

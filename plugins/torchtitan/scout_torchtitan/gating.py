@@ -36,7 +36,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from scout_core import CheckpointError, Failure, UnsupportedSetupError
+from scout_core import CheckpointError, Failure
 from scout_core.plugin_api import FrameworkGate, Recovered
 from scout_torchtitan.checkpoint_io import TitanCheckpointIO
 
@@ -62,7 +62,7 @@ def gated_save(
                 "training has not been restored since",
                 curr_step,
                 gate.pending.failure,
-                gate.pending.step,
+                gate.pending.found_at,
             )
             return False
         return bool(raw(curr_step, last_step))
@@ -138,14 +138,9 @@ def recover(trainer: Any, failure: Failure | str | None) -> Recovered:
     """
     from scout_torchtitan.plugin import plugin
 
-    session = plugin.session_of(trainer)
-    gate = None if session is None else session.checkpoints
-    if not isinstance(gate, FrameworkGate):
-        raise UnsupportedSetupError(
-            "scout_torchtitan.recover needs SCOUT's checkpoint gate on this trainer (SCOUT "
-            "enabled with gate=true)"
-        )
+    plugin.require_gate(trainer, "trainer")
     manager = getattr(trainer, "checkpointer", None) or plugin.manager_of(trainer)
     if manager is None or not getattr(manager, "enable", False):
         raise CheckpointError("scout_torchtitan.recover needs TorchTitan checkpointing enabled")
-    return gate.recover(failure, TitanCheckpointIO(manager, load=_raw_load_of(manager)))
+    io = TitanCheckpointIO(manager, load=_raw_load_of(manager))
+    return plugin.recover(trainer, failure, io, what="trainer")
