@@ -10,7 +10,7 @@ observer. Each part subscribes to what it needs (the driver's boundaries, its
 verdict callback) and registers its own undo step; the :class:`Session` only holds
 the parts and delivers verdicts to the user. Nothing else writes into it.
 
-``FrameworkPlugin.enable`` (:mod:`scout_core.integration.plugin_base`) calls
+``FrameworkPlugin.enable`` (:mod:`scout_core.plugin.base`) calls
 :func:`compose`; ``scout.enable(model, optimizer)`` reaches it through the core's own
 plain-PyTorch plugin. ``close`` removes every hook and runs the closers in reverse
 order; it is idempotent.
@@ -38,16 +38,16 @@ from scout_core.checkpoint.storage import check_storage
 from scout_core.config import Config
 from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
+from scout_core.incident_desk import IncidentDesk
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
 from scout_core.observer.elastic_error import write_error_file
 from scout_core.records.evidence import EvidenceWriter, Record
-from scout_core.records.incident_desk import IncidentDesk
 from scout_core.records.runs import agree_run_id
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
-from scout_core.topology.groups import diagnostic_group
+from scout_core.topology.groups import PeerGroup, diagnostic_group
 from scout_core.vocabulary import Failure
 
 __all__ = ["VERDICTS_KEPT", "Session", "compose"]
@@ -96,6 +96,11 @@ class Session:
     def step(self) -> int:
         """The current iteration (0-based): the replay driver's clock, read-only."""
         return 0 if self.replay is None else self.replay.step
+
+    @property
+    def peers(self) -> PeerGroup | None:
+        """This rank's replay comparison group (None when SCOUT is disabled)."""
+        return None if self.replay is None else self.replay.peers
 
     @property
     def gate(self) -> CheckpointGate | None:

@@ -227,7 +227,7 @@ def framework_gate_on_dcp(directory: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     import scout_core as scout
-    from scout_core.integration.torch_plugin import plugin
+    from scout_core.plugin.torch_plugin import plugin
     from scout_core.plugin_api import DcpCheckpointIO, FrameworkGate
     from scout_core.session import compose
     from scout_core.testing import BitFlip, Faults

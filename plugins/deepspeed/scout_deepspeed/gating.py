@@ -26,8 +26,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scout_core import CheckpointError, Failure
+from scout_core import CheckpointError, Failure, UnsupportedSetupError
 from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_core.plugin_api import gate_of as gate_on
+from scout_core.plugin_api import recover as recover_through
 
 __all__ = ["DeepSpeedCheckpointIO", "MissingTagError", "Recovered", "gate_of", "recover", "wire"]
 
@@ -134,9 +136,7 @@ def wire(engine: Any, gate: FrameworkGate) -> Callable[[], None]:
 
 def gate_of(engine: Any) -> FrameworkGate | None:
     """The checkpoint gate attached to ``engine``, or None."""
-    from scout_deepspeed.activation import plugin
-
-    return plugin.gate_of(engine)
+    return gate_on(engine)
 
 
 def recover(
@@ -151,9 +151,13 @@ def recover(
     ``engine.load_checkpoint``. Returns ``Recovered(tag, step, role, reason)`` and
     writes a ``scout.checkpoint/1`` retrieve record.
     """
-    from scout_deepspeed.activation import plugin
-
-    last = plugin.require_gate(engine, "engine").last_io
+    gate = gate_of(engine)
+    if gate is None:
+        raise UnsupportedSetupError(
+            "scout_deepspeed.recover needs SCOUT's checkpoint gate on this engine (an enabled "
+            '"scout" section with replay and "gate": true)'
+        )
+    last = gate.last_io
     directory = load_dir if load_dir is not None else None if last is None else last.directory
     if directory is None:
         raise CheckpointError("scout_deepspeed.recover: no save_dir known yet; pass load_dir=")
@@ -163,4 +167,4 @@ def recover(
         save, load = type(engine).save_checkpoint, type(engine).load_checkpoint
         save, load = save.__get__(engine), load.__get__(engine)
     io = DeepSpeedCheckpointIO(engine, directory, save=save, load=load, **kwargs)
-    return plugin.recover(engine, failure, io, what="engine")
+    return recover_through(engine, failure, io, what="engine")

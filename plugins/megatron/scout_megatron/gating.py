@@ -34,8 +34,9 @@ from typing import Any
 
 from scout_core import CheckpointError, Failure
 from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_core.plugin_api import gate_of as gate_on
+from scout_core.plugin_api import recover as recover_through
 from scout_megatron.checkpoint import MegatronCheckpointIO, tag_of
-from scout_megatron.plugin import plugin
 
 __all__ = [
     "RecordedSave",
@@ -49,7 +50,7 @@ __all__ = [
 
 def gate_of(model: Any) -> FrameworkGate | None:
     """The checkpoint gate of the SCOUT session on these model chunks, or None."""
-    return plugin.gate_of(model)
+    return gate_on(model)
 
 
 def save_checkpoint(io: MegatronCheckpointIO, iteration: int | None = None) -> bool:
@@ -76,7 +77,7 @@ def load_checkpoint(io: MegatronCheckpointIO, tag: str | None = None) -> int:
 def recover(io: MegatronCheckpointIO, failure: Failure | str | None) -> Recovered:
     """Load the tag the gate trusts after ``failure`` from ``io``'s directory; returns
     ``Recovered(tag, step, role, reason)`` and writes a retrieve record. Collective."""
-    return plugin.recover(io.chunks, failure, io, what="model chunks")
+    return recover_through(io.chunks, failure, io, what="model chunks")
 
 
 class RecordedSave:

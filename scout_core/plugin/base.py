@@ -48,7 +48,7 @@ from scout_core.records.evidence import Record
 from scout_core.session import Session, compose
 from scout_core.vocabulary import Failure
 
-__all__ = ["FrameworkPlugin"]
+__all__ = ["FrameworkPlugin", "gate_of", "recover"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,10 @@ class FrameworkPlugin(ABC):
         self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
         self._by_id: dict[int, Session] = {}  # for keys that cannot be weakly referenced
         self._gates: weakref.WeakKeyDictionary[Session, FrameworkGate] = weakref.WeakKeyDictionary()
+        self._adapters: weakref.WeakKeyDictionary[Session, FrameworkAdapter] = (
+            weakref.WeakKeyDictionary()
+        )
+        _PLUGINS.add(self)
 
     # -- what a plugin writes ------------------------------------------------------------
 
@@ -134,26 +138,10 @@ class FrameworkPlugin(ABC):
         session = self.session_of(obj)
         return None if session is None else self._gates.get(session)
 
-    def require_gate(self, obj: Any, what: str) -> FrameworkGate:
-        """:meth:`gate_of`, or :class:`~scout_core.errors.UnsupportedSetupError` naming
-        ``what`` (e.g. ``"engine"``) when there is none."""
-        gate = self.gate_of(obj)
-        if gate is None:
-            raise UnsupportedSetupError(
-                f"{self.distribution.replace('-', '_')}.recover needs SCOUT's checkpoint gate "
-                f"on this {what} (SCOUT enabled with replay and the gate on)"
-            )
-        return gate
-
-    def recover(
-        self, obj: Any, failure: Failure | str | None, io: CheckpointIO, *, what: str
-    ) -> Recovered:
-        """Load the checkpoint the gate on ``obj`` trusts after ``failure``, read through
-        ``io`` (its directory and the framework's own load). Collective; writes a
-        retrieve record."""
-        gate = self.require_gate(obj, what)
-        gate.target(io)
-        return gate.recover(failure)
+    def adapter_of(self, obj: Any) -> FrameworkAdapter | None:
+        """The adapter this plugin built for ``obj``'s open session, or None."""
+        session = self.session_of(obj)
+        return None if session is None else self._adapters.get(session)
 
     def session_of(self, obj: Any) -> Session | None:
         """The session enabled on ``obj`` (also a disabled one) while it is open, or None."""
@@ -229,5 +217,36 @@ class FrameworkPlugin(ABC):
         session = compose(adapter, cfg, callback=callback, wire_checkpoints=gated)
         if wired:
             self._gates[session] = wired[0]
+        if session.enabled:
+            self._adapters[session] = adapter
         self._register(obj, session)
         return session
+
+
+_PLUGINS: weakref.WeakSet[FrameworkPlugin] = weakref.WeakSet()
+"""Every plugin instance made (each plugin makes one)."""
+
+
+def gate_of(obj: Any) -> FrameworkGate | None:
+    """The gate of the framework's own checkpoints on the open session of ``obj`` (an
+    engine, model chunks, a trainer), whichever plugin enabled it; or None."""
+    for plugin in list(_PLUGINS):
+        gate = plugin.gate_of(obj)
+        if gate is not None:
+            return gate
+    return None
+
+
+def recover(obj: Any, failure: Failure | str | None, io: CheckpointIO, *, what: str) -> Recovered:
+    """Load the checkpoint the gate on ``obj`` trusts after ``failure``, read through
+    ``io`` (its directory and the framework's own load). Collective; writes a retrieve
+    record. :class:`~scout_core.errors.UnsupportedSetupError` naming ``what`` (e.g.
+    ``"engine"``) when ``obj`` has no such gate."""
+    gate = gate_of(obj)
+    if gate is None:
+        raise UnsupportedSetupError(
+            f"recover needs SCOUT's checkpoint gate on this {what} (SCOUT enabled with "
+            "replay and the gate on, the framework's checkpointing on)"
+        )
+    gate.target(io)
+    return gate.recover(failure)
