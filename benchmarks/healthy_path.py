@@ -212,7 +212,7 @@ def bench_rank(
     from torch.nn.parallel import DistributedDataParallel
 
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     if device == "cuda":

@@ -110,7 +110,7 @@ def enable(
     import torch
 
     if isinstance(obj, torch.nn.Module):
-        from scout_core.integration.torch_plugin import check_optimizers, plugin
+        from scout_core.plugin.torch_plugin import check_optimizers, plugin
 
         check_optimizers(optimizer)
         return plugin.enable(obj, optimizer, config=cfg, callback=callback, **kwargs)

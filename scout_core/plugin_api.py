@@ -7,7 +7,9 @@ file under ``plugins/`` and ``examples/`` and enforces it. Anything else in the 
 may change without notice. ``docs/plugins.md`` explains how the pieces fit.
 
 * The plugin base: :class:`FrameworkPlugin` (plus :class:`PendingPlugin` for a
-  registered plugin whose adapter is not built yet).
+  registered plugin whose adapter is not built yet); :func:`check_version`, the
+  version-range check it runs; :func:`gate_of` and :func:`recover`, the gate of a
+  framework's own checkpoints on an object and recovery through it.
 * The adapter side: :class:`FrameworkAdapter`, :class:`AdapterBase`,
   :class:`ModuleRef`, :class:`Ownership`, :class:`RngStream`, the RNG helpers, layer
   discovery, and the plain-PyTorch adapter (:class:`TorchAdapter`, for DTensor-based
@@ -39,8 +41,9 @@ from scout_core.integration.adapter_base import (
 from scout_core.integration.discovery import Discovered, find_embedding, find_lm_head, unwrap
 from scout_core.integration.discovery import discover as discover_modules
 from scout_core.integration.pending import PendingPlugin
-from scout_core.integration.plugin_base import FrameworkPlugin
-from scout_core.integration.torch_adapter import TorchAdapter, hook_free_twin, param_items
+from scout_core.integration.versions import check_version
+from scout_core.plugin.base import FrameworkPlugin, gate_of, recover
+from scout_core.plugin.torch_adapter import TorchAdapter, hook_free_twin, param_items
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.taps import injected_delay
 from scout_core.session import Session
@@ -55,6 +58,9 @@ __all__ = [
     # the plugin base
     "FrameworkPlugin",
     "PendingPlugin",
+    "check_version",
+    "gate_of",
+    "recover",
     # the adapter side
     "FrameworkAdapter",
     "AdapterBase",

@@ -1,16 +1,16 @@
-"""A SCOUT session: the composition root of one job's replay, observer and checkpoint gate.
+"""A SCOUT session: the composition root of one job's replay, observer and gate.
 
 :func:`compose` builds the parts around a framework adapter, in this order: the
 evidence writer, the replay driver (which owns the step clock and publishes one
 boundary event per iteration), the checkpoint gate (the in-memory
 :class:`~scout_core.checkpoint.attach.GateHandle`, or the
 :class:`~scout_core.checkpoint.framework_gate.FrameworkGate` when the plugin gates
-the framework's own checkpoints) and the hang observer. Each part subscribes to
-what it needs (the driver's boundaries, its verdict callback) and registers its own
-undo step; the :class:`Session` only holds the parts and delivers verdicts to the
-user. Nothing else writes into it.
+the framework's own checkpoints: both one ``CheckpointGate``) and the hang
+observer. Each part subscribes to what it needs (the driver's boundaries, its
+verdict callback) and registers its own undo step; the :class:`Session` only holds
+the parts and delivers verdicts to the user. Nothing else writes into it.
 
-``FrameworkPlugin.enable`` (:mod:`scout_core.integration.plugin_base`) calls
+``FrameworkPlugin.enable`` (:mod:`scout_core.plugin.base`) calls
 :func:`compose`; ``scout.enable(model, optimizer)`` reaches it through the core's own
 plain-PyTorch plugin. ``close`` removes every hook and runs the closers in reverse
 order; it is idempotent.
@@ -28,30 +28,27 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from scout_core.checkpoint.attach import GateHandle, model_of
 from scout_core.checkpoint.catalog import agreed_catalog
+from scout_core.checkpoint.coordinator import CheckpointGate, Recovery
 from scout_core.checkpoint.framework_gate import FrameworkGate
 from scout_core.checkpoint.storage import check_storage
 from scout_core.config import Config
 from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
+from scout_core.incident_desk import IncidentDesk
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
 from scout_core.observer.elastic_error import write_error_file
 from scout_core.records.evidence import EvidenceWriter, Record
-from scout_core.records.incident_desk import IncidentDesk
 from scout_core.records.runs import agree_run_id
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
-from scout_core.topology.groups import diagnostic_group
+from scout_core.topology.groups import PeerGroup, diagnostic_group
 from scout_core.vocabulary import Failure
-
-if TYPE_CHECKING:
-    from scout_core.checkpoint.io import Recovered
-    from scout_core.checkpoint.recovery import Restored
 
 __all__ = ["VERDICTS_KEPT", "Session", "compose"]
 
@@ -80,9 +77,10 @@ class Session:
         """The replay driver, owner of the step clock (None when SCOUT is disabled)."""
         self.observer: ObserverHandle | None = None
         """This rank's hang observer (None when ``Config.observer`` is off)."""
-        self.checkpoints: GateHandle | FrameworkGate | None = None
-        """The checkpoint gate: in-memory generations (:class:`GateHandle`) or the
-        framework's own checkpoints (:class:`FrameworkGate`); None when off."""
+        self.checkpoints: CheckpointGate | None = None
+        """The checkpoint gate: in-memory generations or the framework's own
+        checkpoints, one :class:`~scout_core.checkpoint.coordinator.CheckpointGate`;
+        None when off."""
         self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
         self._closed = False
@@ -100,7 +98,12 @@ class Session:
         return 0 if self.replay is None else self.replay.step
 
     @property
-    def gate(self) -> GateHandle | FrameworkGate | None:
+    def peers(self) -> PeerGroup | None:
+        """This rank's replay comparison group (None when SCOUT is disabled)."""
+        return None if self.replay is None else self.replay.peers
+
+    @property
+    def gate(self) -> CheckpointGate | None:
         """The same as :attr:`checkpoints` (its earlier name)."""
         return self.checkpoints
 
@@ -169,7 +172,7 @@ class Session:
 
     def recover(
         self, failure: Failure | str | None, *, machines_accessible: bool = True
-    ) -> Restored | Recovered:
+    ) -> Recovery:
         """Restore the checkpoint the gate trusts after ``failure`` (collective).
 
         SDC or an unreachable machine restores *verified*, a straggler *latest*; any
@@ -178,17 +181,15 @@ class Session:
         reason); with a framework's gate, the tag it loaded from the directory the
         framework last used. Writes a checkpoint record.
         """
+        if self.checkpoints is None:
+            raise UnsupportedSetupError(
+                "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
+                f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
+            )
         found = None if failure is None else Failure(failure)
-        if isinstance(self.checkpoints, GateHandle):
-            return self.checkpoints.recover(found, machines_accessible=machines_accessible)
-        if isinstance(self.checkpoints, FrameworkGate):
-            return self.checkpoints.recover(found, None, machines_accessible=machines_accessible)
-        raise UnsupportedSetupError(
-            "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
-            f"{self.adapter.name if self.adapter else 'disabled'} session has nothing to gate"
-        )
+        return self.checkpoints.recover(found, machines_accessible=machines_accessible)
 
-    def resume(self) -> Restored | None:
+    def resume(self) -> Recovery | None:
         """After a job restart, restore the gate's verified generation from
         ``checkpoint_dir`` (collective; call once at start, before the first step).
 
@@ -197,7 +198,7 @@ class Session:
         ``step + 1``). Needs the in-memory gate; a framework's gate loads its own
         checkpoints (``session.checkpoints.load(io)``).
         """
-        if isinstance(self.checkpoints, GateHandle):
+        if self.checkpoints is not None:
             return self.checkpoints.resume()
         raise UnsupportedSetupError(
             "session.resume needs the in-memory checkpoint gate with Config.checkpoint_dir; "
@@ -222,13 +223,15 @@ def compose(
     *,
     callback: Callable[[Record], None] | None = None,
     gates_checkpoints: bool = False,
+    wire_checkpoints: Callable[[FrameworkGate], Callable[[], None]] | None = None,
 ) -> Session:
     """Start a session on ``adapter``: replay, the checkpoint gate and the observer.
 
     Collective over the job (SCOUT's diagnostic groups are created here), so every
-    rank calls it at the same point. ``gates_checkpoints`` picks the
-    :class:`FrameworkGate` (the plugin then wires the framework's checkpoint seam to
-    ``session.checkpoints``) over the in-memory :class:`GateHandle`.
+    rank calls it at the same point. ``gates_checkpoints`` (implied by
+    ``wire_checkpoints``) picks the :class:`FrameworkGate` over the in-memory
+    :class:`GateHandle`; ``wire_checkpoints(gate)`` routes the framework's checkpoint
+    seam through it and returns the undo, run at close.
 
     First the ranks agree on the run id (``session.config.run_id``: the configured
     one, torchrun's, or a fresh one unique per launch) and check that ``report_dir``
@@ -240,7 +243,7 @@ def compose(
         adapter.close()
         return session
     try:
-        _compose(session, adapter, config, gates_checkpoints)
+        _compose(session, adapter, config, gates_checkpoints, wire_checkpoints)
     except BaseException:
         if session.replay is None:  # else the driver's closer closes the adapter
             adapter.close()
@@ -250,7 +253,11 @@ def compose(
 
 
 def _compose(
-    session: Session, adapter: FrameworkAdapter, config: Config, gates_checkpoints: bool
+    session: Session,
+    adapter: FrameworkAdapter,
+    config: Config,
+    gates_checkpoints: bool,
+    wire: Callable[[FrameworkGate], Callable[[], None]] | None,
 ) -> None:
     # One diagnostic group over the job for what every rank must agree on: the run id,
     # the storage check, the checkpoint gate's decisions.
@@ -283,11 +290,9 @@ def _compose(
     session.add_closer(replay.close)
     session.add_closer(replay.on_boundary(desk.on_boundary))
     if config.gate:
-        session.checkpoints = _gate(replay, config, writer, vote, gates_checkpoints)
-        if session.checkpoints is not None:
-            session.add_closer(session.checkpoints.close)
-    if config.on_sdc == "terminate" and isinstance(session.checkpoints, GateHandle):
-        session.checkpoints.on_sdc = functools.partial(_terminate_on_sdc, session)
+        session.checkpoints = _gate(
+            session, replay, writer, vote, framework=gates_checkpoints, wire=wire
+        )
     if config.observer:
         session.observer = attach_observer(
             adapter,
@@ -315,21 +320,27 @@ def _terminate_on_sdc(session: Session, step: int) -> None:
 
 
 def _gate(
+    session: Session,
     replay: ReplayDriver,
-    config: Config,
     writer: EvidenceWriter,
     vote: BoundaryVote[Boundary],
+    *,
     framework: bool,
-) -> GateHandle | FrameworkGate | None:
+    wire: Callable[[FrameworkGate], Callable[[], None]] | None,
+) -> CheckpointGate | None:
     """The checkpoint gate for this job, or None (logged) when nothing can be gated.
     Its job-wide combine rides ``vote`` (on the job's diagnostic group)."""
-    group = vote.group
+    config, group = session.config, vote.group
     catalog = agreed_catalog(replay, config, group)
     if catalog is None:
         return None
-    if framework:
+    if framework or wire is not None:
         log.info("gating the %s framework's own checkpoints", replay.adapter.name)
-        return FrameworkGate(replay, catalog, group=group, writer=writer, vote=vote)
+        gated = FrameworkGate(replay, catalog, group=group, writer=writer, vote=vote)
+        session.add_closer(gated.close)
+        if wire is not None:
+            session.add_closer(wire(gated))
+        return gated
     model = model_of(replay.adapter)
     if model is None:
         log.warning(
@@ -337,4 +348,8 @@ def _gate(
             replay.adapter.name,
         )
         return None
-    return GateHandle(replay, catalog, model=model, group=group, writer=writer, vote=vote)
+    gate = GateHandle(replay, catalog, model=model, group=group, writer=writer, vote=vote)
+    session.add_closer(gate.close)
+    if config.on_sdc == "terminate":
+        gate.on_sdc = functools.partial(_terminate_on_sdc, session)
+    return gate

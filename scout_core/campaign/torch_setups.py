@@ -72,7 +72,7 @@ def build(layout: str) -> tuple[nn.Module, nn.Module]:
 def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) -> dict[str, Any]:
     """One rank of a trial; returns :meth:`TrialFault.result` plus the steps trained."""
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.testing.trial import TrialFault
 
     rank = dist.get_rank()

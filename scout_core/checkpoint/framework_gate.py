@@ -9,11 +9,10 @@ through :meth:`FrameworkGate.save` and :meth:`FrameworkGate.load`; everything el
 here, once, for every framework.
 
 [The boundary]
-Per replay boundary the gate reads this rank's outcome and the catalog slots checked
-(:class:`~.catalog.GateCatalog`), combines the flags job-wide (in a session, in the
-boundary's one all-reduce: :class:`~.catalog.GateSeat`) and lets the pure Algorithm-3
-machine (:class:`~scout_core.decision.gate.Gate`) decide. The decision moves the
-saved tags' roles in the :class:`~.certification.Ledger` and its sidecar:
+The session's boundaries reach the one coordinator (:class:`~.coordinator.GateCoordinator`)
+as for the in-memory gate; :class:`FrameworkStore` is its generation store here: each
+decision moves the saved tags' roles in the :class:`~.certification.Ledger` and its
+sidecar:
 
 * CAPTURE: nothing to move (the gate's ``latest`` advances);
 * ROTATE (a cycle closed clean): the candidate tags become ``verified``, every
@@ -29,9 +28,10 @@ saved tags' roles in the :class:`~.certification.Ledger` and its sidecar:
 * :meth:`load` with no tag loads the newest *verified* tag of the directory
   (fallback: the framework's own latest, with a warning; refused after an
   unrecovered SDC); an explicit tag is honoured, with a warning if not verified;
-* :meth:`recover` is Algorithm 3's retrieval over the ledger: SDC or an
-  unreachable machine → verified, a straggler → the newest tag SCOUT does not
-  suspect, anything else → the full-catalog sweep decides.
+* :meth:`recover` is Algorithm 3's retrieval over the ledger of the directory of
+  the last save or load (:meth:`target` points it elsewhere): SDC or an unreachable
+  machine → verified, a straggler → the newest tag SCOUT does not suspect, anything
+  else → the full-catalog sweep decides.
 
 The tag a load picks is agreed job-wide before the framework reads anything; a
 load resets the gate's cycle and the replay step clock to the restored step.
@@ -41,13 +41,13 @@ Every rank calls these at the same point (the frameworks require it too).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from scout_core.checkpoint.catalog import GateCatalog, GateSeat, round_outcome
+from scout_core.checkpoint.catalog import GateCatalog
 from scout_core.checkpoint.certification import (
     SELECTABLE_AS_LATEST,
     Ledger,
@@ -55,148 +55,209 @@ from scout_core.checkpoint.certification import (
     read_sidecar,
     write_sidecar,
 )
+from scout_core.checkpoint.coordinator import GateCoordinator
 from scout_core.checkpoint.io import CheckpointIO, Recovered
 from scout_core.checkpoint.records import GateRecorder
+from scout_core.checkpoint.session_gate import SessionGate
 from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
 from scout_core.decision.agreement import all_ok, same_value
 from scout_core.decision.gate import (
-    Action,
     Decision,
     Gate,
     Outcome,
     Retrieval,
     Selection,
     retrieval,
-    worst,
 )
-from scout_core.decision.gate_wire import combine_outcome
 from scout_core.decision.vote import BoundaryVote
-from scout_core.errors import CheckpointError
+from scout_core.errors import CheckpointError, UnsupportedSetupError
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver
 from scout_core.vocabulary import Failure
 
-__all__ = ["FrameworkGate"]
+__all__ = ["FrameworkGate", "FrameworkStore"]
 
 log = logging.getLogger(__name__)
 
 
-class FrameworkGate:
-    """The checkpoint gate of one framework's own checkpoints; one per rank (module doc)."""
+class FrameworkStore:
+    """A framework's own checkpoints as the gate's generation store (module doc)."""
 
     def __init__(
-        self,
-        driver: ReplayDriver,
-        catalog: GateCatalog,
-        *,
-        group: dist.ProcessGroup,
-        writer: EvidenceWriter | None,
-        vote: BoundaryVote[Boundary] | None = None,
+        self, gate: Gate, *, group: dist.ProcessGroup, record: GateRecorder, step: Callable[[], int]
     ) -> None:
-        self.driver = driver
-        self.catalog = catalog
+        self.gate = gate
         self.group = group
-        self.writer = writer
-        self.ranks = tuple(range(dist.get_world_size()))
-        self.run_id = driver.config.resolved_run_id()
-        self._record = GateRecorder(writer, run_id=self.run_id, ranks=self.ranks)
-        self.gate = Gate(catalog.size)
+        self.record = record
+        self.run_id = record.run_id
+        self.step = step
+        """The SCOUT step a checkpoint taken now belongs to."""
         self.ledger = Ledger()
-        self.pending: Decision | None = None
-        """The RETRIEVE decision of a boundary that found SDC, until a load restores."""
-        self.last_io: CheckpointIO | None = None
-        """The checkpoint IO of the most recent save or load (``recover``'s default)."""
-        self._rotated_at: int | None = None
+        self.io: CheckpointIO | None = None
+        """The checkpoint IO of the most recent save or load (what ``recover`` loads)."""
+        self.rotated_at: int | None = None
+        """The step of the last clean cycle close, until a skip or a restore."""
         self._merged: set[str] = set()
         self._writes = False
-        self._closed = False
-        self._seat = GateSeat(
-            vote, catalog, lambda: self.gate, lambda: self.pending is not None, group
-        )
-        driver.keep_captures(True)
-        self._unsubscribe = driver.on_boundary(self._on_boundary)
-        if driver.peer_size < 2:
-            log.warning("replay has no peers here; no checkpoint is ever verified")
-
-    @property
-    def step(self) -> int:
-        """The SCOUT step a checkpoint taken now belongs to (the last completed iteration)."""
-        return self.driver.step - 1
 
     # -- the boundary --------------------------------------------------------------------
 
-    def _on_boundary(self, boundary: Boundary) -> None:
-        agreed = self._seat.agree(boundary)  # None after SDC until a load restores
-        if agreed is not None:
-            self._apply(self.gate.decide(*agreed))
+    def capture(self, decision: Decision, extra: Mapping[str, Any] | None) -> float | None:
+        """Nothing to copy: the framework saves at steps of the user's choosing."""
+        return 0.0
 
-    def _apply(self, d: Decision) -> None:
-        ledger, step = self.ledger, d.step
-        detail: dict[str, Any] = {"K": self.gate.catalog_size, "reason": d.reason}
+    def promote(self, decision: Decision, detail: Mapping[str, Any]) -> None:
+        """ROTATE: candidate tags become verified, ``latest`` tags up to now candidates."""
+        ledger, step = self.ledger, decision.step
+        info = {"K": detail["K"], "reason": decision.reason}
+        self.rotated_at = step
+        held = ledger.with_role("candidate")
         changed: list[TagEntry] = []
-        if d.action is Action.RETRIEVE:
-            self.pending = d
-            what = d.failure.value if d.failure else "failure"
-            why = f"saved after the last verified tag; {what} found at step {step}"
-            changed = ledger.set_role(
-                ledger.with_role("latest", "candidate", "uncertified"), "suspect", why
-            )
-            found, pick = self._retrieval(d.failure, None)
-            self._record(
-                "retrieve",
-                step,
-                None if pick is None else max(pick.step, 0),
-                selected=found.selected,
-                failure=d.failure,
-                detail={**detail, "phase": "select", "tag": None if pick is None else pick.tag},
-            )
-            log.warning(
-                "%s at step %d; checkpoint saves are refused until a load restores "
-                "(recover(%r) would load %s)",
-                what,
-                step,
-                what,
-                pick.tag if pick is not None else "nothing: no verified tag",
-            )
-        elif d.action is Action.SKIP:
-            self.gate.apply(d)
-            self._rotated_at = None
-            dropped = ledger.with_role("latest", "candidate")
-            changed = ledger.set_role(dropped, "uncertified", f"step {step}: {d.reason}")
+        if decision.promote is not None:
+            why = f"candidate survived the clean cycle closed at step {step}"
+            changed += ledger.set_role(held, "verified", why)
             for e in changed:
-                self._record(
-                    "candidate",
-                    step,
-                    max(e.step, 0),
-                    detail={**detail, "tag": e.tag, "dropped": True},
-                )
-        elif d.action is Action.CAPTURE:
-            self.gate.apply(d)
-        elif d.action is Action.ROTATE:
-            self.gate.apply(d)
-            self._rotated_at = step
-            held = ledger.with_role("candidate")
-            if d.promote is not None:
-                why = f"candidate survived the clean cycle closed at step {step}"
-                changed += ledger.set_role(held, "verified", why)
-                for e in changed:
-                    self._record("promote", step, max(e.step, 0), detail={**detail, "tag": e.tag})
-            else:  # defensive: the gate holds no candidate, so no tag can be one
-                changed += ledger.set_role(held, "uncertified", "no gate candidate to promote")
-            fresh = [e for e in ledger.with_role("latest") if e.step <= step]
-            made = ledger.set_role(
-                fresh, "candidate", f"its recipe cycle closed clean at step {step}"
-            )
-            for e in made:
-                self._record("candidate", step, max(e.step, 0), detail={**detail, "tag": e.tag})
-            changed += made
+                self.record("promote", step, max(e.step, 0), detail={**info, "tag": e.tag})
+        else:  # defensive: the gate holds no candidate, so no tag can be one
+            changed += ledger.set_role(held, "uncertified", "no gate candidate to promote")
+        fresh = [e for e in ledger.with_role("latest") if e.step <= step]
+        made = ledger.set_role(fresh, "candidate", f"its recipe cycle closed clean at step {step}")
+        for e in made:
+            self.record("candidate", step, max(e.step, 0), detail={**info, "tag": e.tag})
+        self._changed(changed + made)
+
+    def drop_candidate(self, decision: Decision, detail: Mapping[str, Any]) -> None:
+        """SKIP: ``latest`` and ``candidate`` tags become uncertified."""
+        ledger, step = self.ledger, decision.step
+        info = {"K": detail["K"], "reason": decision.reason}
+        self.rotated_at = None
+        dropped = ledger.with_role("latest", "candidate")
+        changed = ledger.set_role(dropped, "uncertified", f"step {step}: {decision.reason}")
+        for e in changed:
+            detail_e = {**info, "tag": e.tag, "dropped": True}
+            self.record("candidate", step, max(e.step, 0), detail=detail_e)
+        self._changed(changed)
+
+    def _changed(self, changed: list[TagEntry]) -> None:
         if changed:
-            self._write_sidecars(ledger.dirs(changed))
+            self.write_sidecars(self.ledger.dirs(changed))
 
-    # -- sidecars ------------------------------------------------------------
+    # -- retrieval -----------------------------------------------------------------------
 
-    def _use(self, io: CheckpointIO, *, strict: bool = True) -> bool:
+    def select(
+        self,
+        failure: Failure | None,
+        *,
+        step: int,
+        machines_accessible: bool = True,
+        sweep: Callable[[], Outcome] | None = None,
+        boundary: Decision | None = None,
+    ) -> Retrieval:
+        """Algorithm 3's retrieval over the ledger. At a RETRIEVE ``boundary`` every tag
+        not verified becomes suspect and the pick is recorded (no sweep: saves are
+        refused until a load); for a recovery, over the directory of :attr:`io`."""
+        if boundary is None:
+            io = self._io()
+            self.use(io)
+            return self._retrieval(failure, io.directory, machines_accessible, sweep)[0]
+        ledger = self.ledger
+        what = failure.value if failure else "failure"
+        why = f"saved after the last verified tag; {what} found at step {step}"
+        suspects = ledger.set_role(
+            ledger.with_role("latest", "candidate", "uncertified"), "suspect", why
+        )
+        found, pick = self._retrieval(failure, None, True, None)
+        detail = {"K": self.gate.catalog_size, "reason": boundary.reason, "phase": "select"}
+        self.record(
+            "retrieve",
+            step,
+            None if pick is None else max(pick.step, 0),
+            selected=found.selected,
+            failure=failure,
+            detail={**detail, "tag": None if pick is None else pick.tag},
+        )
+        log.warning(
+            "%s at step %d; checkpoint saves are refused until a load restores "
+            "(recover(%r) would load %s)",
+            what,
+            step,
+            what,
+            pick.tag if pick is not None else "nothing: no verified tag",
+        )
+        self._changed(suspects)
+        return found
+
+    def _io(self) -> CheckpointIO:
+        if self.io is None:
+            raise CheckpointError("recover needs a checkpoint directory: nothing was saved yet")
+        return self.io
+
+    def _retrieval(
+        self,
+        failure: Failure | None,
+        directory: str | None,
+        machines_accessible: bool,
+        sweep: Callable[[], Outcome] | None,
+    ) -> tuple[Retrieval, TagEntry | None]:
+        latest = self.ledger.newest(SELECTABLE_AS_LATEST, directory=directory)
+        verified = self.ledger.newest(("verified",), directory=directory)
+        found = retrieval(
+            failure,
+            latest=None if latest is None else latest.step,
+            verified=None if verified is None else verified.step,
+            machines_accessible=machines_accessible,
+            sweep=sweep,
+        )
+        return found, verified if found.selected is Selection.VERIFIED else latest
+
+    def restore(
+        self,
+        found: Retrieval,
+        failure: Failure | None,
+        *,
+        step: int | None = None,
+        extra: MutableMapping[str, Any] | None = None,
+    ) -> Recovered:
+        """Load the tag ``found`` selected from the directory of :attr:`io`; writes a
+        retrieve record. Collective."""
+        io = self._io()
+        roles = ("verified",) if found.selected is Selection.VERIFIED else SELECTABLE_AS_LATEST
+        entry = self.ledger.newest(roles, directory=io.directory)
+        if entry is None:
+            what = failure.value if failure else "the failure"
+            raise CheckpointError(
+                f"no {found.selected.value} checkpoint in {io.directory} to recover from after "
+                f"{what} ({found.reason})"
+            )
+        self.load(io, entry, entry.tag)
+        self.record(
+            "retrieve",
+            self.step() if step is None else step,
+            max(entry.step, 0),
+            selected=found.selected,
+            failure=failure,
+            detail={"phase": "restore", "tag": entry.tag, "reason": found.reason},
+        )
+        return Recovered(entry.tag, entry.step, found.selected.value, found.reason)
+
+    def load(self, io: CheckpointIO, entry: TagEntry | None, tag: str | None) -> tuple[Any, int]:
+        """Load ``tag`` through ``io``, agreed job-wide first; the cycle restarts and the
+        tags newer than what was loaded are no longer trusted. The framework's load
+        result and the step loaded. Collective."""
+        if not same_value((tag, None if entry is None else entry.step), self.group):
+            raise CheckpointError(f"ranks disagree about the tag to load (this rank: {tag!r})")
+        out = io.load(tag)
+        step = entry.step if entry is not None else int(io.restored_step())
+        self.gate.after_restore(Selection.VERIFIED, step)  # the recipe cycle restarts
+        self.rotated_at = None
+        stale = self.ledger.with_role("latest", "candidate")  # none after an SDC: suspect
+        self._changed(self.ledger.set_role(stale, "uncertified", f"training jumped to step {step}"))
+        return out, step
+
+    # -- sidecars ------------------------------------------------------------------------
+
+    def use(self, io: CheckpointIO, *, strict: bool = True) -> bool:
         """Adopt ``io``'s directory sidecar into the ledger once; whether one exists.
 
         Collective: every rank reads the sidecar and the ranks agree that each could.
@@ -204,7 +265,7 @@ class FrameworkGate:
         :class:`CheckpointError` on every rank when ``strict`` (a load must not pick a
         tag on a ledger it cannot trust); otherwise it is logged and ignored (a save).
         """
-        self.last_io = io
+        self.io = io
         self._writes = io.writes_metadata()
         where = str(Path(io.directory).resolve())
         error: BaseException | None = None
@@ -228,7 +289,7 @@ class FrameworkGate:
                 self.ledger.merge(io.directory, found)
         return found is not None
 
-    def _write_sidecars(self, dirs: Iterable[str]) -> None:
+    def write_sidecars(self, dirs: Iterable[str]) -> None:
         """Mirror the ledger of ``dirs`` into their sidecars (the writing rank), and agree
         that it worked; a failure is logged and recorded, never raised. Collective."""
         error: BaseException | None = None
@@ -245,21 +306,76 @@ class FrameworkGate:
         if not all_ok(error is None, self.group):
             why = describe(error) if error is not None else "on the rank that writes it"
             log.warning("could not write the certification sidecar (%s)", why)
-            step = max(self.step, 0)
+            step = max(self.step(), 0)
             detail = {"skipped": True, "durable": False, "storage_error": f"sidecar: {why}"}
-            self._record("capture", step, step, detail=detail)
+            self.record("capture", step, step, detail=detail)
+
+    def close(self) -> None:
+        """Nothing to release: the framework owns its checkpoints."""
+
+
+class FrameworkGate(SessionGate):
+    """The checkpoint gate of one framework's own checkpoints; one per rank (module doc)."""
+
+    coordinator: GateCoordinator[Recovered]
+
+    def __init__(
+        self,
+        driver: ReplayDriver,
+        catalog: GateCatalog,
+        *,
+        group: dist.ProcessGroup,
+        writer: EvidenceWriter | None,
+        vote: BoundaryVote[Boundary] | None = None,
+    ) -> None:
+        self.writer = writer
+        self.ranks = tuple(range(dist.get_world_size()))
+        self.run_id = driver.config.resolved_run_id()
+        gate = Gate(catalog.size)
+        record = GateRecorder(writer, run_id=self.run_id, ranks=self.ranks)
+        self.store = FrameworkStore(gate, group=group, record=record, step=lambda: self.step)
+        coordinator = GateCoordinator(gate, self.store, group=group, sweep=self.sweep)
+        self._follow(driver, catalog, coordinator, vote)
+
+    @property
+    def step(self) -> int:
+        """The SCOUT step a checkpoint taken now belongs to (the last completed iteration)."""
+        return self.driver.step - 1
+
+    @property
+    def gate(self) -> Gate:
+        """The Algorithm-3 state machine."""
+        return self.coordinator.gate
+
+    @property
+    def ledger(self) -> Ledger:
+        """Every tag the gate knows of, by directory, with its role."""
+        return self.store.ledger
+
+    @property
+    def last_io(self) -> CheckpointIO | None:
+        """The checkpoint IO of the most recent save, load or :meth:`target`."""
+        return self.store.io
+
+    def _selected(self, result: Any) -> None:
+        pass  # the store logged the selection and the refusal of saves
+
+    def target(self, io: CheckpointIO) -> None:
+        """Make ``io`` (a directory and how to read it) what :meth:`recover` loads from;
+        by default, the IO of the last save or load."""
+        self.store.io = io
 
     # -- save ----------------------------------------------------------------------------
 
     def save(self, io: CheckpointIO, tag: str | None = None) -> bool:
         """Write checkpoint ``tag`` (default ``io.tag_for(step)``) through ``io`` and record
         its role; refused (False) while an SDC awaits recovery. Collective."""
-        step = self.step
+        store, step = self.store, self.step
         name = io.tag_for(step) if tag is None else str(tag)
         if self.pending is not None:
-            failure = self.pending.failure
+            failure, at = self.pending.failure, self.pending.found_at
             reason = (
-                f"{failure.value if failure else 'a failure'} found at step {self.pending.step} "
+                f"{failure.value if failure else 'a failure'} found at step {at} "
                 "and not recovered: the state may be corrupted"
             )
             log.warning(
@@ -269,16 +385,16 @@ class FrameworkGate:
                 reason,
             )
             detail = {"refused": True, "tag": name, "directory": io.directory, "reason": reason}
-            self._record("capture", step, max(step, 0), failure=failure, detail=detail)
+            store.record("capture", step, max(step, 0), failure=failure, detail=detail)
             return False
-        self._use(io, strict=False)  # before the framework's first barrier
+        store.use(io, strict=False)  # before the framework's first barrier
         error: BaseException | None = None
         ok = False
         try:
             ok = bool(io.save(name))
         except STORAGE_ERRORS as exc:  # a full or read-only disk, DCP's CheckpointException
             error = exc
-        if not all_ok(error is None, self.group):
+        if not all_ok(error is None, store.group):
             why = describe(error) if error is not None else "failed on another rank"
             log.warning(
                 "checkpoint %r in %s was not written (%s); skipped on every rank, training goes on",
@@ -287,81 +403,46 @@ class FrameworkGate:
                 why,
             )
             detail = {"skipped": True, "tag": name, "directory": io.directory, "reason": why}
-            self._record("capture", step, max(step, 0), detail=detail)
+            store.record("capture", step, max(step, 0), detail=detail)
             return False
         if not ok:
             return False
-        if self._rotated_at is not None and self._rotated_at == step:
+        if store.rotated_at == step:
             role, why = "candidate", f"saved when the recipe cycle closed clean at step {step}"
         else:
             role, why = "latest", "saved after a clean boundary; its recipe cycle is still open"
-        entry = self.ledger.add(io.directory, name, step=step, role=role, reason=why)
+        entry = store.ledger.add(io.directory, name, step=step, role=role, reason=why)
         detail = {"tag": name, "directory": io.directory, "role": role, "reason": why}
-        self._record("capture", step, max(step, 0), detail=detail)
+        store.record("capture", step, max(step, 0), detail=detail)
         if role == "candidate":
-            self._record("candidate", step, max(step, 0), detail=detail)
-        self._write_sidecars({entry.directory})
+            store.record("candidate", step, max(step, 0), detail=detail)
+        store.write_sidecars({entry.directory})
         return True
 
     # -- load and recover ----------------------------------------------------------------
 
-    def _retrieval(
-        self,
-        failure: Failure | None,
-        directory: str | None,
-        *,
-        machines_accessible: bool = True,
-        sweep: bool = False,
-    ) -> tuple[Retrieval, TagEntry | None]:
-        latest = self.ledger.newest(SELECTABLE_AS_LATEST, directory=directory)
-        verified = self.ledger.newest(("verified",), directory=directory)
-        found = retrieval(
-            failure,
-            latest=None if latest is None else latest.step,
-            verified=None if verified is None else verified.step,
-            machines_accessible=machines_accessible,
-            sweep=self._job_sweep if sweep else None,
-        )
-        return found, verified if found.selected is Selection.VERIFIED else latest
-
-    def _job_sweep(self) -> Outcome:
-        """Every catalog recipe now, combined job-wide (Algorithm 3's retrieval sweep)."""
-        rounds = self.driver.sweep(self.catalog.recipes)
-        mine = worst(round_outcome(r) for r in rounds)  # no peers: MISSING, fail closed
-        return combine_outcome(mine, group=self.group)
-
-    def _restore(self, io: CheckpointIO, entry: TagEntry | None, tag: str | None) -> Any:
-        """Load ``tag`` through ``io``, agreed job-wide first, then reset gate and clock."""
-        if not same_value((tag, None if entry is None else entry.step), self.group):
-            raise CheckpointError(f"ranks disagree about the tag to load (this rank: {tag!r})")
-        out = io.load(tag)
-        step = entry.step if entry is not None else int(io.restored_step())
-        self.gate.after_restore(Selection.VERIFIED, step)  # the recipe cycle restarts
-        self._rotated_at = None
-        if self.pending is None:
-            stale = self.ledger.with_role("latest", "candidate")
-            changed = self.ledger.set_role(stale, "uncertified", f"training jumped to step {step}")
-            if changed:
-                self._write_sidecars(self.ledger.dirs(changed))
-        self.pending = None
+    def _load(self, io: CheckpointIO, entry: TagEntry | None, tag: str | None) -> Any:
+        out, step = self.store.load(io, entry, tag)
+        self.coordinator.pending = None
         self.driver.resume_at(step + 1)
         return out
 
     def load(self, io: CheckpointIO, tag: str | None = None) -> Any:
         """Restore ``tag``, or with no tag the newest *verified* tag of ``io.directory``;
         returns the framework's load result. Collective."""
-        has_sidecar = self._use(io)
+        store = self.store
+        has_sidecar = store.use(io)
         step = self.step
         if tag is not None:
-            entry = self.ledger.get(io.directory, str(tag))
+            entry = store.ledger.get(io.directory, str(tag))
             role = "unknown to SCOUT" if entry is None else entry.role
             if entry is None or entry.role != "verified":
                 log.warning("loading tag %r (%s) as asked; it is not verified", tag, role)
-            out = self._restore(io, entry, str(tag))
+            out = self._load(io, entry, str(tag))
             sel = Selection.VERIFIED if role == "verified" else Selection.LATEST
             reason = f"explicit tag {tag!r} ({role})"
         else:
-            entry = self.ledger.newest(("verified",), directory=io.directory)
+            entry = store.ledger.newest(("verified",), directory=io.directory)
             if entry is None:
                 if self.pending is not None:
                     raise CheckpointError(
@@ -370,7 +451,7 @@ class FrameworkGate:
                     )
                 why = "no certification sidecar" if not has_sidecar else "no verified tag yet"
                 log.warning("%s in %s; loading the framework's latest", why, io.directory)
-                out = self._restore(io, None, None)
+                out = self._load(io, None, None)
                 sel, reason = Selection.LATEST, f"{why}: the framework's latest"
             else:
                 log.warning(
@@ -380,52 +461,29 @@ class FrameworkGate:
                     entry.step,
                     io.directory,
                 )
-                out = self._restore(io, entry, entry.tag)
+                out = self._load(io, entry, entry.tag)
                 sel, reason = Selection.VERIFIED, f"newest verified tag {entry.tag!r}"
         detail = {"phase": "restore", "tag": None if entry is None else entry.tag, "reason": reason}
         checkpoint_step = None if entry is None else max(entry.step, 0)
-        self._record("retrieve", step, checkpoint_step, selected=sel, detail=detail)
+        store.record("retrieve", step, checkpoint_step, selected=sel, detail=detail)
         return out
 
     def recover(
-        self,
-        failure: Failure | str | None,
-        io: CheckpointIO | None = None,
-        *,
-        machines_accessible: bool = True,
+        self, failure: Failure | str | None, *, machines_accessible: bool = True
     ) -> Recovered:
-        """Load the tag the gate trusts after ``failure`` from ``io`` (default: the IO of
-        the last save or load). Collective; writes a retrieve record."""
-        io = self.last_io if io is None else io
-        if io is None:
-            raise CheckpointError("recover needs a checkpoint directory: nothing was saved yet")
-        self._use(io)
-        found_failure = None if failure is None else Failure(failure)
-        step = self.step
-        found, entry = self._retrieval(
-            found_failure, io.directory, machines_accessible=machines_accessible, sweep=True
+        """Load the tag the gate trusts after ``failure`` from the directory of the last
+        save, load or :meth:`target`. Collective; writes a retrieve record."""
+        got = self.coordinator.recover(
+            None if failure is None else Failure(failure),
+            step=self.step,
+            machines_accessible=machines_accessible,
         )
-        if entry is None:
-            what = found_failure.value if found_failure else "the failure"
-            raise CheckpointError(
-                f"no {found.selected.value} checkpoint in {io.directory} to recover from after "
-                f"{what} ({found.reason})"
-            )
-        self._restore(io, entry, entry.tag)
-        self._record(
-            "retrieve",
-            step,
-            max(entry.step, 0),
-            selected=found.selected,
-            failure=found_failure,
-            detail={"phase": "restore", "tag": entry.tag, "reason": found.reason},
-        )
-        return Recovered(entry.tag, entry.step, found.selected.value, found.reason)
+        self.driver.resume_at(got.step + 1)
+        return got
 
-    def close(self) -> None:
-        """Unsubscribe from the driver (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._unsubscribe()
-        self.driver.keep_captures(False)
+    def resume(self) -> None:
+        """Not for a framework's gate: the framework loads its own checkpoints."""
+        raise UnsupportedSetupError(
+            "session.resume needs the in-memory checkpoint gate with Config.checkpoint_dir; "
+            "a framework's gate loads its own checkpoints (session.checkpoints.load(io))"
+        )

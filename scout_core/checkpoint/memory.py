@@ -59,7 +59,6 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from scout_core.checkpoint.replicas import PeerReplica
 from scout_core.checkpoint.state import capture_tree, flatten, restore_tree
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
@@ -286,8 +285,6 @@ class InMemoryCheckpoints:
         self.latest: Snapshot | None = None
         self.candidate: Snapshot | None = None
         self.verified: Snapshot | None = None
-        self.replica: PeerReplica | None = None
-        """The peer's candidate this rank holds, when replication is on."""
         self._copier = _HostCopier()
         self.overlap = True
         """On CPU, copy parameters and optimizer state on a background thread while the

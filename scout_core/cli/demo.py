@@ -41,7 +41,7 @@ def run_demo_rank(
     from torch.nn.parallel import DistributedDataParallel
 
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.replay.boundary import Boundary
     from scout_core.testing.injectors import BitFlip, Faults
 

@@ -186,6 +186,10 @@ class Retrieval:
     reason: str
     sweep: Outcome | None = None
     """The full-catalog sweep's job-wide outcome, when one ran."""
+    failure: Failure | None = None
+    """The failure a replay boundary found, when the selection was made there."""
+    found_at: int | None = None
+    """The step of that boundary."""
 
 
 class Gate:

@@ -18,9 +18,9 @@ import contextlib
 from typing import Any
 
 from scout_core.integration.adapter import ROLES, FrameworkAdapter, ModuleRef, Ownership, role_of
-from scout_core.integration.plugin_base import FrameworkPlugin
 from scout_core.integration.registry import ScoutPlugin, discover
 from scout_core.integration.versions import VersionRange
+from scout_core.plugin.base import FrameworkPlugin
 
 __all__ = ["check_adapter", "check_plugin", "installed_plugins"]
 

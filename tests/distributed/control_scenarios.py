@@ -79,7 +79,7 @@ def override(
     """Wrap every block's ``forward`` on ``rank_with`` (before or after ``enable``), train."""
     from replay_scenarios import build, data_rank
 
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     handler = _Logs()
@@ -114,7 +114,7 @@ def asymmetric(kind: str, odd_rank: int, at_step: int, steps: int, cfg: dict[str
     micro-batch fewer (``kind="micro"``, of 2) at ``at_step``."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.testing.models import TinyLM
 
     rank = dist.get_rank()
@@ -180,7 +180,7 @@ def count_collectives(
     (:class:`_SkewedAdamW`)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.testing.models import TinyLM
 
     rank = dist.get_rank()

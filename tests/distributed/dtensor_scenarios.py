@@ -41,7 +41,7 @@ class _Model(nn.Module):
 
 def _adapter(model: nn.Module) -> Any:
     from scout_core.integration.discovery import discover
-    from scout_core.integration.torch_adapter import TorchAdapter
+    from scout_core.plugin.torch_adapter import TorchAdapter
     from scout_core.topology.groups import create_peer_groups
     from scout_core.topology.mesh import MeshLayout
 

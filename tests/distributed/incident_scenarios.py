@@ -16,7 +16,7 @@ def run(
     """Train with SCOUT and ``faults``; return this rank's verdicts, its incidents and
     the incidents in its report directory."""
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.records.evidence import load_report
     from scout_core.testing.models import train_step
 

@@ -227,7 +227,7 @@ def framework_gate_on_dcp(directory: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     import scout_core as scout
-    from scout_core.integration.torch_plugin import plugin
+    from scout_core.plugin.torch_plugin import plugin
     from scout_core.plugin_api import DcpCheckpointIO, FrameworkGate
     from scout_core.session import compose
     from scout_core.testing import BitFlip, Faults
@@ -265,7 +265,8 @@ def framework_gate_on_dcp(directory: str) -> dict[str, Any]:
     gate.load(io)  # no tag: the newest verified
     out["restored"] = sig() == out["sigs"][3]
     out["step_after_load"] = session.step
-    got = gate.recover("straggler", io)
+    gate.target(io)
+    got = gate.recover("straggler")
     out["recover_straggler"] = list(got)
     session.close()
     return out

@@ -78,7 +78,7 @@ def scenario(
 ) -> dict[str, Any]:
     """Train ``steps`` iterations with SCOUT and the faults; return the verdicts seen."""
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     wrapped, _, mesh = build(setup)
@@ -131,7 +131,7 @@ def _state_signature(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, 
 def bitwise(setup: str, steps: int) -> dict[str, Any]:
     """Train twice from the same seed, SCOUT off then on; return both state signatures."""
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     rank = dist.get_rank()
     out: dict[str, Any] = {}
@@ -171,7 +171,7 @@ def bad_layer_path() -> str:
 
     from scout_core.config import Config
     from scout_core.errors import ConfigError
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     torch.manual_seed(0)
     model = DistributedDataParallel(TinyLM())

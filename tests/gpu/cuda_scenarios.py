@@ -58,7 +58,7 @@ def scenario(
     from torch.nn.parallel import DistributedDataParallel
 
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.testing.injectors import BitFlip, Faults
 
     rank = dist.get_rank()

@@ -4,10 +4,14 @@
   ``scout_core.plugin_api`` and ``scout_core.testing``, and only names in their
   ``__all__``; any other ``scout_core`` import, anywhere in the file (inside
   functions too), is a violation.
-* :func:`import_graph` / :func:`find_cycles`: the runtime import graph of a package
-  (module-level and function-level imports; not those under ``if TYPE_CHECKING:``)
-  and its cycles. An edge goes to the module an import names: ``from a.b import c``
-  is an edge to ``a.b.c`` when that is a module, else to ``a.b``.
+* :func:`import_graph` / :func:`find_cycles`: the import graph of a package
+  (module-level and function-level imports; those under ``if TYPE_CHECKING:`` only
+  with ``type_checking=True``) and its cycles. An edge goes to the module an import
+  names: ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else
+  to ``a.b``. :func:`folder_graph` folds it onto folders (a top-level module is its
+  own unit), where a cycle is a loop of folders.
+* :func:`session_reaches`: a plugin reading a session's internals
+  (``session.replay``, ``session.observer``, ...) instead of its facade.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
         stack.extend(ast.iter_child_nodes(node))
+
+
+def _all_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import node, ``TYPE_CHECKING`` ones included."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -72,15 +83,17 @@ def _module_name(root: Path, path: Path) -> str:
     return ".".join(parts)
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """Module → the modules of the same package it imports at runtime."""
+def import_graph(package_dir: Path, *, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module → the modules of the same package it imports at runtime (and, with
+    ``type_checking``, under ``if TYPE_CHECKING:`` too)."""
     files = {_module_name(package_dir, p): p for p in sorted(package_dir.rglob("*.py"))}
     top = package_dir.name
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         is_pkg = path.name == "__init__.py"
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for node in _runtime_imports(tree):
+        nodes = _all_imports(tree) if type_checking else _runtime_imports(tree)
+        for node in nodes:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -134,3 +147,45 @@ def find_cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return cycles
+
+
+def folder_of(module: str) -> str:
+    """The folder a module belongs to: its package's first level below the top
+    (``scout_core.checkpoint.coordinator`` → ``scout_core.checkpoint``); a top-level
+    module (``scout_core.session``) is its own unit."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def folder_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto folders (edges inside a folder dropped)."""
+    out: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        a = folder_of(source)
+        out.setdefault(a, set())
+        for target in targets:
+            b = folder_of(target)
+            if b != a:
+                out[a].add(b)
+    return out
+
+
+SESSION_INTERNALS = frozenset({"replay", "observer", "adapter", "_closers", "add_closer", "emit"})
+"""What a plugin must not read off a session: its parts and its wiring."""
+
+
+def session_reaches(source: str, filename: str) -> list[str]:
+    """Attribute reads of :data:`SESSION_INTERNALS` on a session: a name that says
+    ``session`` (``session``, ``live_session``, ``self.session``) or a ``session_of(...)``
+    call."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Attribute) or node.attr not in SESSION_INTERNALS:
+            continue
+        base = node.value
+        if isinstance(base, ast.Call):
+            base = base.func
+        name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+        if "session" in name.lower():
+            out.append(f"{filename}:{node.lineno}: {ast.unparse(node)}")
+    return out

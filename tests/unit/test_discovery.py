@@ -64,7 +64,7 @@ def test_missing_embedding_and_head_paths() -> None:
 
 def test_enable_fails_on_a_missing_layer_before_attaching_anything() -> None:
     from scout_core.config import Config
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

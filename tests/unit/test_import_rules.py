@@ -13,7 +13,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from import_rules import ALLOWED, find_cycles, import_graph, plugin_violations
+from import_rules import (
+    ALLOWED,
+    find_cycles,
+    folder_graph,
+    import_graph,
+    plugin_violations,
+    session_reaches,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,3 +144,105 @@ def test_adding_a_cycle_to_scout_core_is_caught(tmp_path: Path) -> None:
     )
     cycles = find_cycles(import_graph(copy))
     assert any({"scout_core.replay.driver", "scout_core.session"} <= set(c) for c in cycles)
+
+
+# -- every import counted: TYPE_CHECKING, plugins, folders --------------------------------
+
+
+def _packages() -> list[Path]:
+    """``scout_core`` and each plugin's package."""
+    plugins = sorted(p.parent for p in (ROOT / "plugins").glob("*/scout_*/__init__.py"))
+    return [ROOT / "scout_core", *plugins]
+
+
+def test_no_cycle_counting_type_checking_imports_between_files_or_folders() -> None:
+    packages = _packages()
+    assert len(packages) == 4, f"expected scout_core and three plugins, found {packages}"
+    for pkg in packages:
+        graph = import_graph(pkg, type_checking=True)
+        assert len(graph) >= 8, f"{pkg.name}: graph too small to mean much"
+        assert not find_cycles(graph), f"file cycles in {pkg.name}: {find_cycles(graph)}"
+        folders = find_cycles(folder_graph(graph))
+        assert not folders, f"a loop of folders in {pkg.name}: {folders}"
+
+
+def test_the_type_checking_count_finds_a_cycle_the_runtime_graph_misses(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from pkg import b\n",
+            "b.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+            ),
+        },
+    )
+    assert find_cycles(import_graph(pkg)) == []
+    assert find_cycles(import_graph(pkg, type_checking=True)) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_folder_check_fails_on_a_loop_of_folders_without_a_file_cycle(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low/__init__.py": "",
+            "low/x.py": "from pkg.high import y\n",
+            "low/z.py": "",
+            "high/__init__.py": "",
+            "high/y.py": "",
+            "high/w.py": "from pkg.low import z\n",
+        },
+    )
+    graph = import_graph(pkg, type_checking=True)
+    assert find_cycles(graph) == []
+    assert find_cycles(folder_graph(graph)) == [["pkg.high", "pkg.low"]]
+
+
+def test_a_planted_type_checking_cycle_in_scout_core_is_caught(tmp_path: Path) -> None:
+    """The real package plus a TYPE_CHECKING import of the session into the gate machine."""
+    import shutil
+
+    copy = tmp_path / "scout_core"
+    shutil.copytree(ROOT / "scout_core", copy)
+    gate = copy / "checkpoint" / "coordinator.py"
+    gate.write_text(
+        gate.read_text(encoding="utf-8")
+        + "\nif TYPE_CHECKING:\n    from scout_core.session import Session  # noqa\n",
+        encoding="utf-8",
+    )
+    graph = import_graph(copy, type_checking=True)
+    assert any("scout_core.session" in c for c in find_cycles(graph))
+    loops = find_cycles(folder_graph(graph))
+    assert any({"scout_core.checkpoint", "scout_core.session"} <= set(c) for c in loops)
+
+
+def test_plugins_read_no_session_internals() -> None:
+    """Plugin product code (tests may look inside) reads the session's facade only."""
+    files = [p for p in _plugin_files() if p.parent.name.startswith("scout_")]
+    assert len(files) >= 30, "the walk found too few plugin modules"
+    found = []
+    for path in files:
+        found += session_reaches(path.read_text(encoding="utf-8"), str(path))
+    assert not found, "plugins reading a session's internals:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "peers = session.replay.peers",
+        "plugin.session_of(trainer).replay.step",
+        "self.session.observer.publisher",
+        "live_session.adapter.rank()",
+    ],
+)
+def test_the_session_rule_fails_on_a_plugin_reaching_internals(snippet: str) -> None:
+    assert session_reaches(snippet, "bad.py")
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    ["session.step", "session.gate.recover('sdc')", "replay.peers", "session.on_boundary(fn)"],
+)
+def test_the_session_rule_accepts_the_facade(snippet: str) -> None:
+    assert session_reaches(snippet, "ok.py") == []

@@ -21,6 +21,9 @@ from scout_core.integration.versions import VersionRange, check_version, parse_v
 PLUGIN_API = {
     "FrameworkPlugin",
     "PendingPlugin",
+    "check_version",
+    "gate_of",
+    "recover",
     "FrameworkAdapter",
     "AdapterBase",
     "ModuleRef",
@@ -235,7 +238,7 @@ def test_check_version_reads_framework_version() -> None:
 
 
 def test_check_plugin_conformance_on_the_torch_plugin() -> None:
-    from scout_core.integration.torch_plugin import plugin
+    from scout_core.plugin.torch_plugin import plugin
 
     testing.check_plugin(plugin, torch.nn.Linear(2, 2), registered=False)
     with pytest.raises(AssertionError, match="entry point 'torch'"):

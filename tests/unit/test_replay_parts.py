@@ -14,7 +14,7 @@ from torch import nn
 from scout_core.decision.c3 import C3Result
 from scout_core.errors import ConfigError
 from scout_core.integration.adapter import ModuleRef
-from scout_core.integration.torch_adapter import hook_free_twin
+from scout_core.plugin.torch_adapter import hook_free_twin
 from scout_core.replay.capture import Capturer
 from scout_core.replay.compute import Inputs, replay_module
 from scout_core.replay.control import ControlFlow

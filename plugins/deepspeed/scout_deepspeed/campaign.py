@@ -108,9 +108,10 @@ def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) 
     fault = TrialFault(trial["fault"])  # before SCOUT attaches: see TrialFault's test kinds
     engine, module, data = _engine(options, dict(trial["scout"]))
     session = scout_deepspeed.session_of(engine)
-    if session is None or session.adapter is None:
+    adapter = scout_deepspeed.plugin.adapter_of(engine)
+    if session is None or adapter is None:
         raise RuntimeError("SCOUT did not attach to the DeepSpeed engine")
-    layers = [ref.path for ref in session.adapter.repeated_layers()]
+    layers = [ref.path for ref in adapter.repeated_layers()]
     first = layers[0]  # the first parameter of the first repeated block, as in every setup
     param = f"{first}.{next(n for n, _ in module.get_submodule(first).named_parameters())}"
     fault.prepare()

@@ -28,6 +28,8 @@ from typing import Any
 
 from scout_core import CheckpointError, Failure, UnsupportedSetupError
 from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_core.plugin_api import gate_of as gate_on
+from scout_core.plugin_api import recover as recover_through
 
 __all__ = ["DeepSpeedCheckpointIO", "MissingTagError", "Recovered", "gate_of", "recover", "wire"]
 
@@ -134,11 +136,7 @@ def wire(engine: Any, gate: FrameworkGate) -> Callable[[], None]:
 
 def gate_of(engine: Any) -> FrameworkGate | None:
     """The checkpoint gate attached to ``engine``, or None."""
-    from scout_deepspeed.activation import session_of
-
-    session = session_of(engine)
-    gate = None if session is None else session.checkpoints
-    return gate if isinstance(gate, FrameworkGate) else None
+    return gate_on(engine)
 
 
 def recover(
@@ -169,4 +167,4 @@ def recover(
         save, load = type(engine).save_checkpoint, type(engine).load_checkpoint
         save, load = save.__get__(engine), load.__get__(engine)
     io = DeepSpeedCheckpointIO(engine, directory, save=save, load=load, **kwargs)
-    return gate.recover(failure, io)
+    return recover_through(engine, failure, io, what="engine")

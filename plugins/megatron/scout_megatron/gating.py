@@ -32,10 +32,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from scout_core import CheckpointError, Failure, UnsupportedSetupError
+from scout_core import CheckpointError, Failure
 from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_core.plugin_api import gate_of as gate_on
+from scout_core.plugin_api import recover as recover_through
 from scout_megatron.checkpoint import MegatronCheckpointIO, tag_of
-from scout_megatron.plugin import session_of
 
 __all__ = [
     "RecordedSave",
@@ -49,9 +50,7 @@ __all__ = [
 
 def gate_of(model: Any) -> FrameworkGate | None:
     """The checkpoint gate of the SCOUT session on these model chunks, or None."""
-    session = session_of(model)
-    gate = None if session is None else session.checkpoints
-    return gate if isinstance(gate, FrameworkGate) else None
+    return gate_on(model)
 
 
 def save_checkpoint(io: MegatronCheckpointIO, iteration: int | None = None) -> bool:
@@ -78,13 +77,7 @@ def load_checkpoint(io: MegatronCheckpointIO, tag: str | None = None) -> int:
 def recover(io: MegatronCheckpointIO, failure: Failure | str | None) -> Recovered:
     """Load the tag the gate trusts after ``failure`` from ``io``'s directory; returns
     ``Recovered(tag, step, role, reason)`` and writes a retrieve record. Collective."""
-    gate = gate_of(io.chunks)
-    if gate is None:
-        raise UnsupportedSetupError(
-            "scout_megatron.recover needs SCOUT's checkpoint gate on these model chunks "
-            "(SCOUT enabled with replay and gate = true)"
-        )
-    return gate.recover(failure, io)
+    return recover_through(io.chunks, failure, io, what="model chunks")
 
 
 class RecordedSave:

@@ -23,6 +23,7 @@ import importlib.util
 from pathlib import Path
 
 from scout_core import UnsupportedSetupError
+from scout_core.plugin_api import check_version as check_range
 
 __all__ = ["SUPPORTED", "check_version", "installed_version", "version_from_package_info"]
 
@@ -64,6 +65,5 @@ def installed_version() -> str:
 def check_version(version: str | None = None) -> str:
     """The installed (or given) megatron-core version if in :data:`SUPPORTED`, else
     :class:`~scout_core.UnsupportedSetupError` naming both (the plugin's own check)."""
-    from scout_megatron.plugin import plugin
-
-    return plugin.check_version(version)
+    found = installed_version() if version is None else version
+    return check_range("megatron-core", SUPPORTED, plugin="scout-megatron", version=found)

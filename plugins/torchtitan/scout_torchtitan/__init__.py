@@ -29,18 +29,6 @@ Importing this package imports no TorchTitan module.
 
 from __future__ import annotations
 
-from typing import Any
-
-from scout_core import Failure
-from scout_core.plugin_api import Recovered
-from scout_torchtitan.plugin import SECTION, TitanPlugin, plugin, session_of
+from scout_torchtitan.plugin import SECTION, TitanPlugin, plugin, recover, session_of
 
 __all__ = ["SECTION", "TitanPlugin", "plugin", "recover", "session_of"]
-
-
-def recover(trainer: Any, failure: Failure | str | None) -> Recovered:
-    """Load the TorchTitan checkpoint SCOUT's gate trusts after ``failure`` (collective);
-    see :func:`scout_torchtitan.gating.recover`."""
-    from scout_torchtitan.gating import recover as _recover
-
-    return _recover(trainer, failure)

@@ -34,18 +34,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from scout_core import CheckpointError, Failure, UnsupportedSetupError
-from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_core.plugin_api import FrameworkGate
 from scout_torchtitan.checkpoint_io import TitanCheckpointIO
 
-__all__ = ["gated_load", "gated_save", "recover", "wire"]
+__all__ = ["GatedManager", "gated_load", "gated_save", "raw_load_of", "wire"]
 
 log = logging.getLogger(__name__)
 
 RawSave = Callable[[int, bool], bool]
 RawLoad = Callable[[int], bool]
+
+
+@runtime_checkable
+class GatedManager(Protocol):
+    """SCOUT's own checkpoint manager (:class:`~scout_torchtitan.manager.ScoutManagerMixin`):
+    it asks :func:`gated_save` / :func:`gated_load` itself while ``scout_gate`` is set."""
+
+    scout_gate: FrameworkGate | None
 
 
 def gated_save(
@@ -62,11 +69,11 @@ def gated_save(
                 "training has not been restored since",
                 curr_step,
                 gate.pending.failure,
-                gate.pending.step,
+                gate.pending.found_at,
             )
             return False
         return bool(raw(curr_step, last_step))
-    io = TitanCheckpointIO(manager, load=_raw_load_of(manager))
+    io = TitanCheckpointIO(manager, load=raw_load_of(manager))
     return gate.save(io, f"step-{curr_step}")
 
 
@@ -78,7 +85,7 @@ def gated_load(manager: Any, gate: FrameworkGate, step: int, raw: RawLoad) -> bo
     return bool(gate.load(io, None if step == -1 else f"step-{step}"))
 
 
-def _raw_load_of(manager: Any) -> RawLoad:
+def raw_load_of(manager: Any) -> RawLoad:
     raw: RawLoad | None = getattr(manager, "scout_raw_load", None)
     return raw if raw is not None else _class_method(manager, "_load")
 
@@ -99,9 +106,7 @@ def wire(manager: Any, gate: FrameworkGate) -> Callable[[], None]:
         log.info("TorchTitan checkpointing is off; the checkpoint gate has nothing to gate")
         return lambda: None
     TitanCheckpointIO(manager)  # refuses managers it cannot write through, by name
-    from scout_torchtitan.manager import ScoutManagerMixin
-
-    if isinstance(manager, ScoutManagerMixin):
+    if isinstance(manager, GatedManager):
         manager.scout_gate = gate
 
         def forget() -> None:
@@ -125,27 +130,3 @@ def wire(manager: Any, gate: FrameworkGate) -> Callable[[], None]:
                 del manager.__dict__[name]
 
     return undo
-
-
-def recover(trainer: Any, failure: Failure | str | None) -> Recovered:
-    """Load the TorchTitan checkpoint SCOUT's gate trusts after ``failure``. Collective.
-
-    SDC (or an unreachable machine) → the newest *verified* ``step-N``; a straggler →
-    the newest tag SCOUT does not suspect; anything else → the full-catalog sweep
-    decides. The trainer's state (model, optimizer, schedulers, data loader, step)
-    is restored in place through TorchTitan's own load; returns
-    ``Recovered(tag, step, role, reason)`` and writes a ``scout.checkpoint/1`` record.
-    """
-    from scout_torchtitan.plugin import plugin
-
-    session = plugin.session_of(trainer)
-    gate = None if session is None else session.checkpoints
-    if not isinstance(gate, FrameworkGate):
-        raise UnsupportedSetupError(
-            "scout_torchtitan.recover needs SCOUT's checkpoint gate on this trainer (SCOUT "
-            "enabled with gate=true)"
-        )
-    manager = getattr(trainer, "checkpointer", None) or plugin.manager_of(trainer)
-    if manager is None or not getattr(manager, "enable", False):
-        raise CheckpointError("scout_torchtitan.recover needs TorchTitan checkpointing enabled")
-    return gate.recover(failure, TitanCheckpointIO(manager, load=_raw_load_of(manager)))

@@ -88,8 +88,10 @@ def _seen(manager: Any, trainer: Any, session: Session) -> ScoutSeen:
         "gated": isinstance(session.checkpoints, FrameworkGate) and bool(manager.enable),
         "scout": session.config.to_dict(),
     }
-    adapter = session.adapter
-    if adapter is None or session.replay is None:
+    from scout_torchtitan.plugin import plugin
+
+    adapter, peers = plugin.adapter_of(trainer), session.peers
+    if adapter is None or peers is None:
         return ScoutSeen(**base)
     from scout_torchtitan.adapter import TitanAdapter
 
@@ -99,7 +101,7 @@ def _seen(manager: Any, trainer: Any, session: Session) -> ScoutSeen:
     return ScoutSeen(
         **base,
         layout_sizes=dict(zip(names, layout.sizes, strict=True)),
-        peers=list(session.replay.peers.ranks),
+        peers=list(peers.ranks),
         dense_replicas=list(adapter.titan.dense_replicas),
         coordinates=adapter.titan.coordinates,
         layers=[ref.path for ref in adapter.repeated_layers()],

@@ -25,11 +25,12 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from scout_core import Config, UnsupportedSetupError
-from scout_core.plugin_api import FrameworkGate, FrameworkPlugin, Session
+from scout_core import CheckpointError, Config, Failure, UnsupportedSetupError
+from scout_core.plugin_api import FrameworkGate, FrameworkPlugin, Recovered, Session
+from scout_core.plugin_api import recover as recover_through
 from scout_torchtitan.versions import SUPPORTED_RANGE
 
-__all__ = ["SECTION", "TitanPlugin", "plugin", "session_of"]
+__all__ = ["SECTION", "TitanPlugin", "plugin", "recover", "session_of"]
 
 SECTION = "--override.imports scout_torchtitan.overrides.scout"
 """How configuration errors name where the SCOUT settings came from."""
@@ -104,3 +105,22 @@ plugin = TitanPlugin()
 def session_of(trainer: Any) -> Session | None:
     """The SCOUT session attached to ``trainer`` (also a disabled one), or None."""
     return plugin.session_of(trainer)
+
+
+def recover(trainer: Any, failure: Failure | str | None) -> Recovered:
+    """Load the TorchTitan checkpoint SCOUT's gate trusts after ``failure``. Collective.
+
+    SDC (or an unreachable machine) → the newest *verified* ``step-N``; a straggler →
+    the newest tag SCOUT does not suspect; anything else → the full-catalog sweep
+    decides. The trainer's state (model, optimizer, schedulers, data loader, step)
+    is restored in place through TorchTitan's own load; returns
+    ``Recovered(tag, step, role, reason)`` and writes a ``scout.checkpoint/1`` record.
+    """
+    from scout_torchtitan.checkpoint_io import TitanCheckpointIO
+    from scout_torchtitan.gating import raw_load_of
+
+    manager = getattr(trainer, "checkpointer", None) or plugin.manager_of(trainer)
+    if manager is None or not getattr(manager, "enable", False):
+        raise CheckpointError("scout_torchtitan.recover needs TorchTitan checkpointing enabled")
+    io = TitanCheckpointIO(manager, load=raw_load_of(manager))
+    return recover_through(trainer, failure, io, what="trainer")

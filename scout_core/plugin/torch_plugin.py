@@ -1,10 +1,10 @@
 """The plain-PyTorch plugin: ``scout.enable(model, optimizer)`` on the core's own seam.
 
 DDP, FSDP2, HSDP and DeviceMesh jobs need no framework plugin, but they go through
-the same :class:`~scout_core.integration.plugin_base.FrameworkPlugin` lifecycle as
+the same :class:`~scout_core.plugin.base.FrameworkPlugin` lifecycle as
 DeepSpeed, Megatron and TorchTitan (idempotent enable, config resolution, the
 session registry), so the core uses its own seam. Its framework facts are
-:class:`~scout_core.integration.torch_adapter.TorchAdapter`'s: the layout from the
+:class:`~scout_core.plugin.torch_adapter.TorchAdapter`'s: the layout from the
 DTensor parameters or ``mesh=``, the repeated layers from discovery, and the
 optimizer(s) the user passes. The explicit call is the request for SCOUT, so it is
 enabled when nothing configures it.
@@ -21,8 +21,8 @@ from torch import nn
 from scout_core.config import Config
 from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.discovery import discover, unwrap
-from scout_core.integration.plugin_base import FrameworkPlugin
-from scout_core.integration.torch_adapter import TorchAdapter
+from scout_core.plugin.base import FrameworkPlugin
+from scout_core.plugin.torch_adapter import TorchAdapter
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

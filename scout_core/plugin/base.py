@@ -38,15 +38,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from scout_core.checkpoint.framework_gate import FrameworkGate
+from scout_core.checkpoint.io import CheckpointIO, Recovered
 from scout_core.config import Config
-from scout_core.errors import ConfigError
+from scout_core.errors import ConfigError, UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.integration.pending import object_from
 from scout_core.integration.versions import check_version, installed_version
 from scout_core.records.evidence import Record
 from scout_core.session import Session, compose
+from scout_core.vocabulary import Failure
 
-__all__ = ["FrameworkPlugin"]
+__all__ = ["FrameworkPlugin", "gate_of", "recover"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,11 @@ class FrameworkPlugin(ABC):
     def __init__(self) -> None:
         self._sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
         self._by_id: dict[int, Session] = {}  # for keys that cannot be weakly referenced
+        self._gates: weakref.WeakKeyDictionary[Session, FrameworkGate] = weakref.WeakKeyDictionary()
+        self._adapters: weakref.WeakKeyDictionary[Session, FrameworkAdapter] = (
+            weakref.WeakKeyDictionary()
+        )
+        _PLUGINS.add(self)
 
     # -- what a plugin writes ------------------------------------------------------------
 
@@ -124,6 +131,17 @@ class FrameworkPlugin(ABC):
         return check_version(
             self.framework, self.supported, plugin=self.distribution, version=found
         )
+
+    def gate_of(self, obj: Any) -> FrameworkGate | None:
+        """The gate of the framework's own checkpoints on ``obj``'s open session, or None
+        (``gates_checkpoints`` plugins)."""
+        session = self.session_of(obj)
+        return None if session is None else self._gates.get(session)
+
+    def adapter_of(self, obj: Any) -> FrameworkAdapter | None:
+        """The adapter this plugin built for ``obj``'s open session, or None."""
+        session = self.session_of(obj)
+        return None if session is None else self._adapters.get(session)
 
     def session_of(self, obj: Any) -> Session | None:
         """The session enabled on ``obj`` (also a disabled one) while it is open, or None."""
@@ -189,12 +207,46 @@ class FrameworkPlugin(ABC):
             self._register(obj, session)
             return session
         adapter = self.build_adapter(obj, cfg, *args, **kwargs)
-        session = compose(adapter, cfg, callback=callback, gates_checkpoints=self.gates_checkpoints)
-        try:
-            if self.gates_checkpoints and isinstance(session.checkpoints, FrameworkGate):
-                session.add_closer(self.wire_checkpoints(obj, session.checkpoints))
-        except BaseException:
-            session.close()
-            raise
+        wired: list[FrameworkGate] = []
+
+        def wire(gate: FrameworkGate) -> Callable[[], None]:
+            wired.append(gate)
+            return self.wire_checkpoints(obj, gate)
+
+        gated = wire if self.gates_checkpoints else None
+        session = compose(adapter, cfg, callback=callback, wire_checkpoints=gated)
+        if wired:
+            self._gates[session] = wired[0]
+        if session.enabled:
+            self._adapters[session] = adapter
         self._register(obj, session)
         return session
+
+
+_PLUGINS: weakref.WeakSet[FrameworkPlugin] = weakref.WeakSet()
+"""Every plugin instance made (each plugin makes one)."""
+
+
+def gate_of(obj: Any) -> FrameworkGate | None:
+    """The gate of the framework's own checkpoints on the open session of ``obj`` (an
+    engine, model chunks, a trainer), whichever plugin enabled it; or None."""
+    for plugin in list(_PLUGINS):
+        gate = plugin.gate_of(obj)
+        if gate is not None:
+            return gate
+    return None
+
+
+def recover(obj: Any, failure: Failure | str | None, io: CheckpointIO, *, what: str) -> Recovered:
+    """Load the checkpoint the gate on ``obj`` trusts after ``failure``, read through
+    ``io`` (its directory and the framework's own load). Collective; writes a retrieve
+    record. :class:`~scout_core.errors.UnsupportedSetupError` naming ``what`` (e.g.
+    ``"engine"``) when ``obj`` has no such gate."""
+    gate = gate_of(obj)
+    if gate is None:
+        raise UnsupportedSetupError(
+            f"recover needs SCOUT's checkpoint gate on this {what} (SCOUT enabled with "
+            "replay and the gate on, the framework's checkpointing on)"
+        )
+    gate.target(io)
+    return gate.recover(failure)
