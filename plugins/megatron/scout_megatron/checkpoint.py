@@ -245,13 +245,21 @@ def _in_process_results() -> Iterator[None]:
     the module docstring). Does nothing where that writer has no such function."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    name = "_get_write_results_queue"
-    original = getattr(filesystem_async, name, None)
-    if original is None:
-        yield
-        return
-    setattr(filesystem_async, name, queue.Queue)
+    # ``_get_write_results_queue()`` in 0.16, ``get_write_results_queue(mp_mode)`` from 0.17.
+    names = [n for n in _RESULTS_QUEUE if getattr(filesystem_async, n, None) is not None]
+    originals = {n: getattr(filesystem_async, n) for n in names}
+    for name in names:
+        setattr(filesystem_async, name, _plain_queue)
     try:
         yield
     finally:
-        setattr(filesystem_async, name, original)
+        for name, original in originals.items():
+            setattr(filesystem_async, name, original)
+
+
+_RESULTS_QUEUE = ("_get_write_results_queue", "get_write_results_queue")
+"""The writer's results-queue factory, by release (see :func:`_in_process_results`)."""
+
+
+def _plain_queue(*_args: Any, **_kwargs: Any) -> queue.Queue[Any]:
+    return queue.Queue()

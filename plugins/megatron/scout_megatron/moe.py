@@ -33,7 +33,7 @@ Two Megatron conventions differ from what the core expects of a part, and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -95,20 +95,31 @@ def moe_parts(layers: Sequence[ModuleRef]) -> MoeParts:
     return MoeParts(routers, experts)
 
 
+def _loss_entries() -> tuple[MutableMapping[str, Any], Callable[[Any], torch.Tensor]]:
+    """Megatron's MoE aux-loss tracker entries by name, and how to read an entry's values:
+    ``get_moe_metrics_tracker().metrics`` (``moe_logging``, 0.17 and later), else the
+    0.16 dict of ``moe_utils.get_moe_layer_wise_logging_tracker()`` (deprecated later)."""
+    try:
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+    except ImportError:
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        return get_moe_layer_wise_logging_tracker(), lambda entry: entry["values"]
+    return get_moe_metrics_tracker().metrics, lambda entry: entry.values
+
+
 @contextmanager
 def _aux_losses_kept() -> Iterator[None]:
     """Restore Megatron's MoE logging tracker (aux / z-loss values) on exit."""
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-
-    tracker = get_moe_layer_wise_logging_tracker()
-    saved = {name: entry["values"].clone() for name, entry in tracker.items()}
+    tracker, values_of = _loss_entries()
+    saved = {name: values_of(entry).clone() for name, entry in tracker.items()}
     try:
         yield
     finally:
         for name in [n for n in tracker if n not in saved]:
             del tracker[name]
         for name, values in saved.items():
-            tracker[name]["values"].copy_(values)
+            values_of(tracker[name]).copy_(values)
 
 
 def call_part(parts: MoeParts, module: nn.Module, run: Callable[[], Any]) -> Any:

@@ -10,7 +10,9 @@ this module states the Megatron facts:
   wrapped in torch's DDP (the CPU recipe) are not recognised by ``scout.enable``:
   call :func:`attach`, which hands them to the plugin directly;
 * the installed megatron-core version, also for a Megatron-LM source checkout
-  (:mod:`scout_megatron.versions`), checked against :data:`~scout_megatron.versions.SUPPORTED`;
+  (:mod:`scout_megatron.versions`), checked against :data:`~scout_megatron.versions.SUPPORTED`,
+  and the megatron-core internals the plugin uses, probed before the adapter is built
+  (:mod:`scout_megatron.probes`);
 * how to build the adapter (:class:`~scout_megatron.adapter.MegatronAdapter`), from
   the chunks, the ``MegatronOptimizer`` and Megatron's rank ``order``;
 * checkpoints: ``gates_checkpoints`` makes the core put a
@@ -85,7 +87,9 @@ class MegatronPlugin(FrameworkPlugin):
                 + (f" and {', '.join(extra)}" if extra else "")
             )
         from scout_megatron.adapter import MegatronAdapter
+        from scout_megatron.probes import require
 
+        require()  # every megatron-core internal the plugin uses, before anything is hooked
         return MegatronAdapter(obj, args[0], config, order=order)
 
     def wire_checkpoints(self, obj: Any, gate: FrameworkGate) -> Callable[[], None]:

@@ -3,9 +3,11 @@
 The plugin relies on megatron-core details that are not a stable API: the attributes
 layers keep their process groups in (``tp_group``, ``pg_collection``), the rank
 generators of ``parallel_state``, the RNG tracker's states, the optimizer wrappers'
-``.optimizer`` / ``.chained_optimizers``, ``dist_checkpointing``'s layout. They were
-checked against 0.16.1, so the supported range is every 0.16 release; activation
-refuses another with both versions named.
+``.optimizer`` / ``.chained_optimizers``, ``dist_checkpointing``'s layout. The supported range is
+every release from 0.16 to 0.19 (tested: :data:`TESTED`); activation refuses another
+with both versions named, and :mod:`scout_megatron.probes` checks at activation that
+each internal the plugin uses is still there, so a release in the range that moved
+one is refused naming it. megatron-core 0.17 and later require Python 3.12.
 
 The version comes from the ``megatron-core`` distribution's metadata. A Megatron-LM
 source checkout on ``PYTHONPATH`` has no distribution metadata; its version is then
@@ -25,10 +27,13 @@ from pathlib import Path
 from scout_core import UnsupportedSetupError
 from scout_core.plugin_api import check_version as check_range
 
-__all__ = ["SUPPORTED", "check_version", "installed_version", "version_from_package_info"]
+__all__ = ["SUPPORTED", "TESTED", "check_version", "installed_version", "version_from_package_info"]
 
-SUPPORTED = ">=0.16,<0.17"
-"""Supported megatron-core versions; 0.16.1 is the one tested."""
+SUPPORTED = ">=0.16,<0.20"
+"""Supported megatron-core versions (:data:`TESTED` lists the ones tested)."""
+
+TESTED = ("0.16.1", "0.19.2")
+"""The releases the plugin's tests ran on (docs/megatron.md: which tests on which)."""
 
 
 def version_from_package_info(path: str | Path) -> str:

@@ -185,3 +185,103 @@ def _bridge_save_is_recorded(directory: str, chunks: list[Any], opt: Any, step: 
     mgt.CpuCheckpointIO(directory, chunks, opt).save(f"iter_{step:07d}")  # "Bridge" saves
     callback.on_checkpoint_save(context)
     return _roles(directory)
+
+
+class BridgeDefaultStandIn:
+    """Bridge's ``DefaultCheckpointManager`` on CPU (its module imports Bridge's CUDA-only
+    dependencies): the same protocol, writing Megatron-LM's ``iter_NNNNNNN`` of
+    ``ctx.state.train_state.step`` with real ``dist_checkpointing``, loading
+    ``ckpt_step`` (else the tracker's tag) and returning ``(iteration, 0)``."""
+
+    def __init__(self, checkpoint_config: Any) -> None:
+        self.checkpoint_config = checkpoint_config
+
+    def _io(self, ctx: Any, directory: str) -> Any:
+        from scout_megatron import testing as mgt
+
+        return mgt.CpuCheckpointIO(directory, ctx.model, ctx.optimizer)
+
+    def save(self, ctx: Any, callback_manager: Any) -> None:
+        io = self._io(ctx, self.checkpoint_config.save)
+        io.save(f"iter_{ctx.state.train_state.step:07d}")
+
+    def load(self, ctx: Any) -> tuple[int, int]:
+        step = self.checkpoint_config.ckpt_step
+        io = self._io(ctx, self.checkpoint_config.load)
+        return io.load(None if step is None else f"iter_{step:07d}"), 0
+
+    def finalize_async_saves(
+        self, state: Any, blocking: bool = False, terminate: bool = False
+    ) -> None:
+        return None
+
+
+def _bridge(directory: str, chunks: list[Any], opt: Any, step: int) -> tuple[Any, Any]:
+    """A ScoutCheckpointManager over the stand-in, and a Bridge context at ``step``."""
+    from types import SimpleNamespace
+
+    from scout_megatron.bridge_checkpoint import ScoutCheckpointManager
+
+    config = SimpleNamespace(save=directory, load=directory, ckpt_step=None)
+    manager = ScoutCheckpointManager(config, inner=BridgeDefaultStandIn(config))
+    state = SimpleNamespace(train_state=SimpleNamespace(step=step))
+    return manager, SimpleNamespace(state=state, model=chunks, optimizer=opt)
+
+
+def bridge_certify_then_sdc(directory: str) -> dict[str, Any]:
+    """``certify_then_sdc`` with every save made by Bridge's manager seam."""
+    import scout_megatron
+    from scout_megatron import testing as mgt
+
+    spec, model, ddp, opt = build()
+    session = scout_megatron.attach([ddp], opt, _config())
+    faults = [{"kind": "sdc", "rank": 4, "start": 4, "targets": ["decoder.layers.1"]}]
+    injector = faults_from(faults, 100).attach(model, opt.chained_optimizers[0].optimizer)
+    out: dict[str, Any] = {"saved": [], "digests": {}, "roles": {}}
+
+    def train_to(step: int) -> None:
+        while session.step <= step:
+            mgt.train_step(ddp, opt, mgt.get_batch(spec, session.step))
+
+    def save() -> None:  # Bridge saves after its step counter moved: iteration == step
+        manager, ctx = _bridge(directory, [ddp], opt, session.step)
+        manager.save(ctx, None)
+        out["saved"].append(session.step)
+        out["digests"][f"iter_{session.step:07d}"] = mgt.digest(model, opt)
+
+    train_to(1)
+    save()
+    train_to(3)
+    save()
+    train_to(4)
+    save()
+    train_to(5)
+    out["verdicts"] = verdict_rows(session.verdicts)
+    session_step = session.step
+    save()  # iteration 6: refused
+    out["roles"]["5"] = _roles(directory)
+    out["iter_6_exists"] = os.path.exists(os.path.join(directory, f"iter_{session_step:07d}"))
+    injector.detach()
+    session.close()
+    mgt.teardown()
+    return out
+
+
+def bridge_load_fresh(directory: str) -> dict[str, Any]:
+    """A new job loads through Bridge's manager seam: the newest verified tag."""
+    import scout_megatron
+    from scout_megatron import testing as mgt
+
+    from scout_core import Config
+
+    _spec, model, ddp, opt = build(seed=99)
+    # A load needs the gate, not the hang observer (one process fewer per rank).
+    session = scout_megatron.attach([ddp], opt, Config(**section(recipes=["hidden"])))
+    manager, ctx = _bridge(directory, [ddp], opt, 0)
+    out: dict[str, Any] = {"fresh": mgt.digest(model, opt)}
+    out["loaded"] = list(manager.load(ctx))
+    out["loaded_digest"] = mgt.digest(model, opt)
+    out["step_after"] = session.step
+    session.close()
+    mgt.teardown()
+    return out

@@ -90,3 +90,33 @@ def test_plugin_adapter_and_checkpoint_io_conformance(tmp_path: Path) -> None:
         assert out["replay_groups"]["self_attention.linear_proj:tp_group"] == [tp, f"scout[{rank}]"]
         emb = out["embedding_groups"]["word_embeddings:tp_group"]
         assert emb == [tp, f"scout{tp}"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_bridge_manager_seam_refuses_a_save_after_sdc_and_loads_the_newest_verified(
+    tmp_path: Path,
+) -> None:
+    """Bridge's saves and loads through ``ScoutCheckpointManager`` (the
+    ``custom_manager_class`` seam of Bridge 0.4 on), over a stand-in of Bridge's default
+    manager: the save of iteration 6, while the SDC of step 5 awaits recovery, writes
+    nothing; a new job's load restores iteration 2, the newest verified tag, bitwise."""
+    from mg_gate_scenarios import bridge_certify_then_sdc, bridge_load_fresh
+
+    ckpt = str(tmp_path / "ckpt")
+    first = run_ranks(bridge_certify_then_sdc, 6, args=(ckpt,), timeout_s=280, env=ENV)
+    for out in first:
+        assert out["saved"] == [2, 4, 5, 6]
+        assert out["roles"]["5"] == {
+            "iter_0000002": "verified",
+            "iter_0000004": "suspect",
+            "iter_0000005": "suspect",
+        }
+        assert not out["iter_6_exists"]
+    assert first[4]["verdicts"] and first[4]["verdicts"][0][2:5] == ["sdc", "attributed", [4]]
+    second = run_ranks(bridge_load_fresh, 6, args=(ckpt,), timeout_s=280, env=ENV)
+    for before, after in zip(first, second, strict=True):
+        assert after["fresh"] != before["digests"]["iter_0000002"]
+        assert after["loaded"] == [2, 0]
+        assert after["loaded_digest"] == before["digests"]["iter_0000002"]
+        assert after["step_after"] == 2

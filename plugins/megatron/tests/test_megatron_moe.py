@@ -114,28 +114,34 @@ def test_a_replayed_router_leaves_megatron_aux_loss_logging_as_it_was(megatron_c
     it, and leaves the expert part's and any other call's effects alone."""
     import torch
     from megatron.core.transformer.moe import moe_utils
-    from scout_megatron.moe import MoeParts, call_part
+    from scout_megatron.moe import MoeParts, _loss_entries, call_part
 
     from scout_core.plugin_api import ModuleRef
 
     router, experts = torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.Linear(2, 2)])
     parts = MoeParts([ModuleRef("r", router)], [ModuleRef("e", experts)])
-    tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+    tracker, values_of = _loss_entries()  # the tracker of this megatron-core release
     tracker.clear()
-    moe_utils.save_to_aux_losses_tracker("load_balancing_loss", torch.tensor(0.5), 1, 2)
+    try:  # how a router records its losses: 0.17 and later
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+        save = get_moe_metrics_tracker().record
+    except ImportError:  # 0.16
+        save = moe_utils.save_to_aux_losses_tracker
+    save("load_balancing_loss", torch.tensor(0.5), 1, 2)
 
     def forward_with_losses() -> str:
-        moe_utils.save_to_aux_losses_tracker("load_balancing_loss", torch.tensor(0.25), 1, 2)
-        moe_utils.save_to_aux_losses_tracker("z_loss", torch.tensor(1.0), 2, 2)
+        save("load_balancing_loss", torch.tensor(0.25), 1, 2)
+        save("z_loss", torch.tensor(1.0), 2, 2)
         return "routed"
 
     try:
         assert call_part(parts, router, forward_with_losses) == "routed"
         assert set(tracker) == {"load_balancing_loss"}
-        assert tracker["load_balancing_loss"]["values"].tolist() == [0.5, 0.0]
+        assert values_of(tracker["load_balancing_loss"]).tolist() == [0.5, 0.0]
         out = call_part(parts, experts[0], lambda: (torch.ones(1), torch.ones(1)))
         assert out.tolist() == [2.0]  # an expert's (output, bias): one tensor
         call_part(parts, torch.nn.Linear(1, 1), forward_with_losses)  # not a part
-        assert tracker["load_balancing_loss"]["values"].tolist() == [0.75, 0.0]
+        assert values_of(tracker["load_balancing_loss"]).tolist() == [0.75, 0.0]
     finally:
         tracker.clear()

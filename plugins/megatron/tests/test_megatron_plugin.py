@@ -36,9 +36,11 @@ def test_registered_plugin_facts_and_foreign_objects() -> None:
     assert (plugin.name, plugin.framework, plugin.supported) == (
         "megatron",
         "megatron-core",
-        ">=0.16,<0.17",
+        ">=0.16,<0.20",
     )
-    assert plugin.gates_checkpoints and plugin.framework_version() == "0.16.1"
+    from scout_megatron.versions import TESTED
+
+    assert plugin.gates_checkpoints and plugin.framework_version() in TESTED
     assert not plugin.handles(torch.nn.Linear(2, 2))
     assert not plugin.handles(object()) and not plugin.handles([torch.nn.Linear(2, 2)])
     chunks = [torch.nn.Linear(2, 2)]
@@ -103,7 +105,7 @@ def test_callbacks_from_env_and_bridge_env_vars(environ: dict[str, str], tmp_pat
         scout_megatron.callbacks_from(42)
 
 
-def test_scout_callback_is_a_bridge_callback_on_four_events(environ: dict[str, str]) -> None:
+def test_scout_callback_is_a_bridge_callback_on_its_events(environ: dict[str, str]) -> None:
     import scout_megatron
     from scout_megatron.bridge import bridge_callbacks
 
@@ -113,5 +115,8 @@ def test_scout_callback_is_a_bridge_callback_on_four_events(environ: dict[str, s
     manager = api.CallbackManager()
     manager.add([callback])
     active = {event for event in api.VALID_EVENTS if manager.has_callbacks(event)}
-    assert active == {"on_train_start", "on_train_step_start", "on_train_step_end", "on_train_end"}
-    assert callable(callback.on_checkpoint_save)  # Bridge >= 0.5 fires it; 0.3.1 has none
+    train = {"on_train_start", "on_train_step_start", "on_train_step_end", "on_train_end"}
+    # Bridge 0.5 on fires on_checkpoint_save (the callback records the save); 0.3.1 has none.
+    saves = {"on_checkpoint_save"} & set(api.VALID_EVENTS)
+    assert active == train | saves
+    assert callable(callback.on_checkpoint_save)
