@@ -57,6 +57,7 @@ from torch import nn
 
 from scout_core.decision.agreement import all_ok as all_ready
 from scout_core.decision.c3 import C3Result, Surface, exchange
+from scout_core.decision.pools import PoolTiming
 from scout_core.errors import ConfigError
 from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.replay import control, taps
@@ -95,6 +96,9 @@ class RoundOutcome:
     """Why the round is inconclusive before any comparison (readiness), if it is."""
     source: int | None = None
     """The global rank that broadcast the replay inputs."""
+    pool: PoolTiming | None = None
+    """The round's timing pool (:mod:`scout_core.decision.pools`), when the driver
+    exchanged one: ``t_M`` is then judged over it instead of over the peer group."""
 
 
 def _leaf_meta(x: Any) -> Any:
