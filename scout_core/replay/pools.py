@@ -136,13 +136,15 @@ class TimingPools:
         pool = self.pools.get(recipe.kind)
         if pool is None:
             return None
+        # Named by kind, not module path: pipeline stages name the same block differently,
+        # and the exchange's header must agree on every member.
         surfaces = [
-            Surface(f"{recipe.name}/work", Mode.EXACT, key),
-            Surface(f"{recipe.name}/pool_t_M", Mode.STATISTICAL, t_m),
+            Surface(f"pool/{recipe.kind}/work", Mode.EXACT, key),
+            Surface(f"pool/{recipe.kind}/t_M", Mode.STATISTICAL, t_m),
         ]
         found = exchange(surfaces, group=pool.pg, ranks=pool.ranks, kappa=self.kappa)
-        keys = found[f"{recipe.name}/work"].evidence
-        times = found[f"{recipe.name}/pool_t_M"].evidence
+        keys = found[f"pool/{recipe.kind}/work"].evidence
+        times = found[f"pool/{recipe.kind}/t_M"].evidence
         return PoolTiming(
             pool.ranks,
             tuple(k if isinstance(k, int) else None for k in keys),
