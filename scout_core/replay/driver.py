@@ -203,6 +203,8 @@ class ReplayDriver:
             min_excess_s=config.straggler_min_excess_s,
             min_ratio=config.straggler_min_ratio,
             kappa=config.kappa,
+            peer_of=lambda r: layout.group_along(r, layout.axes_for("peer")),
+            rank=adapter.rank(),
             # A slow t_a2a (all-to-all replay) points at the rank's EP group.
             comm_group_of=lambda leaf, r: (
                 ("ep", layout.group_along(r, (Axis.E,))) if leaf == "t_a2a" else comm_of.get(r)

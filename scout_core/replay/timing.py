@@ -61,6 +61,8 @@ class Judge:
         comm_group_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
         peer_kind: str = "peer",
         kappa: float = 5.0,
+        peer_of: Callable[[int], tuple[int, ...]] | None = None,
+        rank: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.hosts = dict(hosts)
@@ -70,6 +72,12 @@ class Judge:
         self.comm_group_of = comm_group_of
         self.peer_kind = peer_kind
         self.kappa = kappa
+        self.peer_of = peer_of
+        self.rank = rank
+        """This rank: a pool's record reaches only the members of its ``group`` (every
+        member of the pool judges it, to keep the same streaks)."""
+        """A rank's peer group: the ``group`` of a record a timing pool names it in (its
+        lowest rank writes it, as if the peer group had judged alone)."""
         self.own = OwnHistory(rounds=rounds, min_excess_s=min_excess_s, min_ratio=min_ratio)
         """Each rank's own recent clean ``t_M`` per series, for a pair (:mod:`..pools`)."""
         self._excluded: set[tuple[str, int, str]] = set()
@@ -201,6 +209,10 @@ class Judge:
         pool = outcome.pool
         if pool is None:
             return []
+        found = self._pool_records(outcome, pool)
+        return [r for r in found if self.rank is None or self.rank in r.group]
+
+    def _pool_records(self, outcome: RoundOutcome, pool: PoolTiming) -> list[Record]:
         self._log_excluded(outcome, pool)
         records: list[Record] = []
         surface = f"{outcome.recipe.name}/t_M"
@@ -217,9 +229,8 @@ class Judge:
                 surface, Mode.STATISTICAL, decision.status, decision.bitmap, tuple(values), cls
             )
             slow, median = self._slow(result)
-            confirmed = self._confirm("t_M", outcome, result, slow)
-            if confirmed:
-                detail = {"median_s": median, "rounds": self.rounds, "pool": list(cls)}
+            detail = {"median_s": median, "rounds": self.rounds, "pool": list(cls)}
+            for rank in self._confirm("t_M", outcome, result, slow):
                 records.append(
                     self._record(
                         outcome,
@@ -228,13 +239,17 @@ class Judge:
                         mode=Mode.STATISTICAL,
                         status=Status.ATTRIBUTED,
                         failure=Failure.STRAGGLER,
-                        outliers=confirmed,
+                        outliers=(rank,),
                         scope=Scope.RANK,
-                        group=cls,
+                        group=self._home(rank, cls),
                         detail=detail,
                     )
                 )
         return records
+
+    def _home(self, rank: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """The ``group`` of a record naming ``rank`` out of ``ranks``: its peer group."""
+        return ranks if self.peer_of is None else self.peer_of(rank)
 
     def _log_excluded(self, outcome: RoundOutcome, pool: PoolTiming) -> None:
         """Say once per (series, rank, reason) why a member left the pool's comparison."""
@@ -278,7 +293,7 @@ class Judge:
                     failure=Failure.STRAGGLER,
                     outliers=(named,),
                     scope=Scope.RANK,
-                    group=ranks,
+                    group=self._home(named, ranks) if outcome.pool is not None else ranks,
                     detail={
                         "rule": "own history",
                         "history_median_s": medians,

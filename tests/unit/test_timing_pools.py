@@ -123,6 +123,7 @@ def _maker(rounds: int = 2) -> VerdictMaker:
         min_ratio=1.5,
         peer_kind="replica",
         kappa=5.0,
+        peer_of=lambda r: (r % 2, r % 2 + 2),
     )
 
 
@@ -147,8 +148,23 @@ def test_a_pool_of_four_names_the_slow_rank_even_in_another_peer_group() -> None
         assert _named(maker.judge(_pooled(step, [FAST] * 4, [k] * 4))) == []
     slow = [FAST, FAST, FAST, SLOW]  # rank 3: not in this rank's peer group (0, 2)
     assert _named(maker.judge(_pooled(2, slow, [k] * 4))) == []
-    got = _named(maker.judge(_pooled(3, slow, [k] * 4)))
-    assert got == [("straggler", (3,), "rank", (0, 1, 2, 3))]
+    records = maker.judge(_pooled(3, slow, [k] * 4))
+    # the record's group is the victim's peer group (its lowest rank writes it)
+    assert _named(records) == [("straggler", (3,), "rank", (1, 3))]
+    assert records[0].detail["pool"] == [0, 1, 2, 3]
+
+
+def test_only_the_named_ranks_peer_group_receives_the_pools_record() -> None:
+    k = _key()
+    slow = [FAST, FAST, FAST, SLOW]
+    for rank, expect in ((0, []), (1, [("straggler", (3,), "rank", (1, 3))])):
+        maker = _maker()
+        maker.rank = rank
+        got = [
+            _named(maker.judge(_pooled(s, [FAST] * 4 if s < 2 else slow, [k] * 4)))
+            for s in range(4)
+        ]
+        assert got[-1] == expect, rank
 
 
 def test_a_pool_judges_even_when_this_peer_group_was_not_ready() -> None:
@@ -166,7 +182,7 @@ def test_a_pool_judges_even_when_this_peer_group_was_not_ready() -> None:
         maker.judge(_pooled(step, [FAST] * 4, [k] * 4))
     outcome = _pooled(2, [FAST, FAST, FAST, SLOW], [k] * 4)
     outcome.ready = False
-    assert ("straggler", (3,), "rank", (0, 1, 2, 3)) in _named(maker.judge(outcome))
+    assert ("straggler", (3,), "rank", (1, 3)) in _named(maker.judge(outcome))
 
 
 def test_a_rank_of_other_work_is_never_compared_with_the_pool() -> None:
