@@ -86,10 +86,17 @@ def _stopper(victim: int, report_dir: Path, times: dict[str, float]) -> Callable
 
 
 def run_trial(
-    trial: Trial, setup: Setup, out_dir: Path, *, fault: Mapping[str, Any] | None = None
+    trial: Trial,
+    setup: Setup,
+    out_dir: Path,
+    *,
+    fault: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> TrialScore:
     """Run one trial and score it from its evidence; ``fault``: extra keys of the
-    fault's spec (a test kind's, such as the group a ``collective_stall`` holds open)."""
+    fault's spec (a test kind's, such as the group a ``collective_stall`` holds open);
+    ``settings``: SCOUT's settings instead of the campaign's (``Config`` keyword
+    arguments; the trial's report directory is always its own)."""
     from scout_core.errors import ScoutError
     from scout_core.records.reading import load_report
     from scout_core.testing.harness import port_clash, run_ranks
@@ -97,7 +104,9 @@ def run_trial(
     report_dir = out_dir / f"trial-{trial.index:03d}-{trial.setup}-{trial.kind}"
     payload = trial.to_dict() | {
         "fault": fault_spec(trial.kind, trial.victim, trial.step) | dict(fault or {}),
-        "scout": trial_settings(str(report_dir), trial.to_dict()),
+        "scout": trial_settings(str(report_dir), trial.to_dict())
+        if settings is None
+        else dict(settings) | {"report_dir": str(report_dir)},
     }
     times: dict[str, float] = {}
     on_start = None

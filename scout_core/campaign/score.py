@@ -40,6 +40,7 @@ ACCEPTED: Mapping[str, frozenset[str]] = {
     "checkpoint_stall": frozenset({"checkpoint_stall"}),
     "clean": frozenset(),
     "collective_stall": frozenset(),  # a test kind: the stalled group is named, no rank
+    "job_slowdown": frozenset(),  # a test kind: a slow job, no rank to name
 }
 """The failure classes a verdict may report for each fault kind to count as true."""
 

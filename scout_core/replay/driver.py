@@ -46,6 +46,7 @@ from scout_core.replay.control import ControlFlow
 from scout_core.replay.experts import ExpertRunner
 from scout_core.replay.moe_tracks import moe_recipes
 from scout_core.replay.optimizer import OptimizerReplay
+from scout_core.replay.pools import TimingPools
 from scout_core.replay.runner import LayerRunner, RoundOutcome
 from scout_core.replay.schedule import (
     ALL_TO_ALL,
@@ -93,7 +94,7 @@ class ReplayDriver:
         layout = adapter.layout()
         fsdp = layout.size(Axis.S) > 1
         tp = layout.size(Axis.T) > 1
-        groups, self.hosts = _make_groups(adapter, config)
+        groups, self.hosts, job = _make_groups(adapter, config)
         self.peers: PeerGroup = groups["peer"]
         adapter.bind_groups(groups)
         self.optimizers = list(adapter.optimizers())
@@ -140,6 +141,10 @@ class ReplayDriver:
             spread=config.spread_recipes,
             tracks=moe.tracks,
         )
+        self.pools = TimingPools.create(
+            layout, adapter.rank(), self.schedule, job, kappa=config.kappa
+        )
+        """Each pooled recipe kind's timing pool where it is wider than the peer group."""
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         marker = embedding or (layers[0] if layers else lm_head)
         self.control = ControlFlow(
@@ -197,6 +202,9 @@ class ReplayDriver:
             rounds=config.straggler_rounds,
             min_excess_s=config.straggler_min_excess_s,
             min_ratio=config.straggler_min_ratio,
+            kappa=config.kappa,
+            peer_of=lambda r: layout.group_along(r, layout.axes_for("peer")),
+            rank=adapter.rank(),
             # A slow t_a2a (all-to-all replay) points at the rank's EP group.
             comm_group_of=lambda leaf, r: (
                 ("ep", layout.group_along(r, (Axis.E,))) if leaf == "t_a2a" else comm_of.get(r)
@@ -304,6 +312,9 @@ class ReplayDriver:
                 outcome = self.all_to_all.run(recipe, step)
             else:
                 outcome = self.runner.run(recipe, step, counts=counts)
+                if self.pools.ranks_for(recipe) is not None:
+                    # every pool member, ready or not: its work key and t_M, one all-gather
+                    outcome.pool = self.pools.exchange(recipe, *self.runner.last_timing)
             if outcome is None:
                 continue
             out.append(outcome)
@@ -369,8 +380,9 @@ class ReplayDriver:
 
 def _make_groups(
     adapter: FrameworkAdapter, config: Config
-) -> tuple[dict[str, PeerGroup], dict[int, str]]:
-    """SCOUT's diagnostic groups for this layout and every rank's host. Collective.
+) -> tuple[dict[str, PeerGroup], dict[int, str], dist.ProcessGroup]:
+    """SCOUT's diagnostic groups for this layout, every rank's host and SCOUT's job-wide
+    group. Collective.
 
     Refuses (:class:`ConfigError`, on every rank together) deterministic replay on
     CUDA that cuBLAS could not honour (:func:`.scope.check_cublas_workspace`).
@@ -392,7 +404,8 @@ def _make_groups(
     if any_flag(refusal is not None, job):  # every rank refuses together
         raise ConfigError(refusal or "another rank cannot run deterministic CUDA replay")
     payload = _payload_backend(on_cuda)
-    return create_peer_groups(layout, adapter.rank(), kinds, payload_backend=payload), hosts
+    groups = create_peer_groups(layout, adapter.rank(), kinds, payload_backend=payload)
+    return groups, hosts, job
 
 
 def _on_cuda(adapter: FrameworkAdapter) -> bool:

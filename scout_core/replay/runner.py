@@ -57,6 +57,7 @@ from torch import nn
 
 from scout_core.decision.agreement import all_ok as all_ready
 from scout_core.decision.c3 import C3Result, Surface, exchange
+from scout_core.decision.pools import PoolTiming, work_key
 from scout_core.errors import ConfigError
 from scout_core.integration.adapter import ModuleRef, RngStream
 from scout_core.replay import control, taps
@@ -95,6 +96,9 @@ class RoundOutcome:
     """Why the round is inconclusive before any comparison (readiness), if it is."""
     source: int | None = None
     """The global rank that broadcast the replay inputs."""
+    pool: PoolTiming | None = None
+    """The round's timing pool (:mod:`scout_core.decision.pools`), when the driver
+    exchanged one: ``t_M`` is then judged over it instead of over the peer group."""
 
 
 def _leaf_meta(x: Any) -> Any:
@@ -187,6 +191,9 @@ class LayerRunner:
         """Layers with an instance-level ``forward`` seen so far, and the hazard that keeps
         them from being replayed (``None``: replayed on the live module)."""
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
+        self.last_timing: tuple[int | None, float | None] = (None, None)
+        """The last round's work key and ``t_M`` on this rank (None: not replayed), for
+        its timing pool (:mod:`.pools`)."""
 
     # -- the round ------------------------------------------------------------------------
 
@@ -206,6 +213,7 @@ class LayerRunner:
         """
         assert recipe.path is not None
         ref = self.modules[recipe.path]
+        self.last_timing = (None, None)
         if capture is True:
             cap = self.capturer.take(recipe.path)
         else:
@@ -234,6 +242,9 @@ class LayerRunner:
         src = group[step % len(group)]
         received, t_bcast = self._broadcast(cap, src)
         values = self._replay(ref, cap, received, threads)
+        t_m = values.get("t_M")
+        if isinstance(t_m, float):
+            self.last_timing = (self._work_key(recipe, ref, cap), t_m)
         names = SURFACES if self.local_shards is None else ("shard", *SURFACES)
         surfaces = [
             Surface(f"{recipe.name}/{name}", Mode.EXACT, values.get(name)) for name in names
@@ -252,6 +263,18 @@ class LayerRunner:
             )
         results = exchange(surfaces, group=self.peers.pg, ranks=group, kappa=self.kappa)
         return RoundOutcome(recipe, step, group, True, {**ready, **results}, source=src)
+
+    @staticmethod
+    def _work_key(recipe: Recipe, ref: ModuleRef, cap: Capture) -> int:
+        """What this round's replay costs (:func:`scout_core.decision.pools.work_key`)."""
+        params = list(ref.module.parameters())
+        return work_key(
+            kind=recipe.kind,
+            module_class=f"{type(ref.module).__module__}.{type(ref.module).__qualname__}",
+            params=[(str(p.dtype), tuple(p.shape)) for p in params],
+            inputs=[_leaf_meta(x) for x in cap.leaves],
+            device=params[0].device.type if params else "cpu",
+        )
 
     def _readiness(
         self,

@@ -6,23 +6,35 @@ across rounds, the timing rules' streaks and baselines (the rules themselves are
 described in :mod:`scout_core.replay.verdicts`). Streaks and baselines are kept per
 timing *series* (:attr:`~scout_core.replay.schedule.Recipe.series`), so one
 recipe's rounds never confirm or clear another's.
+
+A round's ``t_M`` is judged over its *timing pool* when the driver attached one
+(:attr:`~scout_core.replay.runner.RoundOutcome.pool`: the ranks that replay equal work,
+:mod:`scout_core.decision.pools`), before and whatever the peer group's readiness says,
+so every member of the pool keeps the same streaks: statistical C3 over each class of
+equal work key with three or more ranks, the pair's own-history rule over a class of
+two. Without a pool a peer group of three or more is judged as before, and a peer group
+of two by the own-history rule on the ``t_M`` its result exchange already carried.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from scout_core.decision.c3 import C3Result
+from scout_core.decision.c3 import C3Result, decide_statistical
 from scout_core.decision.diagnosis import SlowGroup, diagnose
+from scout_core.decision.pools import OwnHistory, PoolTiming, excluded, pool_classes
 from scout_core.records.evidence import VERDICT_SCHEMA, Record
 from scout_core.replay.runner import RoundOutcome
 from scout_core.topology.mesh import attribution_scope
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 __all__ = ["Judge"]
+
+log = logging.getLogger(__name__)
 
 TIMING_COMPUTE = ("t_M",)
 TIMING_COMM = ("t_gather", "t_a2a")
@@ -48,6 +60,9 @@ class Judge:
         min_ratio: float,
         comm_group_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
         peer_kind: str = "peer",
+        kappa: float = 5.0,
+        peer_of: Callable[[int], tuple[int, ...]] | None = None,
+        rank: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.hosts = dict(hosts)
@@ -56,6 +71,16 @@ class Judge:
         self.min_ratio = min_ratio
         self.comm_group_of = comm_group_of
         self.peer_kind = peer_kind
+        self.kappa = kappa
+        self.peer_of = peer_of
+        self.rank = rank
+        """This rank: a pool's record reaches only the members of its ``group`` (every
+        member of the pool judges it, to keep the same streaks)."""
+        """A rank's peer group: the ``group`` of a record a timing pool names it in (its
+        lowest rank writes it, as if the peer group had judged alone)."""
+        self.own = OwnHistory(rounds=rounds, min_excess_s=min_excess_s, min_ratio=min_ratio)
+        """Each rank's own recent clean ``t_M`` per series, for a pair (:mod:`..pools`)."""
+        self._excluded: set[tuple[str, int, str]] = set()
         self._streak: dict[tuple[str, str, int], int] = {}
         self._bcast_base: dict[tuple[str, tuple[int, ...]], deque[float]] = {}
         self._bcast_streak: dict[tuple[str, tuple[int, ...]], int] = {}
@@ -152,8 +177,16 @@ class Judge:
         return confirmed
 
     def _straggler(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
+        if outcome.pool is not None:
+            return []  # judged over the round's timing pool (_pooled)
         if result.status is Status.INCONCLUSIVE:
             return []  # a timing that went missing neither confirms nor clears a streak
+        if len(result.ranks) == 2:
+            values = [e for e in result.evidence if isinstance(e, float)]
+            if len(values) != 2:
+                return []
+            pair = tuple(zip(result.ranks, values, strict=True))
+            return self._pair(outcome, (pair[0], pair[1]))
         slow, median = self._slow(result)
         confirmed = self._confirm("t_M", outcome, result, slow)
         if not confirmed or (attribution_scope(len(result.ranks)) is not Scope.RANK):
@@ -169,6 +202,128 @@ class Judge:
                 detail=detail,
             )
         ]
+
+    def _pooled(self, outcome: RoundOutcome) -> list[Record]:
+        """``t_M`` over the round's timing pool: each class of equal work key is judged by
+        statistical C3 (three or more ranks) or the pair's own history (two)."""
+        pool = outcome.pool
+        if pool is None:
+            return []
+        found = self._pool_records(outcome, pool)
+        return [r for r in found if self.rank is None or self.rank in r.group]
+
+    def _pool_records(self, outcome: RoundOutcome, pool: PoolTiming) -> list[Record]:
+        self._log_excluded(outcome, pool)
+        records: list[Record] = []
+        surface = f"{outcome.recipe.name}/t_M"
+        for cls in pool_classes(pool):
+            times = [pool.time_of(r) for r in cls]
+            values = [t for t in times if t is not None]
+            if len(cls) == 2:
+                records.extend(self._pair(outcome, ((cls[0], values[0]), (cls[1], values[1]))))
+                continue
+            if len(cls) < 3:
+                continue
+            decision = decide_statistical(values, self.kappa)
+            result = C3Result(
+                surface, Mode.STATISTICAL, decision.status, decision.bitmap, tuple(values), cls
+            )
+            slow, median = self._slow(result)
+            detail = {"median_s": median, "rounds": self.rounds, "pool": list(cls)}
+            for rank in self._confirm("t_M", outcome, result, slow):
+                records.append(
+                    self._record(
+                        outcome,
+                        result,
+                        surface=surface,
+                        mode=Mode.STATISTICAL,
+                        status=Status.ATTRIBUTED,
+                        failure=Failure.STRAGGLER,
+                        outliers=(rank,),
+                        scope=Scope.RANK,
+                        group=self._home(rank, cls),
+                        detail=detail,
+                    )
+                )
+        return records
+
+    def _home(self, rank: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """The ``group`` of a record naming ``rank`` out of ``ranks``: its peer group."""
+        return ranks if self.peer_of is None else self.peer_of(rank)
+
+    def _log_excluded(self, outcome: RoundOutcome, pool: PoolTiming) -> None:
+        """Say once per (series, rank, reason) why a member left the pool's comparison."""
+        for rank, reason in excluded(pool).items():
+            key = (outcome.recipe.series, rank, reason)
+            if key in self._excluded or len(self._excluded) >= 1024:
+                continue
+            self._excluded.add(key)
+            log.warning(
+                "rank %d is left out of the %s timing pool %s at step %d: it %s",
+                rank,
+                outcome.recipe.series,
+                list(pool.ranks),
+                outcome.step,
+                reason,
+            )
+
+    def _pair(
+        self, outcome: RoundOutcome, pair: tuple[tuple[int, float], tuple[int, float]]
+    ) -> list[Record]:
+        """Two ranks of equal work and nobody else: each against its own history."""
+        call = self.own.judge(outcome.recipe.series, pair)
+        ranks = tuple(r for r, _ in pair)
+        surface = f"{outcome.recipe.name}/t_M"
+        named = call.named
+        bitmap = tuple(r == named for r in ranks)
+        status = Status.ATTRIBUTED if named is not None else Status.AGREE
+        result = C3Result(
+            surface, Mode.STATISTICAL, status, bitmap, tuple(t for _, t in pair), ranks
+        )
+        medians = {str(r): m for r, m in call.medians.items()}
+        records: list[Record] = []
+        if named is not None:
+            records.append(
+                self._record(
+                    outcome,
+                    result,
+                    surface=surface,
+                    mode=Mode.STATISTICAL,
+                    status=Status.ATTRIBUTED,
+                    failure=Failure.STRAGGLER,
+                    outliers=(named,),
+                    scope=Scope.RANK,
+                    group=self._home(named, ranks) if outcome.pool is not None else ranks,
+                    detail={
+                        "rule": "own history",
+                        "history_median_s": medians,
+                        "rounds": self.rounds,
+                        "explanation": "slower than its own recent rounds in consecutive "
+                        "rounds while the other rank of equal work stayed within its own",
+                    },
+                )
+            )
+        if call.joint:
+            records.append(
+                self._record(
+                    outcome,
+                    result,
+                    surface=surface,
+                    mode=Mode.STATISTICAL,
+                    status=Status.INCONCLUSIVE,
+                    failure=Failure.STRAGGLER,
+                    scope=Scope.GROUP,
+                    group=ranks,
+                    detail={
+                        "rule": "own history",
+                        "history_median_s": medians,
+                        "rounds": self.rounds,
+                        "explanation": "both ranks slower than their own recent rounds: "
+                        "a job-wide slowdown, no rank named",
+                    },
+                )
+            )
+        return records
 
     def _late(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
         """``t_late``: a rank that entered its EP all-to-all late, round after round,

@@ -17,6 +17,11 @@ because their inputs are:
   the rotating hidden layers form one series, the embedding, the LM head each
   another), so recipes that run in between neither confirm nor clear a streak
   (timing on a shared machine is noisy; a fleet-wide slowdown is never flagged);
+* ``t_M`` is compared over the round's *timing pool* when it has one (the ranks that
+  replay equal work, :mod:`scout_core.decision.pools`), with the same guards and
+  streaks; two ranks of equal work and nobody else (a pool or a peer group of two)
+  are each compared with their own recent clean rounds, and one is named only when it
+  alone is slower than its own history and than the other rank;
 * a ``t_gather`` outlier under the same guards marks the communication group it
   measured slow (each replica peer gathers on a *different* shard or TP group, so
   comparing them across replica peers is meaningful); slow groups go through the
@@ -63,7 +68,13 @@ class VerdictMaker(Judge):
     streaks and baselines (:class:`~scout_core.replay.timing.Judge`)."""
 
     def judge(self, outcome: RoundOutcome) -> list[Record]:
-        """Records for one round (empty when every surface agrees)."""
+        """Records for one round (empty when every surface agrees).
+
+        A round's timing pool is judged first, whatever this peer group's readiness,
+        so every member of the pool keeps the same streaks (:mod:`.timing`)."""
+        return self._pooled(outcome) + self._judge_group(outcome)
+
+    def _judge_group(self, outcome: RoundOutcome) -> list[Record]:
         name = outcome.recipe.name
         split = control.diverged(name, outcome.results)
         if not outcome.ready and split:

@@ -26,7 +26,10 @@ a rank that waits, marked, for the campaign runner to ``SIGSTOP`` it (``hang_sig
 a process cannot resume itself, so the runner stops it and continues it once the
 verdict is in).
 
-One kind is for tests, never drawn by a campaign (:data:`TEST_KINDS`):
+Two kinds are for tests, never drawn by a campaign (:data:`TEST_KINDS`).
+``job_slowdown`` slows every rank at once: each sleeps the straggler's ``delay_s`` per
+step inside its blocks for ``window`` steps (a whole job on slower clocks, a shared
+file system stalling every rank's input pipeline ...): a slow job, not a slow rank.
 ``collective_stall`` holds a collective open with every member inside it (a link or
 switch fault): the spec's ``ranks`` all-reduce on a group of their own at the fault
 step, and the transport under SCOUT's collective patch stalls there. That transport is
@@ -72,10 +75,12 @@ FAULT_KINDS: tuple[str, ...] = (
 )
 """Every fault kind a trial can carry; ``clean`` injects nothing (a control)."""
 
-TEST_KINDS: tuple[str, ...] = ("collective_stall",)
+TEST_KINDS: tuple[str, ...] = ("collective_stall", "job_slowdown")
 """Kinds for tests only (module doc): a campaign never draws them."""
 
-_HOOKED = frozenset({"compute_sdc", "optimizer_sdc", "compute_straggler", "comm_straggler"})
+_HOOKED = frozenset(
+    {"compute_sdc", "optimizer_sdc", "compute_straggler", "comm_straggler", "job_slowdown"}
+)
 """Kinds armed through :class:`Faults` hooks by :meth:`TrialFault.attach`."""
 
 STOP_MARKER = "campaign-stop-ready"
@@ -190,6 +195,10 @@ class TrialFault:
             when = faults.at(rank=self.victim, steps=window)
             for name in layers:
                 when.delay_compute(name, self.delay_s / max(1, len(layers)))
+        elif self.kind == "job_slowdown":  # every rank: no victim
+            when = faults.at(rank=self.rank, steps=window)
+            for name in layers:
+                when.delay_compute(name, self.delay_s / max(1, len(layers)))
         elif self.kind == "comm_straggler":
             faults.at(rank=self.victim, steps=window).delay_collective(self.delay_s)
         else:
@@ -214,6 +223,8 @@ class TrialFault:
             return
         if self.kind == "collective_stall":
             self._stall_collective()
+        if self.kind == "job_slowdown":
+            self.mark_injected()
         if not self.mine:
             return
         if self.kind in _HOOKED:

@@ -172,14 +172,15 @@ class _SkewedAdamW(torch.optim.AdamW):
 
 
 def count_collectives(
-    steps: int, cfg: dict[str, Any], skew: tuple[int, int] | None = None
+    steps: int, cfg: dict[str, Any], skew: tuple[int, int] | None = None, layout: str = "ddp"
 ) -> dict[str, Any]:
-    """DDP with SCOUT at ``cfg``'s cadence; per step, the collectives SCOUT issued at the
-    boundary (between two optimizer post hooks around SCOUT's) and the recipes due.
-    ``skew=(rank, step)``: that rank's optimizer miscomputes from that step on
-    (:class:`_SkewedAdamW`)."""
+    """DDP (or ``layout``, one of the campaign's torch layouts) with SCOUT at ``cfg``'s
+    cadence; per step, the collectives SCOUT issued at the boundary (between two
+    optimizer post hooks around SCOUT's) and the recipes due. ``skew=(rank, step)``:
+    that rank's optimizer miscomputes from that step on (:class:`_SkewedAdamW`)."""
     from torch.nn.parallel import DistributedDataParallel
 
+    from scout_core.campaign.torch_setups import build
     from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.testing.models import TinyLM
 
@@ -198,7 +199,8 @@ def count_collectives(
 
         setattr(dist, name, counted)
     torch.manual_seed(0)
-    model = DistributedDataParallel(TinyLM())
+    model = DistributedDataParallel(TinyLM()) if layout == "ddp" else build(layout)[0]
+    batch = rank // 2 if layout == "dptp" else rank  # TP partners share a batch
     opt = _SkewedAdamW(model.parameters(), lr=1e-2)
     opt.register_step_post_hook(lambda *_: inside.__setitem__(0, True))
     due: list[list[str]] = []
@@ -211,7 +213,7 @@ def count_collectives(
         for step in range(steps):
             calls.append([])
             _SkewedAdamW.skewed = skew is not None and rank == skew[0] and step >= skew[1]
-            train_step(model, opt, step, rank)
+            train_step(model, opt, step, batch)
             hooked.append(list(capturer.hooked))
         verdicts = [r.to_dict() for r in session.verdicts]
     return {"calls": calls, "due": due, "hooked": hooked, "verdicts": verdicts}

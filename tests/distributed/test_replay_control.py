@@ -171,6 +171,39 @@ def test_collectives_of_one_round_and_of_an_idle_step() -> None:
     assert res["hooked"][-1] == []
 
 
+@pytest.mark.timeout(300)
+def test_a_timing_pool_wider_than_the_peer_group_adds_one_all_gather_per_round() -> None:
+    # DP 2 x TP 2: the peer groups are (0, 2) and (1, 3), and the four ranks replay equal
+    # work (replay gathers the TP block), so each layer round's t_M is judged over a pool
+    # of four: one all-gather of the work keys and t_M on SCOUT's pool group, after the
+    # result exchange. Under DDP (the test above) the pool is the peer group: no extra
+    # collective. The optimizer round is not pooled.
+    from control_scenarios import count_collectives
+
+    results = run_ranks(count_collectives, 4, args=(25, {}, None, "dptp"), timeout_s=250, env=ENV)
+    res = results[0]
+    assert all(r["calls"] == res["calls"] for r in results)
+    assert res["verdicts"] == []
+    due = {s: kinds for s, kinds in enumerate(res["due"]) if kinds}
+    assert due == {4: ["optimizer"], 9: ["lm_head"], 14: ["embedding"], 19: ["hidden"]} | {
+        24: ["optimizer"]
+    }
+    layer_round = [
+        "all_gather_single",  # readiness on the peer group
+        "all_gather_single",  # readiness AND over SCOUT's TP group
+        "broadcast",
+        "all_gather_single",  # the result exchange on the peer group
+        "all_gather_single",  # the timing pool: work keys and t_M
+        "all_gather_single",  # the vote
+    ]
+    gathers = ["all_gather_single"] * 3  # the hidden block's TP shards (fc1 w, b; fc2 w)
+    hidden_round = layer_round[:3] + gathers + layer_round[3:]
+    want = {4: ["all_gather_single"] * 2, 9: layer_round, 14: layer_round, 19: hidden_round}
+    want[24] = want[4]
+    for step, calls in enumerate(res["calls"]):
+        assert calls == want.get(step, []), (step, calls)
+
+
 @pytest.mark.timeout(200)
 def test_optimizer_round_broadcasts_only_when_the_peers_slices_differ() -> None:
     # Rank 2's optimizer adds 1e-3 to every parameter from step 3 on. At step 3 every

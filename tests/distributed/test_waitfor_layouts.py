@@ -22,7 +22,6 @@ each drawn from the same seed; the rest is marked ``slow`` (``scripts/test.sh -m
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
@@ -32,10 +31,11 @@ from typing import Any
 import pytest
 
 from scout_core.campaign.config import HANG_TIMEOUT_S
-from scout_core.campaign.plan import FIRST_STEP, Setup, Trial, missing_module, setup_named
+from scout_core.campaign.plan import FIRST_STEP, Setup, Trial, missing_module
 from scout_core.campaign.runner import run_trial
 from scout_core.records.reading import load_report
 from scout_core.records.record import VERDICT_SCHEMA
+from scout_core.testing.layouts import PAIR_LAYOUTS
 
 pytestmark = pytest.mark.distributed
 
@@ -44,12 +44,7 @@ SEED = int(
 )
 """The seed of every draw here (module doc)."""
 
-LAYOUTS: dict[str, Setup] = {
-    "ddp2": dataclasses.replace(setup_named("ddp"), name="ddp2", world=2),
-    "hsdp2x2": setup_named("hsdp"),
-    "dp2xtp2": setup_named("dptp"),
-    "pp2xdp2": setup_named("deepspeed-pipeline"),
-}
+LAYOUTS: dict[str, Setup] = dict(PAIR_LAYOUTS)
 STALLED: dict[str, list[int]] = {
     "ddp2": [0, 1],  # the data-parallel group: the whole job
     "hsdp2x2": [0, 1],  # a shard group (FSDP's all-gathers and reduce-scatters)
