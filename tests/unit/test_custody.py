@@ -12,10 +12,18 @@ import pytest
 import torch
 from torch import nn
 
+from scout_core.checkpoint.catalog import GateCatalog
+from scout_core.decision.c3 import C3Result
+from scout_core.decision.gate import Action, Gate, Outcome
+from scout_core.decision.gate_wire import merge_flags
+from scout_core.records.evidence import Record
+from scout_core.replay.boundary import Boundary
 from scout_core.replay.custody import SURFACE, Custody, Violation
+from scout_core.replay.runner import RoundOutcome
+from scout_core.replay.schedule import HIDDEN, Recipe
 from scout_core.testing.injectors import BitFlip, Faults, flip_bit
 from scout_core.testing.models import TinyLM, train_step
-from scout_core.vocabulary import Failure, Scope, Status
+from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 
 class _Clock:
@@ -253,3 +261,50 @@ def test_zero_style_group_steps_are_signed_and_checked(swap: bool) -> None:
         clock.step += 1
     found = custody.collect()
     assert found and {v.held.tensor is tensors[1] for v in found} == {True}
+
+
+# -- the checkpoint gate ------------------------------------------------------------------
+
+
+def _custody_record(rank: int, step: int) -> Record:
+    model = TinyLM(dim=8, layers=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    clock = _Clock()
+    custody = Custody([opt], slices=1, step=clock)
+
+    def flip(s: int) -> None:
+        if s == step - 1:
+            flip_bit(next(iter(model.parameters())), index=0, bit=0)
+
+    clock.step = step - 1
+    found = _train(model, opt, custody, clock, 2, after=flip)
+    return custody.records(found, run_id="r", rank=rank, hosts={})[0]
+
+
+def test_the_gate_treats_a_custody_verdict_as_a_localized_sdc() -> None:
+    """Algorithm 3: the rank whose custody verdict named it reports SDC at the next
+    boundary where the gate decides, so the job-wide decision is a retrieval of verified
+    state, like an attributed exact surface; without it the same boundary is clean."""
+    hidden = Recipe(HIDDEN, "layers.0", 0)
+    catalog = GateCatalog((hidden, Recipe(HIDDEN, "layers.1", 1)), 2)
+    agree = C3Result(
+        "layer/layers.0/forward", Mode.EXACT, Status.AGREE, (False, False), (1, 1), (0, 1)
+    )
+    clean_round = RoundOutcome(hidden, 8, (0, 1), True, {agree.surface: agree})
+    record = _custody_record(rank=1, step=7)
+    assert record.step == 7 and record.outliers == (1,)
+    plain = Boundary(8, (hidden,), (clean_round,))
+    assert catalog.evaluate(plain) == (Outcome.CLEAN, [0])
+    held = Boundary(8, (hidden,), (clean_round,), (record,))
+    assert catalog.evaluate(held) == (Outcome.SDC, [0])
+    # Job-wide: rank 0 clean, rank 1 (the named one) SDC -> retrieve verified.
+    gate = Gate(2)
+    ranks = []
+    for b in (plain, held):
+        found = catalog.evaluate(b)
+        assert found is not None
+        ranks.append(gate.local_flags(8, *found))
+    decision = gate.decide(merge_flags(ranks), ranks[0])
+    assert decision.action is Action.RETRIEVE and decision.failure is Failure.SDC
+    # Nothing due for the gate: it decides nothing, and the verdict waits for a due boundary.
+    assert catalog.evaluate(Boundary(9, (), (), (record,))) is None
