@@ -210,16 +210,18 @@ class ReplayDriver:
         self.events = BoundaryEvents()
         self._step = 0
         self._warned_extra = False
+        # Custody's post-hook runs before the clock's: it signs what iteration `step`
+        # wrote, under that step's number, before the boundary moves the clock on.
+        self.custody = Custody(
+            self.optimizers, slices=config.custody_slices, step=lambda: self._step
+        )
+        self._custody: tuple[Record, ...] = ()
         self.clock = StepClock(
             self.optimizers,
             list(adapter.steps_per_iteration()),
             pre=self._pre_step,
             boundary=self._boundary,
         )
-        self.custody = Custody(
-            self.optimizers, slices=config.custody_slices, step=lambda: self._step
-        )
-        self._custody: tuple[Record, ...] = ()
         self.capturer.arm(0, self.schedule.modules_due(0))
         self.runner.announce()
         log.info(
