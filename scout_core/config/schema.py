@@ -121,7 +121,7 @@ class Config:
     """Elements in one optimizer-replay slice; the slice rotates over the parameters
     (1..67,108,864)."""
 
-    custody_slices: int = 64
+    custody_slices: int = 1024
     """Parameter custody's rotation length (0..1,000,000; 0 is off): after each
     optimizer step a rank signs 1/``custody_slices`` of its local parameters and checks
     them before the next step, so every local parameter is checked once in this many

@@ -46,7 +46,7 @@ EXPECTED_DEFAULTS = {
     ),
     "variants": (0.1, 1.0, 10.0),
     "optimizer_slice": 65536,
-    "custody_slices": 64,
+    "custody_slices": 1024,
     "kappa": 5.0,
     "straggler_rounds": 2,
     "straggler_min_excess_s": 0.05,
