@@ -12,6 +12,9 @@ checkpoints) read the same thing off each :class:`~scout_core.replay.boundary.Bo
    an inconclusive exact surface → inconclusive; otherwise clean (timing-only
    attribution is a straggler, which is clean for the gate). A due recipe without a
    round on this rank is *missing*.
+3. a parameter-custody verdict of this rank (:attr:`Boundary.custody`, kept from the
+   step custody found it until a restore) makes the outcome SDC: a rank-scoped
+   verdict that names this rank, a localized SDC like an attributed exact surface.
 
 [The gate's catalog]
 It is the replay schedule's catalog minus the recipes this job can never run: the
@@ -92,6 +95,8 @@ class GateCatalog:
             worst(round_outcome(o) for o in boundary.rounds if _key(o.recipe) == _key(r))
             for r in due  # no round → MISSING
         ]
+        if boundary.custody:  # this rank's parameters changed with no writer: localized
+            outcomes.append(Outcome.SDC)
         return worst(outcomes), [slots[_key(r)] for r in due]
 
 

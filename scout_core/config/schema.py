@@ -121,6 +121,12 @@ class Config:
     """Elements in one optimizer-replay slice; the slice rotates over the parameters
     (1..67,108,864)."""
 
+    custody_slices: int = 0
+    """Parameter custody's rotation length (0..1,000,000; 0, the default, is off): after each
+    optimizer step a rank signs 1/``custody_slices`` of its local parameters and checks
+    them before the next step, so every local parameter is checked once in this many
+    steps. 1 checks every parameter every step, at two reads of them per step."""
+
     kappa: float = 5.0
     """Sensitivity of statistical C3: a peer is an outlier when its timing is more than
     ``kappa`` robust scales from the median (> 0 and <= 100)."""

@@ -38,6 +38,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 if TYPE_CHECKING:
+    from scout_core.records.record import Record
     from scout_core.replay.runner import RoundOutcome
     from scout_core.replay.schedule import Recipe
 
@@ -54,6 +55,10 @@ class Boundary:
     """The recipes the schedule made due at this step (empty on most steps)."""
     rounds: tuple[RoundOutcome, ...]
     """This rank's round outcomes of the due recipes (a skipped recipe has none)."""
+    custody: tuple[Record, ...] = ()
+    """This rank's parameter-custody verdicts (:mod:`scout_core.replay.custody`) since
+    the last restore, the first one included at every later boundary until then: a
+    checkpoint gate that decides only where recipes are due still sees it there."""
 
 
 Listener = Callable[[Boundary], None]

@@ -43,6 +43,7 @@ from scout_core.replay.all_to_all import AllToAllRunner
 from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
 from scout_core.replay.capture import Capturer
 from scout_core.replay.control import ControlFlow
+from scout_core.replay.custody import Custody
 from scout_core.replay.experts import ExpertRunner
 from scout_core.replay.moe_tracks import moe_recipes
 from scout_core.replay.optimizer import OptimizerReplay
@@ -217,6 +218,12 @@ class ReplayDriver:
         self.events = BoundaryEvents()
         self._step = 0
         self._warned_extra = False
+        # Custody's post-hook runs before the clock's: it signs what iteration `step`
+        # wrote, under that step's number, before the boundary moves the clock on.
+        self.custody = Custody(
+            self.optimizers, slices=config.custody_slices, step=lambda: self._step
+        )
+        self._custody: tuple[Record, ...] = ()
         self.clock = StepClock(
             self.optimizers,
             list(adapter.steps_per_iteration()),
@@ -250,11 +257,14 @@ class ReplayDriver:
         """Training continues with iteration ``step`` (after a restore); re-arms capture."""
         self._step = step
         self.clock.reset()
+        self.custody.forget()
+        self._custody = ()
         self.control.take()
         due = self.schedule.modules_due(step) if self.schedule.any_due(step) else ()
         self.capturer.arm(step, due)
 
     def close(self) -> None:
+        self.custody.close()
         self.clock.close()
         self.control.close()
         self.capturer.close()
@@ -293,12 +303,27 @@ class ReplayDriver:
                 # fire the boundary, under torch.no_grad() (Megatron's optimizer.step).
                 with torch.enable_grad():
                     rounds = tuple(self._run(due, step))
+        self._custody_verdicts()
         self._step = step + 1
         if self.schedule.any_due(step + 1):
             self.capturer.arm(step + 1, self.schedule.modules_due(step + 1))
         elif self.capturer.armed:
             self.capturer.arm(step + 1, ())
-        self.events.publish(Boundary(step, due, rounds))
+        self.events.publish(Boundary(step, due, rounds, self._custody))
+
+    def _custody_verdicts(self) -> None:
+        """Deliver this rank's custody violations found since the last boundary; the
+        first is kept for the gate until a restore (:attr:`Boundary.custody`)."""
+        found = self.custody.collect()
+        if not found:
+            return
+        records = self.custody.records(
+            found, run_id=self.verdicts.run_id, rank=self.adapter.rank(), hosts=self.hosts
+        )
+        for record in records:
+            self._deliver(record)
+        if not self._custody:
+            self._custody = (records[0],)
 
     def _run(self, due: Sequence[Recipe], step: int) -> list[RoundOutcome]:
         out: list[RoundOutcome] = []

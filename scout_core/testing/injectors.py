@@ -163,6 +163,18 @@ class Trigger:
         """Corrupt a parameter after backward, before the optimizer step."""
         return self._add("param", param, how)
 
+    def corrupt_param_after_step(self, param: str, how: Corruption) -> Faults:
+        """Corrupt a parameter's local values right after each optimizer step of the
+        scheduled steps: a memory cell that does not keep what the step wrote (with
+        :class:`BitFlip`, the bit turns over after every write from the first step on,
+        for a persistent schedule). It runs in a step post-hook, so it must be attached
+        after ``scout.enable``: torch runs an optimizer's post-hooks in registration
+        order, and SCOUT's parameter custody signs in its own post-hook what the step
+        wrote (:mod:`scout_core.replay.custody`). ``param`` may name the tensor the
+        optimizer steps (``"#<group>.<position>"``, e.g. ``"#0.0"``: ZeRO's flat fp32
+        partition, which no module names)."""
+        return self._add("param_after", param, how)
+
     def corrupt_grad(self, param: str, how: Corruption) -> Faults:
         """Corrupt a parameter's (already reduced) gradient before the optimizer step."""
         return self._add("grad", param, how)
@@ -229,6 +241,7 @@ class Faults:
         self._handles: list[RemovableHandle] = []
         self._taps: list[Callable[[], None]] = []
         self._params: dict[str, torch.Tensor] = {}
+        self._groups: list[dict[str, Any]] = []
 
     def at(
         self,
@@ -268,6 +281,7 @@ class Faults:
         # Parameters by name as the optimizer holds them, taken now: DDP's TP transform
         # unregisters TP parameters at the first forward (they live on as attributes).
         self._params = dict(root.named_parameters())
+        self._groups = list(optimizer.param_groups)  # before a framework narrows them
         self._handles.append(model.register_forward_pre_hook(self._on_forward))
         self._handles.append(optimizer.register_step_pre_hook(self._pre_step(root, optimizer)))
         self._handles.append(optimizer.register_step_post_hook(self._post_step))
@@ -310,6 +324,26 @@ class Faults:
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._advance = True
+        for f in self.faults:
+            if f.kind != "param_after" or not self._active(f):
+                continue
+            assert f.target is not None
+            param = self._stepped(opt, f.target)
+            if param is None:
+                continue  # not held by this step (ZeRO steps one group at a time)
+            f.payload.apply_(local_shard(param))
+            self._fire(f)
+
+    def _stepped(self, opt: torch.optim.Optimizer, target: str) -> torch.Tensor | None:
+        """The tensor ``target`` names if the step that just ran held it, else None."""
+        held = [q for g in opt.param_groups for q in g["params"]]
+        if target.startswith("#"):
+            gi, pos = (int(x) for x in target[1:].split("."))
+            whole = self._groups[gi]["params"] if gi < len(self._groups) else []
+            found = whole[pos] if pos < len(whole) else None
+        else:
+            found = self._params.get(target)
+        return found if found is not None and any(q is found for q in held) else None
 
     def _module_hook(self, f: _Fault) -> Callable[[nn.Module, Any, Any], Any]:
         def hook(module: nn.Module, args: Any, output: Any) -> Any:
