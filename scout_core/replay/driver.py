@@ -80,6 +80,9 @@ _NO_ROUNDS: tuple[RoundOutcome, ...] = ()
 class ReplayDriver:
     """The hooks and per-step logic of replay; one per session."""
 
+    _custody: tuple[Record, ...] = ()
+    """This rank's first custody verdict since the last restore (for the gate)."""
+
     def __init__(
         self,
         adapter: FrameworkAdapter,
@@ -223,7 +226,6 @@ class ReplayDriver:
         self.custody = Custody(
             self.optimizers, slices=config.custody_slices, step=lambda: self._step
         )
-        self._custody: tuple[Record, ...] = ()
         self.clock = StepClock(
             self.optimizers,
             list(adapter.steps_per_iteration()),
