@@ -65,7 +65,7 @@ def _result(session: Any, faults: Faults | None, trained: int) -> dict[str, Any]
 
 def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
     """DDP / FSDP2 / HSDP / DP x TP on TinyLM (the campaign's builder)."""
-    from scout_core.integration.torch_plugin import enable_torch
+    from scout_core.plugin.torch_plugin import enable_torch
 
     from scout_core.campaign.torch_setups import build
     from scout_core.config import Config
