@@ -65,10 +65,9 @@ def _result(session: Any, faults: Faults | None, trained: int) -> dict[str, Any]
 
 def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
     """DDP / FSDP2 / HSDP / DP x TP on TinyLM (the campaign's builder)."""
-    from scout_core.plugin.torch_plugin import enable_torch
-
     from scout_core.campaign.torch_setups import build
     from scout_core.config import Config
+    from scout_core.plugin.torch_plugin import enable_torch
     from scout_core.testing.models import train_step
 
     rank = dist.get_rank()
