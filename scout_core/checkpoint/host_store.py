@@ -233,19 +233,11 @@ class HostMemoryStore:
             )
         target = found.step
         tree, source = self._fetch(found.selected, target)
-        memory = self.memory
-        restored_extra = restore_agreed(
-            tree,
-            memory.model,
-            memory.optimizers,
-            memory.rng_streams,
-            extra,
-            group=self.group,
-            what=f"step {target} ({source})",
-        )
+        restored_extra = self._restore(tree, extra, f"step {target} ({source})")
         self.gate.after_restore(found.selected, target)
         if found.selected is Selection.VERIFIED:
             # Everything newer than verified is untrusted: drop it in memory and on disk.
+            memory = self.memory
             v = memory.verified
             memory.latest = v if v is not None and v.step == target else None
             memory.candidate = None
@@ -259,6 +251,13 @@ class HostMemoryStore:
             detail={**detail, "restored": True, "source": source},
         )
         return Restored(target, found.selected.value, source, found.reason, restored_extra)
+
+    def _restore(self, tree: Any, extra: MutableMapping[str, Any] | None, what: str) -> dict[str, Any]:
+        """Apply ``tree`` to the model, optimizers and RNG streams (agreed on every rank)."""
+        m = self.memory
+        return restore_agreed(
+            tree, m.model, m.optimizers, m.rng_streams, extra, group=self.group, what=what
+        )
 
     def _fetch(self, selected: Selection, target: int) -> tuple[Any, str]:
         """The tree of generation ``target`` on this rank and where it came from; every
@@ -320,16 +319,7 @@ class HostMemoryStore:
         if lo == hi == -1:
             return None
         gen, tree = durable.load("verified")
-        memory = self.memory
-        restored_extra = restore_agreed(
-            tree,
-            memory.model,
-            memory.optimizers,
-            memory.rng_streams,
-            extra,
-            group=self.group,
-            what=f"step {gen.step} (disk, resumed)",
-        )
+        restored_extra = self._restore(tree, extra, f"step {gen.step} (disk, resumed)")
         self.gate.resumed(gen.step)
         self.discard_durable(lambda s: s != gen.step, step=gen.step)
         reason = f"resumed after a restart from verified step {gen.step} of run {gen.run_id!r}"

@@ -232,13 +232,10 @@ class Judge:
             detail = {"median_s": median, "rounds": self.rounds, "pool": list(cls)}
             for rank in self._confirm("t_M", outcome, result, slow):
                 records.append(
-                    self._record(
+                    self._t_m_record(
                         outcome,
                         result,
-                        surface=surface,
-                        mode=Mode.STATISTICAL,
                         status=Status.ATTRIBUTED,
-                        failure=Failure.STRAGGLER,
                         outliers=(rank,),
                         scope=Scope.RANK,
                         group=self._home(rank, cls),
@@ -246,6 +243,31 @@ class Judge:
                     )
                 )
         return records
+
+    def _t_m_record(
+        self,
+        outcome: RoundOutcome,
+        result: C3Result,
+        *,
+        status: Status,
+        scope: Scope,
+        group: Sequence[int],
+        detail: Mapping[str, Any],
+        outliers: Sequence[int] = (),
+    ) -> Record:
+        """A straggler record on the round's pooled ``t_M`` (statistical C3)."""
+        return self._record(
+            outcome,
+            result,
+            surface=result.surface,
+            mode=Mode.STATISTICAL,
+            status=status,
+            failure=Failure.STRAGGLER,
+            outliers=outliers,
+            scope=scope,
+            group=group,
+            detail=detail,
+        )
 
     def _home(self, rank: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
         """The ``group`` of a record naming ``rank`` out of ``ranks``: its peer group."""
@@ -284,13 +306,10 @@ class Judge:
         records: list[Record] = []
         if named is not None:
             records.append(
-                self._record(
+                self._t_m_record(
                     outcome,
                     result,
-                    surface=surface,
-                    mode=Mode.STATISTICAL,
                     status=Status.ATTRIBUTED,
-                    failure=Failure.STRAGGLER,
                     outliers=(named,),
                     scope=Scope.RANK,
                     group=self._home(named, ranks) if outcome.pool is not None else ranks,
@@ -305,13 +324,10 @@ class Judge:
             )
         if call.joint:
             records.append(
-                self._record(
+                self._t_m_record(
                     outcome,
                     result,
-                    surface=surface,
-                    mode=Mode.STATISTICAL,
                     status=Status.INCONCLUSIVE,
-                    failure=Failure.STRAGGLER,
                     scope=Scope.GROUP,
                     group=ranks,
                     detail={
