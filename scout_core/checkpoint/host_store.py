@@ -252,7 +252,9 @@ class HostMemoryStore:
         )
         return Restored(target, found.selected.value, source, found.reason, restored_extra)
 
-    def _restore(self, tree: Any, extra: MutableMapping[str, Any] | None, what: str) -> dict[str, Any]:
+    def _restore(
+        self, tree: Any, extra: MutableMapping[str, Any] | None, what: str
+    ) -> dict[str, Any]:
         """Apply ``tree`` to the model, optimizers and RNG streams (agreed on every rank)."""
         m = self.memory
         return restore_agreed(
