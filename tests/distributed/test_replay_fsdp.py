@@ -171,11 +171,16 @@ def test_two_rank_groups_give_group_scoped_records_only() -> None:
     results = _run("hsdp", 4, faults, steps=8, cfg={"recipes": ["hidden"]})
     verdicts = _all(results)
     assert verdicts
-    assert all(v[4] == () and v[5] == "group" and v[2] == "inconclusive" for v in verdicts)
+    values = [v for v in verdicts if v[3] != "straggler"]
+    assert all(v[4] == () and v[5] == "group" and v[2] == "inconclusive" for v in values)
     assert (1, "layer/layers.1/forward", "inconclusive", "sdc", (), "group") in verdicts
     # The corrupted shard (rank 3, step 2) shows when layer 3 is replayed at step 3.
     assert (3, "layer/layers.3/shard", "inconclusive", "sdc", (), "group") in verdicts
-    assert not any(v[3] == "straggler" for v in verdicts)
+    # Timing needs equal work, not equal values: the replayed block's timing pool is all
+    # four ranks (replica and shard partners), so a straggler record, where the delay
+    # trips one, names the delayed rank and no other (docs/replay.md, timing pools).
+    timing = [v for v in verdicts if v[3] == "straggler"]
+    assert all(v[4] == (1,) and v[5] == "rank" for v in timing), timing
 
 
 @pytest.mark.timeout(250)

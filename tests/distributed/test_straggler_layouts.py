@@ -1,6 +1,6 @@
 """A compute straggler named where every peer group holds two replicas (issue 34).
 
-Layouts: :data:`scout_core.testing.layouts.PAIR_LAYOUTS` (DDP x 2, HSDP 2 x 2,
+Layouts: :data:`scout_core.campaign.pair_layouts.PAIR_LAYOUTS` (DDP x 2, HSDP 2 x 2,
 DP 2 x TP 2, 2 pipeline stages x DP 2), each a real training job of ``scout
 campaign``'s rank bodies, Gloo on CPU. A vote over two replicas names nobody; the
 round's timing pool (equal work: shard and TP partners, the same block index of every
@@ -37,13 +37,13 @@ from typing import Any
 
 import pytest
 
+from scout_core.campaign.pair_layouts import BLOCKS, PAIR_LAYOUTS
 from scout_core.campaign.plan import FIRST_STEP, Setup, Trial, missing_module
 from scout_core.campaign.runner import run_trial
 from scout_core.config import Config
 from scout_core.records.reading import load_report
 from scout_core.records.record import VERDICT_SCHEMA
 from scout_core.testing import BUSY_HOST
-from scout_core.testing.layouts import BLOCKS, PAIR_LAYOUTS
 
 pytestmark = pytest.mark.distributed
 

@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 
 from scout_core.campaign.config import HANG_TIMEOUT_S
+from scout_core.campaign.pair_layouts import PAIR_LAYOUTS
 from scout_core.campaign.plan import FIRST_STEP, Setup, Trial, missing_module
 from scout_core.campaign.runner import run_trial
 from scout_core.records.reading import load_report
 from scout_core.records.record import VERDICT_SCHEMA
-from scout_core.testing.layouts import PAIR_LAYOUTS
 
 pytestmark = pytest.mark.distributed
 
