@@ -32,7 +32,9 @@ def _exported() -> dict[str, set[str]]:
 
 
 def _plugin_files() -> list[Path]:
-    files = sorted((ROOT / "plugins").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
+    """Every file of the plugins, the examples and the smallest test plugin."""
+    roots = ("plugins", "examples", "tests/plugin_minimal")
+    files = [p for root in roots for p in sorted((ROOT / root).rglob("*.py"))]
     return [p for p in files if ".venv" not in p.parts]
 
 
