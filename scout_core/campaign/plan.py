@@ -2,8 +2,14 @@
 
 A trial is one short training job with one fault: a setup, a fault kind, a victim rank
 and an injection step, all drawn from ``random.Random(seed)``, so the same seed always
-gives the same plan, on any machine (the plan is drawn over every known setup; a setup
-whose framework is not installed is skipped when the trial runs, with a line saying so).
+gives the same plan, on any machine with the same plugins installed.
+
+[Where setups come from]
+The core's own setups (:data:`CORE_SETUPS`), then those each installed plugin registers
+under the entry-point group ``scout.campaign_setups`` (a sequence of :class:`Setup`), by
+entry-point name. A plugin not installed contributes none; a broken entry is logged and
+skipped. A setup whose framework is not importable is skipped when the trial runs, with
+a line saying so.
 
 [How a plan covers the kinds]
 Fault kinds are dealt like cards: each round shuffles every kind once, so a plan of
@@ -15,90 +21,69 @@ over the core setups; the long campaign deals many rounds over every setup.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from importlib import metadata
 from typing import Any
 
-from scout_core.testing.trial import FAULT_KINDS
+from scout_core.testing.trial import FAULT_KINDS, Setup
 
 __all__ = [
+    "CORE_SETUPS",
+    "ENTRY_POINT_GROUP",
     "QUICK_SETUPS",
     "SETUPS",
     "Setup",
     "Trial",
     "draw_plan",
     "missing_module",
+    "plugin_setups",
     "setup_named",
 ]
 
+ENTRY_POINT_GROUP = "scout.campaign_setups"
+log = logging.getLogger(__name__)
+
 _TORCH_BODY = "scout_core.campaign.torch_setups:trial_rank"
 
-
-@dataclass(frozen=True)
-class Setup:
-    """A parallel setup a trial trains under."""
-
-    name: str
-    world: int
-    """Ranks the trial spawns."""
-    target: str
-    """The rank body, ``"module:function"`` (a plugin's, for a framework setup)."""
-    requires: tuple[str, ...] = ()
-    """Top-level modules that must be importable, else the setup is skipped."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Passed to the rank body (the layout, the ZeRO stage ...)."""
-    startup_s: float = 30.0
-    """Rough start-up cost on a loaded CPU box, for the trial's hard timeout."""
-    init_process_group: bool = True
-    """Whether the harness initialises ``torch.distributed`` (TorchTitan does it itself)."""
-
-
-SETUPS: tuple[Setup, ...] = (
+CORE_SETUPS: tuple[Setup, ...] = (
     Setup("ddp", 4, _TORCH_BODY, options={"layout": "ddp"}),
     Setup("fsdp2", 4, _TORCH_BODY, options={"layout": "fsdp"}),
     Setup("hsdp", 4, _TORCH_BODY, options={"layout": "hsdp"}),
     Setup("dptp", 4, _TORCH_BODY, options={"layout": "dptp"}),
-    *(
-        Setup(
-            f"deepspeed-zero{stage}",
-            4,
-            "scout_deepspeed.campaign:trial_rank",
-            ("deepspeed", "scout_deepspeed"),
-            {"zero_stage": stage},
-            150.0,
-        )
-        for stage in (1, 2, 3)
-    ),
-    Setup(
-        "deepspeed-pipeline",
-        4,
-        "scout_deepspeed.campaign:trial_rank",
-        ("deepspeed", "scout_deepspeed"),
-        {"pipeline": 2},
-        150.0,
-    ),
-    Setup(
-        "megatron",
-        6,
-        "scout_megatron.campaign:trial_rank",
-        ("megatron", "scout_megatron"),
-        {"tp": 2},
-        240.0,
-    ),
-    Setup(
-        "torchtitan",
-        6,
-        "scout_torchtitan.campaign:trial_rank",
-        ("torchtitan", "scout_torchtitan"),
-        {"tp": 2},
-        240.0,
-        init_process_group=False,
-    ),
 )
-"""Every setup SCOUT supports, in the order tables list them."""
+"""The core's own setups (plain PyTorch parallelism)."""
 
-QUICK_SETUPS: tuple[str, ...] = ("ddp", "fsdp2", "hsdp", "dptp")
+
+def plugin_setups(taken: Sequence[str] = ()) -> tuple[Setup, ...]:
+    """The setups installed plugins register under ``scout.campaign_setups``, by
+    entry-point name; a broken entry, or a setup whose name is in ``taken`` or already
+    registered, is logged and skipped."""
+    names = set(taken)
+    found: list[Setup] = []
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            setups = tuple(ep.load())
+        except Exception as exc:  # a broken plugin must not break the campaign
+            log.warning("skipping campaign setups %r (%s): %s", ep.name, ep.value, exc)
+            continue
+        for setup in setups:
+            if not isinstance(setup, Setup):
+                log.warning("skipping campaign setups %r: %r is not a Setup", ep.name, setup)
+            elif setup.name in names:
+                log.warning("skipping campaign setup %r of %r: name taken", setup.name, ep.name)
+            else:
+                names.add(setup.name)
+                found.append(setup)
+    return tuple(found)
+
+
+SETUPS: tuple[Setup, ...] = CORE_SETUPS + plugin_setups([s.name for s in CORE_SETUPS])
+"""Every setup installed here, in the order tables list them (module doc)."""
+
+QUICK_SETUPS: tuple[str, ...] = tuple(s.name for s in CORE_SETUPS)
 """The setups ``--quick`` draws from: the core's own, cheap to start."""
 
 

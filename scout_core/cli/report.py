@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from scout_core.vocabulary import Failure
 
 if TYPE_CHECKING:
-    from scout_core.records.timeline import Timeline
+    from scout_core.report.timeline import Timeline
 
 __all__ = ["EXIT_CLEAN", "EXIT_ERROR", "EXIT_FINDING", "add_arguments", "run"]
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     """Read, select, print and draw; return the exit code (module doc)."""
     from scout_core.errors import EvidenceError
     from scout_core.records.reading import load_report
-    from scout_core.records.timeline import Selection, build_timeline
+    from scout_core.report.timeline import Selection, build_timeline
 
     try:
         report = load_report(args.path, strict=False)
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(_as_json(timeline, code), indent=1, allow_nan=False))
         else:
-            from scout_core.records.terminal import print_timeline
+            from scout_core.report.terminal import print_timeline
 
             print_timeline(timeline)
         sys.stdout.flush()
@@ -121,7 +121,7 @@ def _draw(timeline: Timeline, html_path: str | None, png_dir: str | None) -> Non
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the pictures only ever go to files
-    from scout_core.records.figures import render_figures
+    from scout_core.report.figures import render_figures
 
     figures = render_figures(timeline)
     if png_dir:
@@ -131,7 +131,7 @@ def _draw(timeline: Timeline, html_path: str | None, png_dir: str | None) -> Non
             (out / name).write_bytes(data)
         print(f"scout report: wrote {', '.join(figures)} to {out}", file=sys.stderr)
     if html_path:
-        from scout_core.records.page import render_html
+        from scout_core.report.page import render_html
 
         Path(html_path).write_text(render_html(timeline, figures), encoding="utf-8")
         print(f"scout report: wrote {html_path}", file=sys.stderr)

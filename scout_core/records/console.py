@@ -11,7 +11,7 @@ WARNING, on this module's logger (``scout_core.records.console``)::
 
 The line says who wrote it (``scout[rank R]``), what failed, who, when, where and the
 one line of evidence that ``scout report`` shows for the same record
-(:func:`scout_core.records.timeline.evidence_line`). Agreeing rounds, inconclusive
+(:func:`scout_core.records.wording.evidence_line`). Agreeing rounds, inconclusive
 rounds and gate decisions stay in the files, and so do the later *revisions* of an
 incident (a lasting straggler revises its incident every window with the same
 culprits): the console says an incident once, when it opens. Python's last-resort handler prints
@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from scout_core.records.record import INCIDENT_SCHEMA, Record
-from scout_core.records.timeline import evidence_line
+from scout_core.records.wording import evidence_line
 
 __all__ = ["attribution_line", "log_attribution"]
 

@@ -9,6 +9,7 @@
   ``scout_core.plugin_api.injected_delay``).
 * :class:`TrialFault`: one ``scout campaign`` trial's fault (any of ``FAULT_KINDS``),
   armed inside a setup's training loop; each plugin's campaign rank body uses it.
+  :class:`Setup`: a campaign setup, as a plugin registers its own.
 * The shared conformance bodies: :func:`check_plugin`, :func:`check_adapter`,
   :func:`check_checkpoint_io`; :func:`installed_plugins` lists what the
   ``scout.plugins`` entry points load.
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from scout_core.testing.moe_checks import discover_catalog, distinct_verdicts
     from scout_core.testing.round_log import RoundLog, ran_every_due_round
     from scout_core.testing.settings import BUSY_HOST
-    from scout_core.testing.trial import FAULT_KINDS, TrialFault
+    from scout_core.testing.trial import FAULT_KINDS, Setup, TrialFault
 
 __all__ = [
     # running ranks
@@ -65,6 +66,7 @@ __all__ = [
     "comm_delay",
     "TrialFault",
     "FAULT_KINDS",
+    "Setup",
     # replay's schedule
     "RoundLog",
     "ran_every_due_round",
@@ -102,7 +104,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "flip_bit",
         "comm_delay",
     ),
-    "scout_core.testing.trial": ("TrialFault", "FAULT_KINDS"),
+    "scout_core.testing.trial": ("TrialFault", "FAULT_KINDS", "Setup"),
     "scout_core.testing.round_log": ("RoundLog", "ran_every_due_round"),
     "scout_core.testing.settings": ("BUSY_HOST",),
     "scout_core.testing.conformance": ("check_adapter", "check_plugin", "installed_plugins"),

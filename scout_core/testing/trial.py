@@ -1,4 +1,5 @@
-"""One campaign trial's fault, armed inside any training loop: :class:`TrialFault`.
+"""One campaign trial's fault, armed inside any training loop: :class:`TrialFault`; and
+the :class:`Setup` a trial trains under.
 
 ``scout campaign`` (:mod:`scout_core.campaign`) draws trials: a setup, a fault kind, a
 victim rank and an injection step. Every setup's rank body (the core's torch setups
@@ -52,13 +53,43 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from scout_core.testing.injectors import BitFlip, Faults, flip_bit
 
-__all__ = ["FAULT_KINDS", "RESUMED_MARKER", "STOP_MARKER", "TEST_KINDS", "TrialFault", "hold_gil"]
+__all__ = [
+    "FAULT_KINDS",
+    "RESUMED_MARKER",
+    "STOP_MARKER",
+    "TEST_KINDS",
+    "Setup",
+    "TrialFault",
+    "hold_gil",
+]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A parallel setup a campaign trial trains under: the core's own, or one a plugin
+    registers under the ``scout.campaign_setups`` entry point (``docs/plugins.md``)."""
+
+    name: str
+    world: int
+    """Ranks the trial spawns."""
+    target: str
+    """The rank body, ``"module:function"`` (a plugin's, for a framework setup)."""
+    requires: tuple[str, ...] = ()
+    """Top-level modules that must be importable, else the setup is skipped."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Passed to the rank body (the layout, the ZeRO stage ...)."""
+    startup_s: float = 30.0
+    """Rough start-up cost on a loaded CPU box, for the trial's hard timeout."""
+    init_process_group: bool = True
+    """Whether the harness initialises ``torch.distributed`` (TorchTitan does it itself)."""
+
 
 FAULT_KINDS: tuple[str, ...] = (
     "param_sdc",

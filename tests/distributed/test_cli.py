@@ -70,7 +70,7 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
             )
         )
     from scout_core.records.evidence import load_report
-    from scout_core.records.render import render_records
+    from scout_core.report.render import render_records
 
     table = render_records(load_report(tmp_path).records)
     lines = table.splitlines()

@@ -21,7 +21,7 @@ import pytest
 from scout_core.cli.demo import run_demo_rank
 from scout_core.cli.main import main
 from scout_core.records.evidence import load_report
-from scout_core.records.figures import SIZES
+from scout_core.report.figures import SIZES
 from scout_core.testing import run_ranks
 from scout_core.vocabulary import Failure
 

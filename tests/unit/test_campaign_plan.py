@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import ast
+import logging
 import subprocess
 import sys
 from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from scout_core.campaign import plan as plan_module
 from scout_core.campaign.plan import QUICK_SETUPS, SETUPS, draw_plan, missing_module, setup_named
-from scout_core.testing.trial import FAULT_KINDS
+from scout_core.testing.trial import FAULT_KINDS, Setup
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_same_seed_same_plan_and_another_seed_another() -> None:
@@ -55,3 +63,110 @@ def test_a_setup_without_its_framework_is_reported_missing() -> None:
     ghost = replace(setup_named("megatron"), requires=("no_such_framework_xyz",))
     assert missing_module(ghost) == "no_such_framework_xyz"
     assert missing_module(setup_named("ddp")) is None
+
+
+# -- setups come from entry points; the core names no plugin ------------------------------
+
+
+GOOD_SETUPS = (Setup("toy-a", 2, "toy.campaign:trial_rank"), Setup("toy-b", 3, "toy:body"))
+CLASHING = (Setup("ddp", 2, "toy:body"),)
+NOT_SETUPS = ("ddp",)
+
+
+def _entry_points(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> None:
+    eps = [
+        metadata.EntryPoint(name=n, value=v, group=plan_module.ENTRY_POINT_GROUP)
+        for n, v in values.items()
+    ]
+
+    def entry_points(*, group: str) -> list[metadata.EntryPoint]:
+        assert group == plan_module.ENTRY_POINT_GROUP
+        return eps
+
+    monkeypatch.setattr(plan_module.metadata, "entry_points", entry_points)
+
+
+def test_without_an_entry_point_there_is_no_plugin_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    _entry_points(monkeypatch, {})
+    assert plan_module.plugin_setups() == ()
+
+
+def test_broken_entries_are_skipped_and_good_ones_kept_in_entry_point_order(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _entry_points(
+        monkeypatch,
+        {
+            "zz_good": f"{__name__}:GOOD_SETUPS",
+            "aa_not_installed": "no_such_plugin_xyz.campaign:SETUPS",
+            "bb_not_setups": f"{__name__}:NOT_SETUPS",
+            "cc_clash": f"{__name__}:CLASHING",
+        },
+    )
+    with caplog.at_level(logging.WARNING, logger="scout_core.campaign"):
+        found = plan_module.plugin_setups(taken=["ddp"])
+    assert found == GOOD_SETUPS
+    for name in ("aa_not_installed", "bb_not_setups", "cc_clash"):
+        assert name in caplog.text
+
+
+def test_the_installed_plugins_register_the_framework_setups() -> None:
+    """The core's four, then each plugin's, by entry-point name (the order tables use)."""
+    assert [(s.name, s.world) for s in SETUPS] == [
+        ("ddp", 4),
+        ("fsdp2", 4),
+        ("hsdp", 4),
+        ("dptp", 4),
+        ("deepspeed-zero1", 4),
+        ("deepspeed-zero2", 4),
+        ("deepspeed-zero3", 4),
+        ("deepspeed-pipeline", 4),
+        ("megatron", 6),
+        ("torchtitan", 6),
+    ]
+    assert setup_named("torchtitan").init_process_group is False
+    assert setup_named("deepspeed-zero3").options == {"zero_stage": 3}
+
+
+def _plugin_packages() -> list[str]:
+    return sorted(p.parent.name for p in (ROOT / "plugins").glob("*/scout_*/__init__.py"))
+
+
+def names_a_plugin(source: str, filename: str, packages: list[str]) -> list[str]:
+    """Imports of, and strings naming, any of ``packages`` in ``source``."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        texts: list[Any] = []
+        if isinstance(node, ast.Import):
+            texts = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            texts = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts = [node.value]
+        hits = [p for p in packages for t in texts if p in t]
+        out += [f"{filename}:{getattr(node, 'lineno', 0)}: {p}" for p in hits]
+    return out
+
+
+def test_the_core_names_no_plugin_module() -> None:
+    packages = _plugin_packages()
+    assert len(packages) == 3, packages
+    files = sorted((ROOT / "scout_core").rglob("*.py"))
+    assert len(files) > 100
+    found = []
+    for path in files:
+        found += names_a_plugin(path.read_text(encoding="utf-8"), str(path), packages)
+    assert not found, "the core names plugin code:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import scout_megatron",
+        "from scout_deepspeed.campaign import trial_rank",
+        'BODY = "scout_torchtitan.campaign:trial_rank"',
+        'def f():\n    return ("deepspeed", "scout_deepspeed")',
+    ],
+)
+def test_the_plugin_name_check_fails_on_a_named_plugin(snippet: str) -> None:
+    assert names_a_plugin(snippet, "bad.py", _plugin_packages())

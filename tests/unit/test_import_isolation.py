@@ -16,6 +16,7 @@ def test_import_scout_core_loads_no_framework() -> None:
         "import scout_core.integration.registry\n"
         "from scout_core.integration.registry import discover\n"
         "discover()\n"  # loading the plugin entry points must not import frameworks either
+        "import scout_core.campaign.plan\n"  # nor loading the plugins' campaign setups
         "print(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))\n"
     )
     out = subprocess.run(

@@ -32,7 +32,9 @@ def _exported() -> dict[str, set[str]]:
 
 
 def _plugin_files() -> list[Path]:
-    files = sorted((ROOT / "plugins").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
+    """Every file of the plugins, the examples and the smallest test plugin."""
+    roots = ("plugins", "examples", "tests/plugin_minimal")
+    files = [p for root in roots for p in sorted((ROOT / root).rglob("*.py"))]
     return [p for p in files if ".venv" not in p.parts]
 
 
@@ -164,6 +166,14 @@ def test_no_cycle_counting_type_checking_imports_between_files_or_folders() -> N
         assert not find_cycles(graph), f"file cycles in {pkg.name}: {find_cycles(graph)}"
         folders = find_cycles(folder_graph(graph))
         assert not folders, f"a loop of folders in {pkg.name}: {folders}"
+
+
+def test_the_report_room_sits_on_records_and_only_the_cli_uses_it() -> None:
+    """``scout_core.report`` draws what ``records`` reads; nothing below the CLI draws."""
+    folders = folder_graph(import_graph(ROOT / "scout_core", type_checking=True))
+    assert folders["scout_core.report"] == {"scout_core.records", "scout_core.vocabulary"}
+    users = {source for source, targets in folders.items() if "scout_core.report" in targets}
+    assert users == {"scout_core.cli"}
 
 
 def test_the_type_checking_count_finds_a_cycle_the_runtime_graph_misses(tmp_path: Path) -> None:

@@ -85,6 +85,7 @@ TESTING = {
     "signature_many",
     "TrialFault",
     "FAULT_KINDS",
+    "Setup",
     "RoundLog",
     "ran_every_due_round",
     "BUSY_HOST",

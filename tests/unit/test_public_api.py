@@ -48,6 +48,7 @@ def test_submodules_are_not_shadowed() -> None:
         "decision",
         "integration",
         "records",
+        "report",
         "replay",
         "observer",
         "checkpoint",

@@ -185,7 +185,7 @@ def test_timeline_sections_columns_and_evidence(
 
 def test_time_to_verdict(tmp_path: Path) -> None:
     from scout_core.records.reading import load_report
-    from scout_core.records.timeline import build_timeline
+    from scout_core.report.timeline import build_timeline
 
     made = write_run(tmp_path)
     late = straggler(12, 12.5)
@@ -332,7 +332,7 @@ def test_piping_into_head_ends_quietly(tmp_path: Path) -> None:
 
 
 def test_the_documented_pictures_have_the_documented_sizes() -> None:
-    from scout_core.records.figures import SIZES
+    from scout_core.report.figures import SIZES
 
     images = Path(__file__).resolve().parents[2] / "docs" / "images"
     for name, size in SIZES.items():
@@ -357,9 +357,9 @@ def test_demo_refuses_faults_outside_the_run(
 
 
 def test_pictures_of_a_large_long_job_keep_their_size(tmp_path: Path) -> None:
-    from scout_core.records.figures import SIZES, render_figures
     from scout_core.records.reading import load_report
-    from scout_core.records.timeline import build_timeline
+    from scout_core.report.figures import SIZES, render_figures
+    from scout_core.report.timeline import build_timeline
 
     world = tuple(range(4096))
     with EvidenceWriter(tmp_path, 0, run_id="run-a", fsync=False) as w:

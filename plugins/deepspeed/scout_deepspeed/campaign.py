@@ -1,12 +1,12 @@
 """The rank body of a ``scout campaign`` trial under DeepSpeed: ZeRO 1/2/3 and pipeline.
 
-``scout campaign`` names this body (``scout_deepspeed.campaign:trial_rank``) for its
-``deepspeed-zero1/2/3`` and ``deepspeed-pipeline`` setups and runs it on every rank
-of a trial. It builds a real DeepSpeed engine on CPU/Gloo around the core's tiny
-model (:class:`scout_core.testing.TinyLM`; under the pipeline, the same embedding,
-four blocks and head as a two-stage ``PipelineModule``, data parallel within each
-stage), with the trial's SCOUT settings as the config's ``"scout"`` section, arms the
-trial's fault with :class:`scout_core.testing.TrialFault` and trains. The evidence
+:data:`SETUPS` (the ``scout.campaign_setups`` entry point ``deepspeed``) names this body
+for the ``deepspeed-zero1/2/3`` and ``deepspeed-pipeline`` setups; ``scout campaign``
+runs it on every rank of a trial. It builds a real DeepSpeed engine on CPU/Gloo around
+the core's tiny model (:class:`scout_core.testing.TinyLM`; under the pipeline, the same
+embedding, four blocks and head as a two-stage ``PipelineModule``, data parallel within
+each stage), with the trial's SCOUT settings as the config's ``"scout"`` section, arms
+the trial's fault with :class:`scout_core.testing.TrialFault` and trains. The evidence
 goes to the trial's report directory, where the campaign scores it.
 
 Under ZeRO-3 a parameter's values live in this rank's partition (``ds_tensor``), so
@@ -22,9 +22,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scout_core.testing import VOCAB, Block, TinyLM, TrialFault, batch
+from scout_core.testing import VOCAB, Block, Setup, TinyLM, TrialFault, batch
 
-__all__ = ["trial_rank"]
+__all__ = ["SETUPS", "trial_rank"]
+
+_BODY = f"{__name__}:trial_rank"
+_REQUIRES = ("deepspeed", "scout_deepspeed")
+
+SETUPS: tuple[Setup, ...] = (
+    *(
+        Setup(f"deepspeed-zero{stage}", 4, _BODY, _REQUIRES, {"zero_stage": stage}, 150.0)
+        for stage in (1, 2, 3)
+    ),
+    Setup("deepspeed-pipeline", 4, _BODY, _REQUIRES, {"pipeline": 2}, 150.0),
+)
+"""The campaign's DeepSpeed setups: ZeRO 1, 2, 3, and two pipeline stages x DP 2."""
 
 MICRO = 4
 DIM = 16

@@ -1,12 +1,12 @@
 """The rank body of a ``scout campaign`` trial under TorchTitan (``dp_replicate`` x TP on CPU).
 
-``scout campaign`` names this body (``scout_torchtitan.campaign:trial_rank``) for its
-``torchtitan`` setup and runs it on every rank of a trial (without initialising the
-process group: TorchTitan does that itself). It builds TorchTitan's real ``Trainer``
-(:mod:`scout_torchtitan.testing`: CPU shims, generated assets, the shrunk llama3
-debug model) with SCOUT switched on the documented way, the
-``scout_torchtitan.overrides.scout`` override carrying the trial's settings, and
-lets ``trainer.train()`` run its own loop.
+The ``scout.campaign_setups`` entry point ``torchtitan`` (:data:`SETUPS`) names this
+body for the ``torchtitan`` setup; ``scout campaign`` runs it on every rank of a trial
+(without initialising the process group: TorchTitan does that itself). It builds
+TorchTitan's real ``Trainer`` (:mod:`scout_torchtitan.testing`: CPU shims, generated
+assets, the shrunk llama3 debug model) with SCOUT switched on the documented way, the
+``scout_torchtitan.overrides.scout`` override carrying the trial's settings, and lets
+``trainer.train()`` run its own loop.
 
 The trial's fault (:class:`scout_core.testing.TrialFault`) is driven from public
 hooks, since the loop is TorchTitan's: the first forward of each step calls
@@ -27,7 +27,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["trial_rank"]
+from scout_core.testing import Setup
+
+__all__ = ["SETUPS", "trial_rank"]
+
+SETUPS: tuple[Setup, ...] = (
+    Setup(
+        "torchtitan",
+        6,
+        f"{__name__}:trial_rank",
+        ("torchtitan", "scout_torchtitan"),
+        {"tp": 2},
+        240.0,
+        init_process_group=False,
+    ),
+)
+"""The campaign's TorchTitan setup: ``dp_replicate`` 3 x TP 2."""
 
 
 class _Stalled:

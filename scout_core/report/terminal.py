@@ -1,6 +1,6 @@
 """The terminal view of ``scout report``: a rich timeline, incidents first.
 
-One table per section of the :class:`~scout_core.records.timeline.Timeline` (incidents,
+One table per section of the :class:`~scout_core.report.timeline.Timeline` (incidents,
 verdicts, gate decisions, the restore), each row with run, time, step, what, culprit,
 host, surface, time to verdict and its one line of evidence; then what could not be read.
 rich is imported here, lazily from the CLI, so ``import scout_core`` stays light. Colour
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from scout_core.records.timeline import SECTIONS, Row, Timeline, clock, ttv_text
+from scout_core.report.timeline import SECTIONS, Row, Timeline, clock, ttv_text
 
 __all__ = ["print_timeline"]
 

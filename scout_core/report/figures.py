@@ -31,7 +31,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from scout_core.records.record import CHECKPOINT_SCHEMA, Record
-from scout_core.records.timeline import Timeline
+from scout_core.report.timeline import Timeline
 from scout_core.vocabulary import Failure
 
 __all__ = ["COLOURS", "DPI", "SIZES", "render_figures"]

@@ -1,14 +1,14 @@
 """What ``scout report`` shows, as plain data: a filtered timeline of a report's records.
 
-The terminal view (:mod:`scout_core.records.terminal`), ``--json``, the HTML page and the
+The terminal view (:mod:`scout_core.report.terminal`), ``--json``, the HTML page and the
 pictures all draw from one :class:`Timeline`, so they cannot disagree. It is built from a
 :class:`~scout_core.records.reading.Report` and a :class:`Selection` (``--run-id``,
 ``--rank``, ``--failure``, ``--all``), and holds four sections in the order a person
 reads them: incidents first (the job-level answers), then verdicts, gate decisions and
 the restore (the gate's retrieval). Every row carries the step, culprit, host, surface
-and time to verdict of its record, and one line of evidence: a straggler's timing
-against the peer median, the surfaces and signatures an SDC differed on, a hang's stage
-and silence, a gate decision's reason.
+and time to verdict of its record, and one line of evidence
+(:func:`scout_core.records.wording.evidence_line`; an SDC's line lists every surface
+of its step).
 
 [Time to verdict]
 A record does not hold the moment its fault began, so the report shows the tightest
@@ -21,16 +21,15 @@ the earliest record it cites to the incident.
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 from scout_core.records.reading import Report
 from scout_core.records.record import CHECKPOINT_SCHEMA, INCIDENT_SCHEMA, Record
-from scout_core.records.render import culprit, notable
+from scout_core.records.wording import evidence_line
+from scout_core.report.render import culprit, notable
 from scout_core.vocabulary import Failure
 
 __all__ = [
@@ -40,7 +39,6 @@ __all__ = [
     "Timeline",
     "build_timeline",
     "clock",
-    "evidence_line",
     "is_finding",
     "ttv_text",
 ]
@@ -193,7 +191,7 @@ def build_timeline(report: Report, selection: Selection | None = None) -> Timeli
             continue  # an older revision of an incident shown in its newest form
         section = _section(record)
         ttv = _incident_ttv(record, by_id) if section == "incidents" else _ttv(record, boundary)
-        evidence = _evidence(record, same_step)
+        evidence = evidence_line(record, same_step)
         sections[section].append(Row(record, section, ttv, evidence, cited.get(record.id)))
     return Timeline(report, chosen, {name: tuple(rows) for name, rows in sections.items()})
 
@@ -245,74 +243,3 @@ def _sdc_surfaces(records: Sequence[Record]) -> dict[tuple[str, int], list[str]]
             if r.surface not in seen:
                 seen.append(r.surface)
     return out
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms"
-
-
-def _straggler(record: Record) -> str | None:
-    values = record.detail.get("evidence")
-    if not isinstance(values, list) or len(values) != len(record.group):
-        return None
-    timings = {r: float(v) for r, v in zip(record.group, values, strict=True) if _number(v)}
-    if not timings:
-        return None
-    given = record.detail.get("median_s")
-    median = float(given) if _number(given) else statistics.median(timings.values())
-    parts = []
-    for r in record.outliers:
-        if r in timings:
-            ratio = f" ({timings[r] / median:.0f}x)" if median > 0 else ""
-            parts.append(f"rank {r}: {_ms(timings[r])} vs peer median {_ms(median)}{ratio}")
-    return "; ".join(parts) or None
-
-
-def _signatures(record: Record) -> str | None:
-    values = record.detail.get("evidence")
-    if not isinstance(values, list) or len(values) != len(record.group) or not record.outliers:
-        return None
-    common = Counter(str(v) for v in values).most_common(1)[0][0]
-    odd = [
-        f"rank {r} {str(v)[:8]}"
-        for r, v in zip(record.group, values, strict=True)
-        if str(v) != common
-    ]
-    return f"{', '.join(odd)} vs {common[:8]} (others)"
-
-
-def _number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _evidence(record: Record, sdc: Mapping[tuple[str, int], list[str]]) -> str:
-    d = record.detail
-    if record.schema == INCIDENT_SCHEMA:
-        return str(d.get("summary", ""))
-    if record.action is not None:
-        return str(d.get("reason", ""))
-    parts: list[str] = []
-    if record.failure is Failure.STRAGGLER:
-        parts.append(_straggler(record) or "")
-    elif record.failure is Failure.SDC:
-        surfaces = sdc.get((record.run_id, record.step), [record.surface])
-        parts.append("differs: " + ", ".join(surfaces))
-        parts.append(_signatures(record) or "")
-    elif record.failure is Failure.COMM_STRAGGLER:
-        parts.append(str(d.get("explanation", "")))
-    if "position" in d and isinstance(d["position"], Mapping):
-        stages = d.get("stages", {})
-        parts.extend(
-            f"rank {r} {pos}"
-            + (f" in {stages[r]}" if isinstance(stages, Mapping) and r in stages else "")
-            for r, pos in d["position"].items()
-        )
-    if "reason" in d and not parts:
-        parts.append(str(d["reason"]))
-    return "; ".join(p for p in parts if p)
-
-
-def evidence_line(record: Record) -> str:
-    """The one line of evidence ``scout report`` shows for ``record`` on its own (an SDC
-    names only its own surface; the timeline lists every surface of the step)."""
-    return _evidence(record, {})

@@ -14,7 +14,7 @@ import html
 import time
 from collections.abc import Mapping
 
-from scout_core.records.timeline import SECTIONS, Row, Timeline, clock, ttv_text
+from scout_core.report.timeline import SECTIONS, Row, Timeline, clock, ttv_text
 
 __all__ = ["render_html"]
 
