@@ -7,7 +7,16 @@ round's timing pool (equal work: shard and TP partners, the same block index of 
 stage) or, for DDP x 2, each rank's own history must.
 
 SCOUT runs with the default ``Config`` except the report directory and a hidden-layer
-replay every step (``replay_interval = 1``, so a few steps see several rounds).
+replay every step (``replay_interval = 1``, so a few steps see several rounds), but for
+the runs that must write no record at all (one slow step, 40 clean steps), which add
+:data:`scout_core.testing.BUSY_HOST`'s ``straggler_min_excess_s`` (0.3 s). Their blocks
+replay in a few milliseconds, so the ratio guard passes any pause, and the ranks and
+their observers share two loaded cores with other jobs here: with the default 0.05 s, 40
+clean steps of DP 2 x TP 2 (load average 19) named rank 2, whose hidden-layer ``t_M``
+read 0.067 s against the pool's median of 0.0044 s in two rounds running: a rank
+descheduled inside a timed replay, which is what docs/configuration.md's *On a busy
+host* says to raise the threshold for. The straggler and the job-wide slowdown run on
+the defaults.
 
 Faults, the victim rank and the step drawn from the seed in the test id
 (``SCOUT_TEST_SEED``, else the day's number):
@@ -48,6 +57,7 @@ from scout_core.campaign.runner import run_trial
 from scout_core.config import Config
 from scout_core.records.reading import load_report
 from scout_core.records.record import VERDICT_SCHEMA
+from scout_core.testing import BUSY_HOST
 
 pytestmark = pytest.mark.distributed
 
@@ -67,6 +77,8 @@ FACTOR = 3.0
 ROUNDS = Config().straggler_rounds
 SETTINGS: dict[str, Any] = {"replay_interval": 1}
 """SCOUT's settings besides the report directory: the rest is the default ``Config``."""
+QUIET: dict[str, Any] = {**SETTINGS, **BUSY_HOST}
+"""The settings of the runs that must write no record (module doc: why the busy host's)."""
 
 
 def _setup(layout: str) -> Setup:
@@ -94,11 +106,12 @@ def _run(
     window: int,
     tmp: Path,
     per_block_s: float = PER_BLOCK_S,
+    settings: dict[str, Any] = SETTINGS,
 ) -> list[Any]:
     setup = _setup(layout)
     trial = Trial(0, layout, kind, victim, step, steps, setup.world)
     fault = {"delay_s": per_block_s * BLOCKS[layout], "window": window, "factor": FACTOR}
-    score = run_trial(trial, setup, tmp, fault=fault, settings=SETTINGS)
+    score = run_trial(trial, setup, tmp, fault=fault, settings=settings)
     assert score.error is None, score.error
     report_dir = tmp / f"trial-000-{layout}-{kind}"
     if not report_dir.is_dir():
@@ -176,7 +189,14 @@ def test_one_slow_step_on_one_rank_names_no_rank(layout: str, tmp_path: Path) ->
     victim, step = _draw(layout, "one_slow_step")
     print(f"{layout}: victim rank {victim}, one slow step {step}, seed {SEED}")
     records = _run(
-        layout, "compute_straggler", victim, step, steps=step + 5, window=1, tmp=tmp_path
+        layout,
+        "compute_straggler",
+        victim,
+        step,
+        steps=step + 5,
+        window=1,
+        tmp=tmp_path,
+        settings=QUIET,
     )
     assert records == [], _summary(records)
 
@@ -184,5 +204,5 @@ def test_one_slow_step_on_one_rank_names_no_rank(layout: str, tmp_path: Path) ->
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("layout", _params("clean", ci=False))
 def test_forty_clean_steps_give_no_record(layout: str, tmp_path: Path) -> None:
-    records = _run(layout, "clean", None, 20, steps=40, window=4, tmp=tmp_path)
+    records = _run(layout, "clean", None, 20, steps=40, window=4, tmp=tmp_path, settings=QUIET)
     assert records == [], _summary(records)
