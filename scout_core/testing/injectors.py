@@ -191,6 +191,16 @@ class Trigger:
         """Sleep ``seconds`` inside a module's forward (training and replay calls)."""
         return self._add("delay", module, float(seconds))
 
+    def slow_compute(self, module: str, factor: float) -> Faults:
+        """Make each forward of a module take ``factor`` times as long as it did (training
+        and replay calls): a forward pre-hook notes the time, and a forward hook sleeps
+        ``factor - 1`` times what passed since. What passed is the module's forward and
+        the forward hooks registered on it before this one, so a :meth:`delay_compute`
+        on the same module scheduled earlier in the chain is slowed too."""
+        if factor < 1:
+            raise ValueError(f"a slowdown factor is at least 1, got {factor}")
+        return self._add("slow", module, float(factor))
+
     def delay_collective(self, seconds: float, *, group: str = "any") -> Faults:
         """Delay this rank inside SCOUT's timed communication on ``group``: a slow link
         at this rank as replay measures it.
@@ -291,6 +301,12 @@ class Faults:
                 assert f.target is not None
                 module = root.get_submodule(f.target)
                 self._handles.append(module.register_forward_hook(self._module_hook(f)))
+            elif f.kind == "slow":
+                assert f.target is not None
+                module = root.get_submodule(f.target)
+                pre, post = self._slow_hooks(f)
+                self._handles.append(module.register_forward_pre_hook(pre))
+                self._handles.append(module.register_forward_hook(post))
             elif f.kind == "collective":
                 self._taps.append(taps.add_comm_delay(self._comm_delay(f)))
             elif f.kind == "skip":
@@ -356,6 +372,26 @@ class Faults:
             return _corrupt_first(output, f.payload)
 
         return hook
+
+    def _slow_hooks(
+        self, f: _Fault
+    ) -> tuple[Callable[[nn.Module, Any], None], Callable[[nn.Module, Any, Any], None]]:
+        """The pre-hook and hook of :meth:`Trigger.slow_compute` (a stack of start times:
+        a module that calls itself is timed per call)."""
+        started: list[float] = []
+
+        def pre(module: nn.Module, args: Any) -> None:
+            started.append(time.perf_counter())
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            if not started:
+                return  # attached during this call
+            took = time.perf_counter() - started.pop()
+            if self._active(f):
+                self._fire(f)
+                time.sleep((f.payload - 1.0) * took)
+
+        return pre, post
 
     def _pre_step(
         self, root: nn.Module, optimizer: torch.optim.Optimizer

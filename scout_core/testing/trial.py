@@ -28,9 +28,15 @@ a process cannot resume itself, so the runner stops it and continues it once the
 verdict is in).
 
 Two kinds are for tests, never drawn by a campaign (:data:`TEST_KINDS`).
-``job_slowdown`` slows every rank at once: each sleeps the straggler's ``delay_s`` per
-step inside its blocks for ``window`` steps (a whole job on slower clocks, a shared
-file system stalling every rank's input pipeline ...): a slow job, not a slow rank.
+``job_slowdown`` slows every rank at once: for ``window`` steps, each forward of every
+block on every rank takes ``factor`` (default 3) times as long as it did, training and
+replay calls alike (:meth:`Trigger.slow_compute`: a whole job on slower clocks, a
+throttled node type, a shared service every rank waits on ...): a slow job, not a slow
+rank. TinyLM's blocks run in well under a millisecond on a CPU, where three times as
+long is still far below any straggler threshold, so a slowdown there would test
+nothing; the blocks are first given real work time: on every rank and at every step,
+each block's forward sleeps ``delay_s`` / the number of blocks (as a compute
+straggler's delay is spread), and the slowdown multiplies that too.
 ``collective_stall`` holds a collective open with every member inside it (a link or
 switch fault): the spec's ``ranks`` all-reduce on a group of their own at the fault
 step, and the transport under SCOUT's collective patch stalls there. That transport is
@@ -163,6 +169,7 @@ class TrialFault:
         self.stall_s = float(spec.get("stall_s", 5.0))
         self.delay_s = float(spec.get("delay_s", 0.2))
         self.window = int(spec.get("window", 4))
+        self.factor = float(spec.get("factor", 3.0))
         self.rank = _rank() if rank is None else rank
         self.injected_at: float | None = None
         self._faults: Faults | None = None
@@ -226,10 +233,13 @@ class TrialFault:
             when = faults.at(rank=self.victim, steps=window)
             for name in layers:
                 when.delay_compute(name, self.delay_s / max(1, len(layers)))
-        elif self.kind == "job_slowdown":  # every rank: no victim
-            when = faults.at(rank=self.rank, steps=window)
+        elif self.kind == "job_slowdown":  # every rank: no victim (module doc)
+            work = faults.at(rank=self.rank, persistent=True)
             for name in layers:
-                when.delay_compute(name, self.delay_s / max(1, len(layers)))
+                work.delay_compute(name, self.delay_s / max(1, len(layers)))
+            slow = faults.at(rank=self.rank, steps=window)
+            for name in layers:  # after the work's hooks, so the slowdown times them too
+                slow.slow_compute(name, self.factor)
         elif self.kind == "comm_straggler":
             faults.at(rank=self.victim, steps=window).delay_collective(self.delay_s)
         else:

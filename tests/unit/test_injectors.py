@@ -117,6 +117,36 @@ def test_compute_delay_and_taps() -> None:
     assert taps.comm_delay_s("shard") == 0.0
 
 
+def test_slow_compute_makes_each_forward_take_factor_times_as_long() -> None:
+    # the block's work: a 0.1 s sleep at every step, which the slowdown at step 1 triples
+    faults = Faults().at(rank=0, persistent=True).delay_compute("layers.0", 0.1)
+    faults.at(rank=0, step=1).slow_compute("layers.0", 3.0)
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    block = model.layers[0]
+    marks: list[float] = []
+    # timed from outside: a pre-hook before the injectors' (their work alone) and a hook
+    # after them (the work with the slowdown's sleep)
+    block.register_forward_pre_hook(lambda m, a: marks.append(time.perf_counter()))
+    faults.attach(model, opt, rank=0)
+    block.register_forward_hook(lambda m, a, o: marks.append(time.perf_counter()))
+    took = []
+    for s in range(3):
+        marks.clear()
+        train_step(model, opt, s, 0)
+        took.append(marks[1] - marks[0])
+    assert took[0] < 0.25 and took[2] < 0.25, took  # 0.1 s of work, not slowed
+    assert 0.3 <= took[1] < 0.35, took  # 3x: the work and twice again (0.4 for 4x)
+    assert [f for f in faults.fired() if f[0] == "slow"] == [("slow", "layers.0", 1)]
+    faults.detach()
+    marks.clear()
+    train_step(model, opt, 3, 0)
+    assert len(marks) == 2 and marks[1] - marks[0] < 0.05  # detached: no work, no sleep
+    with pytest.raises(ValueError, match="at least 1"):
+        Faults().at(rank=0, step=0).slow_compute("layers.0", 0.5)
+
+
 def test_hang_freezes_the_step_once_at_its_first_forward() -> None:
     faults = Faults().at(rank=0, step=1).hang(0.3)
     faults.at(rank=1, step=0).hang(5.0)  # another rank's: never fires here
