@@ -43,6 +43,9 @@ from scout_core.testing.harness import (
 pytestmark = pytest.mark.distributed
 
 HANG_S = 2.0
+WORLD = 3
+"""Ranks of the observer jobs below: a hang is named against a strict majority of the
+ranks' progress (two against one); no layout is involved."""
 
 
 def _brief(v: Any) -> tuple[Any, ...]:
@@ -64,7 +67,7 @@ def test_enable_from_a_short_lived_thread_keeps_the_observers(tmp_path: Path) ->
 
 @pytest.mark.timeout(200)
 def test_killing_rank_0_observer_in_a_healthy_run_attributes_nothing(tmp_path: Path) -> None:
-    results = run_ranks(killed_observer, 4, args=(str(tmp_path), 0, -1, 12), timeout_s=150)
+    results = run_ranks(killed_observer, WORLD, args=(str(tmp_path), 0, -1, 12), timeout_s=150)
     assert _verdicts(tmp_path) == []
     assert all(r["verdicts"] == [] for r in results)
     assert results[0]["restarts"] == 1
@@ -73,7 +76,7 @@ def test_killing_rank_0_observer_in_a_healthy_run_attributes_nothing(tmp_path: P
 
 @pytest.mark.timeout(240)
 def test_dead_observer_then_a_real_stall_names_the_stalled_rank(tmp_path: Path) -> None:
-    results = run_ranks(killed_observer, 4, args=(str(tmp_path), 2, 1, 10), timeout_s=200)
+    results = run_ranks(killed_observer, WORLD, args=(str(tmp_path), 2, 1, 10), timeout_s=200)
     verdicts = _verdicts(tmp_path)
     assert len(verdicts) == 1, [_brief(v) for v in verdicts]
     v = verdicts[0]
@@ -104,10 +107,10 @@ def test_a_dead_peer_gives_one_record_through_the_callback(victim: int, tmp_path
 
     with pytest.raises(RankFailedError):
         run_ranks(
-            dead_peer, 4, args=(str(report), victim, at_step), timeout_s=200, on_start=on_start
+            dead_peer, WORLD, args=(str(report), victim, at_step), timeout_s=200, on_start=on_start
         )
     codes = [p.proc.returncode for p in procs]
-    expected = [-signal.SIGKILL if r == victim else 86 for r in range(4)]
+    expected = [-signal.SIGKILL if r == victim else 86 for r in range(WORLD)]
     # A survivor that did not exit with the hang code says why in its own log.
     why = {
         p.rank: p.tail()
@@ -122,7 +125,7 @@ def test_a_dead_peer_gives_one_record_through_the_callback(victim: int, tmp_path
     assert v.surface == "observer"
     assert v.step == at_step  # the step the job stopped at, not 0
     scratch = procs[0].result_path.parent
-    for r in range(4):
+    for r in range(WORLD):
         if r != victim:  # every surviving trainer's callback saw it before terminating
             seen = wait_for(scratch / f"callback-{r}-1", 5)
             assert (seen["failure"], seen["outliers"], seen["step"]) == ("hang", [victim], at_step)
@@ -151,7 +154,9 @@ def test_teardown_after_a_verdict_attributes_nothing_new(tmp_path: Path) -> None
         threading.Thread(target=teardown, args=(ranks,), daemon=True).start()
 
     with pytest.raises(RankFailedError):
-        run_ranks(sigstop_then_teardown, 4, args=(str(report), 2), timeout_s=200, on_start=on_start)
+        run_ranks(
+            sigstop_then_teardown, WORLD, args=(str(report), 2), timeout_s=200, on_start=on_start
+        )
     assert seen.get("first") is not None
     time.sleep(HANG_S + 3)  # anything a survivor would write, it has written by now
     verdicts = _verdicts(report)

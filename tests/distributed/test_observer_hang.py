@@ -26,7 +26,9 @@ from observer_scenarios import (
 from scout_core.records.evidence import load_report
 from scout_core.testing.harness import RankProcess, retry_on_port_clash, run_ranks
 
-WORLD = 4
+# Three ranks: a hang is named by a strict majority of the ranks' progress coordinates
+# (two against one); no layout is involved, so a fourth rank would only add load.
+WORLD = 3
 CULPRIT = 2
 
 

@@ -12,6 +12,9 @@ from scout_core.records.evidence import load_report
 from scout_core.testing.harness import retry_on_port_clash, run_ranks
 
 CULPRIT = 1
+WORLD = 3
+"""A stalled rank is named against a strict majority of the ranks' progress (two against
+one); no layout is involved, so a fourth rank would only add load."""
 
 
 @pytest.mark.distributed
@@ -29,7 +32,7 @@ def test_rank_stuck_in_a_stage(
     report = tmp_path / "report"
     results = retry_on_port_clash(
         lambda: run_ranks(
-            scenario, 4, args=(name, free_port(), str(report), CULPRIT), timeout_s=120
+            scenario, WORLD, args=(name, free_port(), str(report), CULPRIT), timeout_s=120
         )
     )
     verdicts = load_report(report).verdicts()

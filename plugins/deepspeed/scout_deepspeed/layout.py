@@ -9,7 +9,9 @@ diagnostic groups (DeepSpeed's groups are never used for diagnostic traffic):
   ``pipe`` / ``data`` / ``model``) becomes the rank grid as is, so peer groups are
   per stage and per tensor slice.
 * **DeepSpeedEngine**: tensor parallel from the ``mpu`` (Megatron convention: TP
-  ranks contiguous), then Ulysses sequence parallel as the context axis ``c``
+  ranks contiguous; DeepSpeed's AutoTP training, ``tensor_parallel.autotp_size``, makes
+  ``deepspeed.utils.groups`` the mpu, with TP fastest on a (data_parallel,
+  tensor_parallel) device mesh), then Ulysses sequence parallel as the context axis ``c``
   (DeepSpeed's sequence groups are contiguous too), then MoE expert parallel as
   ``e`` (DeepSpeed's expert-parallel groups are contiguous, its expert-data-parallel
   groups strided; ``use_data_before_expert_parallel_`` swaps the two), data parallel
@@ -23,9 +25,9 @@ group, a superset of the peers, and expert weights over the expert-data-parallel
 group, which *is* the peer group (same ``e``: same experts).
 
 The derivation relies on DeepSpeed's conventions, so it is *checked*: every group
-DeepSpeed built for this rank (data parallel, sequence parallel, sequence-data
-parallel, expert parallel and expert-data parallel per ``ep_size``, the pipeline's
-stage groups) must equal the group the layout implies. Every rank runs the check
+DeepSpeed built for this rank (data parallel, tensor parallel, sequence parallel,
+sequence-data parallel, expert parallel and expert-data parallel per ``ep_size``, the
+pipeline's stage groups) must equal the group the layout implies. Every rank runs the check
 and the outcome is agreed on a throw-away Gloo group, so a mismatch raises
 :class:`~scout_core.errors.UnsupportedSetupError` on every rank instead of leaving
 some ranks inside a collective the others never join.
@@ -179,6 +181,13 @@ def expected_groups(
         return triples
     data = _data_axes(layout)
     ep = layout.size(Axis.E)
+    mpu = getattr(engine, "mpu", None)
+    if layout.size(Axis.T) > 1 and mpu is not None:
+        # Megatron's mpu, or DeepSpeed's own groups module under AutoTP training
+        # (tensor_parallel.autotp_size): its (data_parallel, tensor_parallel) mesh.
+        from deepspeed.utils.bwc import bwc_tensor_model_parallel_group
+
+        add("tensor-parallel group", bwc_tensor_model_parallel_group(mpu), (Axis.T,))
     # Dense weights are reduced over d x e under MoE: DeepSpeed's data-parallel group.
     add("data-parallel group", getattr(engine, "data_parallel_group", None), (*data, Axis.E))
     if layout.size(Axis.C) > 1:

@@ -291,3 +291,92 @@ def bitwise_on_off(kind: str, sp_or_ep: int, stage: int, steps: int) -> dict[str
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
         session.close()
     return out
+
+
+# -- AutoTP: DeepSpeed's own tensor-parallel training ----------------------------------
+
+TP_DIM = 8
+TP_HIDDEN = 16
+AUTOTP_SPECS = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {"patterns": [r".*\.up\.weight$"], "partition_type": "column"},
+        {"patterns": [r".*\.down\.weight$"], "partition_type": "row"},
+    ],
+}
+"""AutoTP's partition rules for :class:`TPNet`: ``up`` column-parallel (its output rows
+split), ``down`` row-parallel (its input columns split, outputs all-reduced)."""
+
+
+class _TPBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(TP_DIM, TP_HIDDEN)
+        self.down = nn.Linear(TP_HIDDEN, TP_DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class TPNet(nn.Module):
+    """Two MLP blocks that AutoTP shards by :data:`AUTOTP_SPECS`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_TPBlock() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def autotp_layout(tp: int) -> dict[str, Any]:
+    """A real DeepSpeed AutoTP training engine (``tensor_parallel.autotp_size = tp``,
+    ZeRO-1) trains one step; the plugin's layout is derived from it and compared, on
+    this rank, with the groups DeepSpeed built (``deepspeed.utils.groups``)."""
+    import deepspeed
+    from deepspeed.utils import groups
+    from scout_deepspeed.layout import check_layout, engine_layout, group_ranks, layout_group
+
+    from scout_core import Axis, UnsupportedSetupError
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = TPNet()
+    cfg = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": 1},
+        "steps_per_print": 10_000,
+        "tensor_parallel": {"autotp_size": tp, "partition_config": AUTOTP_SPECS},
+    }
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    # The ranks of a TP group see the same batch (DeepSpeed checks that at the first
+    # forward); the data-parallel ranks see different ones.
+    gen = torch.Generator().manual_seed(rank // tp)
+    loss = engine(torch.randn(MICRO, TP_DIM, generator=gen)).square().mean()
+    engine.backward(loss)
+    engine.step()
+    layout = engine_layout(engine, world)
+    try:
+        engine_layout(engine, 2 * world)
+        wrong_world = None
+    except UnsupportedSetupError as exc:
+        wrong_world = str(exc)
+    return {
+        "rank": rank,
+        "loss": float(loss.detach()),
+        "shapes": {n: list(p.shape) for n, p in engine.module.named_parameters()},
+        "mp_world_size": int(engine.mp_world_size),
+        "dp_world_size": int(engine.dp_world_size),
+        "ds_tp_group": list(group_ranks(groups.get_tensor_model_parallel_group()) or ()),
+        "ds_dp_group": list(group_ranks(engine.data_parallel_group) or ()),
+        "sizes": {a.value: layout.size(a) for a in Axis},
+        "layout_tp_group": list(layout_group(layout, rank, (Axis.T,))),
+        "layout_peers": list(layout.replica_group(rank)),
+        "check": check_layout(engine, layout, rank),
+        "wrong_world": wrong_world,
+    }

@@ -105,6 +105,33 @@ def test_moe_sdc_is_named_within_its_expert_data_parallel_group() -> None:
     ]
 
 
+@pytest.mark.timeout(120)
+def test_autotp_layout_is_deepspeeds_own_groups() -> None:
+    """DeepSpeed's AutoTP training (``tensor_parallel.autotp_size = 2``) on 4 Gloo ranks,
+    DP 2 x TP 2: the layout the plugin derives from the real engine has DeepSpeed's own
+    tensor- and data-parallel groups (``deepspeed.utils.groups``), and its check agrees."""
+    from ds_parallel_scenarios import TP_HIDDEN, autotp_layout
+
+    results = run_ranks(autotp_layout, 4, args=(2,), timeout_s=100, env=ENV)
+    for res in results:
+        rank = res["rank"]
+        # AutoTP really sharded the model: up column-parallel, down row-parallel.
+        assert res["shapes"]["blocks.0.up.weight"][0] == TP_HIDDEN // 2
+        assert res["shapes"]["blocks.0.down.weight"][1] == TP_HIDDEN // 2
+        assert (res["mp_world_size"], res["dp_world_size"]) == (2, 2)
+        # DeepSpeed's (data_parallel, tensor_parallel) mesh: TP ranks contiguous, DP strided.
+        assert res["ds_tp_group"] == [rank - rank % 2, rank - rank % 2 + 1]
+        assert res["ds_dp_group"] == [rank % 2, rank % 2 + 2]
+        assert res["sizes"] == {"d": 2, "s": 1, "t": 2, "p": 1, "c": 1, "e": 1}
+        assert res["layout_tp_group"] == res["ds_tp_group"]
+        assert res["layout_peers"] == res["ds_dp_group"]  # peers share a TP coordinate
+        assert res["check"] is None
+        assert res["wrong_world"] is not None and "but the job has 8" in res["wrong_world"]
+    # The TP partners trained on one batch, the two data-parallel replicas on two.
+    losses = [res["loss"] for res in results]
+    assert losses[0] == losses[1] and losses[2] == losses[3] and losses[0] != losses[2]
+
+
 @pytest.mark.timeout(150)
 # Under ``-m slow``: in CI the SDC tests above check that the other replica group stays
 # silent, and test_deepspeed_replay.py's ZeRO-3 clean run checks bitwise identity.

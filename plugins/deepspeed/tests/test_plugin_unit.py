@@ -92,14 +92,8 @@ def test_layout_pure_data_parallel_and_zero3() -> None:
     assert z3.shard_group(2) == (0, 1, 2, 3)
 
 
-def test_layout_tensor_parallel_from_mpu_is_contiguous() -> None:
-    from scout_deepspeed.layout import engine_layout
-
-    layout = engine_layout(_engine(1, dp_world_size=3, mp_world_size=2), 6)
-    assert layout.size(Axis.T) == 2 and layout.size(Axis.D) == 3
-    assert layout.replica_group(1) == (1, 3, 5)  # TP ranks 0,1 contiguous; DP strided
-    with pytest.raises(UnsupportedSetupError, match="job has 8"):
-        engine_layout(_engine(1, dp_world_size=3, mp_world_size=2), 8)
+# The tensor-parallel layout is checked against a real DeepSpeed AutoTP engine in
+# test_deepspeed_parallel.py (test_autotp_layout_is_deepspeeds_own_groups).
 
 
 def test_layout_from_the_pipeline_topology() -> None:
