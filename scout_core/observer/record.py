@@ -1,69 +1,13 @@
 """The lock-free progress record a trainer publishes into and its observer reads.
 
-Each rank's trainer owns one small shared-memory record (160 int64 words).
-Training hooks publish into it on the hot path: the optimizer step, a
-monotonically increasing operation id, the current :class:`Stage` (a repeated
-layer, a collective, the DataLoader fetch, checkpoint I/O) and,
-while inside a collective, the pending collective's fingerprint
-(:mod:`scout_core.observer.fingerprint`). The rank's observer process maps the
-same memory and reads it without ever taking a lock the trainer could hold, so
-a trainer frozen by ``SIGSTOP``, a stuck driver call or a thread spinning while
-holding the GIL cannot stop its observer from reading the last published state.
-
-[Layout]
-Words 0..7 and 16..23 are written by the trainer only, words 8..15 by the observer
-only (except ``ARMED``, which both touch), then comes the trainer's ring of recent
-collectives::
-
-    0 SEQ      seqlock counter: odd while a publish is in progress
-    1 OP_ID    +1 on every publish: the rank's progress coordinate
-    2 STEP     optimizer step
-    3 STAGE    a Stage value
-    4..6 FP    pending-collective fingerprint words (zeros outside a collective)
-    7 CLOSING  1 once the trainer is shutting the observer down
-    8 ARMED    1 while the observer sleeps on the progress event and wants a wake-up
-    9 STATE    observer lifecycle, an ObserverState value
-    10 ROUNDS  diagnosis rounds the observer took part in
-    11 COLLS   collectives the observer issued (counted by a patch in its process)
-    12 STOREOPS  store requests the observer sent after joining
-    13 PID     the observer's pid
-    14 MAGIC   layout version, written at creation
-    15 spare
-    16 PEER    the pending point-to-point partner's global rank + 1 (0: none)
-    17 RING_N  collectives entered so far (the ring's write position)
-    18..31     spare
-    32..191    the last RING collectives entered: (op id, step, three fingerprint words)
-
-[The ring of recent collectives]
-A rank behind its peers inside a collective may be waiting for a partner, or may
-have entered a collective its peers never ran (a protocol mismatch). Its peers are
-past that point by then, so the observers ask each peer's ring what it ran at the
-lagging rank's op id (:mod:`.diagnosis_round`). Equivalent ranks publish the same
-sequence of operations, so op ids line up across a peer group. Each entry also keeps
-the step it was entered in, so a rank can say what it entered at the same position of
-the last iteration it completed (:meth:`ProgressRecord.template`).
-
-[Seqlock]
-A publish makes SEQ odd, writes the fields, and makes SEQ even again; a reader
-copies the fields between two reads of SEQ and retries when they differ or SEQ
-is odd. Each word is one aligned 8-byte store through a ``memoryview``, and
-CPython performs every store in its own C call, so neither the compiler nor the
-interpreter reorders them; x86 and the ARM64 server parts that CPython targets
-keep aligned 8-byte stores atomic, so a reader sees old or new words, never torn
-ones. A trainer frozen *inside* a publish leaves SEQ odd forever: the reader
-gives up after a bounded number of retries and returns the words it saw, marked
-``torn``, instead of spinning.
-
-[Progress event]
-An ``eventfd`` created before the observer is spawned (a pipe where eventfd is
-missing). Signalling costs a system call, so the trainer signals only when the
-observer has armed the record (``ARMED`` = 1); the observer re-arms at most a few
-times per timeout period. Missing a wake-up is harmless: the observer also wakes
-at its deadline and compares ``OP_ID``.
-
-The record lives in an anonymous ``memfd`` (an unlinked temporary file where
-``memfd_create`` is missing) handed to the observer as an inherited descriptor:
-there is no path to leak when either process dies.
+Each rank's trainer owns one small shared-memory record (192 int64 words) in an
+anonymous ``memfd``, inherited by its observer. Training hooks publish the step,
+an op id, the current :class:`Stage` and the pending collective's fingerprint;
+the observer reads under a seqlock without ever taking a lock the trainer could
+hold, so a frozen trainer cannot stop its observer from reading the last
+published state. Word layout, the ring of recent collectives, the seqlock's
+atomicity argument and the progress event: docs/internals.md, "The progress
+record".
 """
 
 from __future__ import annotations

@@ -1,56 +1,14 @@
 """``MegatronAdapter``: what SCOUT's core needs to know about one Megatron job.
 
 It implements the core's :class:`~scout_core.plugin_api.FrameworkAdapter` for a list
-of megatron-core model chunks and their ``MegatronOptimizer``, from the parts built
-and tested one by one in this package:
-
-* **layout** from ``parallel_state`` (:mod:`scout_megatron.topology`): TP, CP, EP,
-  DP and PP sizes and Megatron's rank order, verified against Megatron's
-  ``RankGenerator`` and against the groups ``initialize_model_parallel`` built on
-  this rank; every rank learns whether any rank found a mismatch before anyone
-  raises. SCOUT's replica peers vary the data-parallel coordinate only, so they
-  hold the same dense and expert weights, the same TP shard and the same sequence
-  shard; the core builds its **own** Gloo groups from this layout;
-* **modules** (:mod:`scout_megatron.modules`): the ``decoder.layers`` of every chunk
-  (paths ``decoder.layers.<i>``, or ``chunk<c>.decoder.layers.<i>`` with virtual
-  pipeline stages), the ``embedding`` of the first stage and the ``output_layer`` of
-  the last, and the router and ``SequentialMLP`` experts of each ``MoELayer``
-  (:mod:`scout_megatron.moe`: grouped-GEMM experts are refused with a logged reason);
-* **optimizers** (:mod:`scout_megatron.optimizers`): the torch optimizers inside the
-  Megatron optimizer (``.optimizer``, every ``ChainedOptimizer`` member, none for
-  stubs), each stepping once per iteration. Under ``DistributedOptimizer`` they step
-  on this rank's fp32 shard, which no replica peer holds, so ownership is ``UNIQUE``
-  and the core skips optimizer replay with a logged reason (module docstring of
-  :mod:`~scout_megatron.optimizers`);
-* **RNG**: the core's CPU and CUDA streams plus every state of Megatron's RNG
-  tracker (:mod:`scout_megatron.rng`);
-* **materialize / call**: a Megatron layer keeps its TP shard (no gather: replica
-  peers hold equal shards). The replayed call runs a hook-free twin of the layer
-  (no torch.distributed hooks, no Megatron DDP/FSDP forward pre-hooks, which would
-  dispatch parameter all-gathers on a training group) with its process groups
-  re-pointed (:class:`~scout_megatron.regroup.Regrouper`) as below.
-
-[Replaying a tensor-parallel layer]
-Every TP group a transformer layer or the output layer holds (``tp_group``
-attributes, ``pg_collection.tp`` and any other field with the same ranks) is
-re-pointed to a SCOUT-owned group holding **this rank alone**, so Megatron's TP
-mappings skip their collectives (a group of one) and the module computes this
-rank's partial result. Replica peers hold the same TP shard and receive the same
-inputs, so their partial results agree bitwise and any disagreement is this rank's
-own compute. TP partners never wait for each other inside such a replay: a slow
-rank's ``t_M`` does not spill into its TP partner's (a replay coupled through the
-TP all-reduces would make both look slow, and name both), and a replay that fails
-on one rank cannot strand its partner inside a collective. The TP collectives
-themselves are the observer's business (a rank stuck in one is a hang).
-
-The embedding is the exception: ``VocabParallelEmbedding`` reads its group's size
-to mask the token ids outside its vocabulary shard, so a group of one would index
-out of range. A module holding one is replayed on the core's own TP group (``t``)
-over the same ranks, coupled with its TP partners (both partners always replay it
-together: the core's readiness check spans that group). Context- and
-expert-parallel groups go to the core's own ``c`` / ``e`` groups over the same
-ranks; any other multi-rank group becomes a stand-in that refuses traffic, so a
-replay can never talk on a training group.
+of megatron-core model chunks and their ``MegatronOptimizer``, from the parts in this
+package: the verified layout (:mod:`scout_megatron.topology`), the modules
+(:mod:`scout_megatron.modules`, :mod:`scout_megatron.moe`), the optimizers
+(:mod:`scout_megatron.optimizers`: ``UNIQUE`` under ``DistributedOptimizer``), the RNG
+streams (:mod:`scout_megatron.rng`), and materialize/call: a layer keeps its TP shard
+and its replay runs a hook-free twin with its process groups re-pointed
+(:class:`~scout_megatron.regroup.Regrouper`) so a replay never talks on a training
+group. Why each group goes where: docs/megatron.md, "Replaying tensor-parallel layers".
 """
 
 from __future__ import annotations
