@@ -36,7 +36,7 @@ from typing import Any
 from scout_core.observer.fingerprint import describe
 from scout_core.observer.mismatch import name_mismatches
 from scout_core.observer.record import Stage
-from scout_core.observer.roots import name_roots, release_held
+from scout_core.observer.roots import attach_direct_waiters, name_roots, release_held
 from scout_core.observer.verdict import RankEvidence, Verdict
 from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Scope, Status
@@ -263,7 +263,9 @@ def merge(
     is attached (``detail["waiting"]``) to every verdict naming a rank it waits for;
     a wait nothing explains, on silent ranks, becomes an inconclusive ``hang``; a named
     rank held up by a named rank of its own model instance (``layout``) is moved to that
-    rank's record as waiting (:func:`~.held.release_held`).
+    rank's record as waiting (:func:`~.roots.release_held`); a rank of another group inside
+    a collective with a named rank that has not entered it is listed as waiting on that
+    rank's record (:func:`~.roots.attach_direct_waiters`).
     """
     job_ranks = set(job)
     ordered = sorted(results, key=lambda r: r.group)
@@ -341,4 +343,4 @@ def merge(
             group=tuple(sorted({w.rank, *w.waits_for})),
         )
         decided.append((unexplained, lead))
-    return release_held(decided, layout)
+    return attach_direct_waiters(release_held(decided, layout), ordered, layout, sorted(job_ranks))

@@ -16,6 +16,9 @@ group results every observer reads, so every observer reaches the same records:
   leave the record as it was (group scope), with the reason.
 * :func:`release_held` moves a rank a vote named, but that waits for another named rank,
   to that rank's record as waiting (a TP partner in a collective SCOUT does not see).
+* :func:`attach_direct_waiters` lists, on a named rank's record, every rank of another
+  group inside a collective with it that it has not entered, also when that group's own
+  vote has not run yet (its peers not quiet long enough when the first group decided).
 """
 
 from __future__ import annotations
@@ -37,7 +40,14 @@ from scout_core.observer.waitfor import Position, WaitForGraph, peer_order
 from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Scope, Status
 
-__all__ = ["GraphStall", "GroupEvidence", "name_roots", "position_of", "release_held"]
+__all__ = [
+    "GraphStall",
+    "GroupEvidence",
+    "attach_direct_waiters",
+    "name_roots",
+    "position_of",
+    "release_held",
+]
 
 _P2P_CODE = 16
 _PROGRESS = frozenset({Failure.HANG, Failure.INPUT_STALL, Failure.CHECKPOINT_STALL})
@@ -287,3 +297,43 @@ def release_held(decided: Sequence[tuple[Verdict, int]], layout: MeshLayout | No
 
 def _ranks_in(graph: WaitForGraph, w: int) -> Iterable[int]:
     return sorted({r for comp in graph.roots_of([w]) for r in comp})
+
+
+def attach_direct_waiters(
+    decided: Decided,
+    results: Sequence[GroupEvidence],
+    layout: MeshLayout | None,
+    job: Sequence[int],
+) -> Decided:
+    """``decided`` with each record that names ranks listing, under ``detail["waiting"]``,
+    the ranks outside its group that sit inside a collective whose known members include
+    a named rank that has not entered it (edge rule 1 of the graph; ranks already listed
+    keep their entry). Such a wait is a fact of the positions, whether or not the
+    waiter's own group has voted by the time this round decides."""
+    named = [
+        i
+        for i, (v, _) in enumerate(decided)
+        if v.failure in _PROGRESS and v.status is Status.ATTRIBUTED and v.outliers
+    ]
+    evidence = {e.rank: e for res in results for e in res.evidence}
+    if not named or not evidence:
+        return list(decided)
+    graph = WaitForGraph(
+        (position_of(e, layout, job) for e in evidence.values()),
+        layout,
+        absent=set(job) - set(evidence),
+    )
+    out = list(decided)
+    for i in named:
+        v, writer = out[i]
+        waiting = dict(v.detail.get("waiting", {}))
+        for w in sorted(graph.edges):
+            members = graph.positions[w].members_in(layout) if w in graph.positions else None
+            if w in v.group or str(w) in waiting or not members:
+                continue
+            culprits = sorted(c for c in v.outliers if c in members and c in graph.edges[w])
+            if culprits:
+                waiting[str(w)] = {**_entry(graph, w, culprits[0]), "for": culprits}
+        if waiting != v.detail.get("waiting", {}):
+            out[i] = (replace(v, detail={**v.detail, "waiting": waiting}), writer)
+    return out

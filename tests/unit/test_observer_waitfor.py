@@ -334,3 +334,32 @@ def test_a_pair_stuck_together_in_one_collective_is_a_stall_not_a_root() -> None
     v = decided[0][0]
     assert v.detail["stalled"] == [[0, 1]] and v.scope is Scope.GROUP
     assert {r: w["for"] for r, w in v.detail["waiting"].items()} == {"2": [0], "3": [1]}
+
+
+PP2DP3 = MeshLayout.from_order("pp-dp", pp=2, dp=3)  # stage 0: 0, 2, 4; stage 1: 1, 3, 5
+
+
+@pytest.mark.parametrize("stage1_quiet", [QUIET, 0.5])
+def test_a_waiter_of_another_group_is_listed_before_its_own_group_votes(
+    stage1_quiet: float,
+) -> None:
+    """PP 2 x DP 3, rank 2 (stage 0) frozen: 0 and 4 wait for it in their all-reduce, its
+    stage-1 partner 3 waits for it in ``recv``, 1 and 5 wait for 3. Stage 0's vote names 2.
+    Whether or not stage 1's vote has run yet (1 and 5 quiet for less than ``min_quiet_s``
+    when stage 0 decides), rank 3 is listed as waiting for 2, and nobody of stage 1 is named."""
+    recv = (COLLECTIVES["recv"].code << 48, GroupRoles(PP2DP3, 3).p2p_word(2), 9)
+    stage1 = (1, 3, 5)
+    evidence = [
+        _in(PP2DP3, 0, 3, 50, (0, 2, 4)),
+        _at(2, 3, 30, Stage.IDLE),
+        _in(PP2DP3, 4, 3, 50, (0, 2, 4)),
+        RankEvidence(1, 3, 60, int(Stage.COLLECTIVE), _coll(PP2DP3, 1, stage1), stage1_quiet),
+        RankEvidence(3, 3, 31, int(Stage.COLLECTIVE), recv, QUIET, peer=2),
+        RankEvidence(5, 3, 60, int(Stage.COLLECTIVE), _coll(PP2DP3, 5, stage1), stage1_quiet),
+    ]
+    decided = _round(PP2DP3, [(0, 2, 4), stage1], evidence)
+    assert _named(decided) == [("hang", "attributed", (2,))]
+    waiting = decided[0][0].detail["waiting"]
+    assert sorted(waiting) == ["3"]
+    assert waiting["3"]["for"] == [2]
+    assert waiting["3"]["pending"]["group"] == "p2p"
