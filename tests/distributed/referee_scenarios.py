@@ -7,11 +7,14 @@ alike (:meth:`~scout_core.testing.Trigger.corrupt_output`, a forward hook). Each
 counts the point-to-point calls SCOUT issues at each boundary (the referee's traffic)
 and returns the verdicts it saw, the rounds it ran and what fired.
 
-``spec["referee"]`` may ask the referee of the first disagreement to misbehave:
-``"stall"`` sleeps past the referee timeout before its part (a referee that does not
-answer in time), ``"die"`` ends its process there (a killed referee; each pair member
-writes the verdict it reached to a file, through the session callback, and stops, since
-training needs the dead rank).
+``spec["referee"]`` may ask a rank, the first time it acts as a referee, to misbehave:
+``"stall"`` sleeps ``spec["stall_s"]`` seconds (past the referee timeout) before its
+part (a referee that does not answer in time), ``"die"`` ends its process there (a
+killed referee; it leaves a ``died-<rank>`` file, and each pair member writes the
+verdict it reached to ``survivor-<rank>.json``, through the session callback, and
+stops, since training needs the dead rank). Each rank also returns, for every refereed
+record it emitted, the seconds from the start of that step to the record (the time
+the pair spent waiting on its referee, plus the step's own work).
 """
 
 from __future__ import annotations
@@ -60,20 +63,19 @@ def _count_p2p(inside: list[bool], calls: list[list[Any]]) -> None:
         setattr(dist, name, counted)
 
 
-def _misbehave(how: str, rank: int) -> None:
-    """Make this rank, as a referee, stall or die in its first referee exchange."""
+def _misbehave(how: str, rank: int, stall_s: float, acted: list[float]) -> None:
+    """Make this rank, as a referee, stall or die in its first referee exchange
+    (``acted`` gets the time it did)."""
     from scout_core.replay import taps
 
-    done = [False]
-
     def delay(kind: str) -> float:
-        if kind != "referee" or done[0]:
+        if kind != "referee" or acted:
             return 0.0
-        done[0] = True
+        acted.append(time.monotonic())
         if how == "die":
             Path(os.environ["SCOUT_TEST_RANK_DIR"], f"died-{rank}").write_text("referee")
             os._exit(17)
-        return 8.0  # past the test's referee timeout
+        return stall_s
 
     taps.add_comm_delay(delay)
 
@@ -96,16 +98,19 @@ def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
     faults: Faults | None = None
     started = [time.monotonic()]
 
+    refereed_s: list[list[Any]] = []
+    acted: list[float] = []
+
     def survivor(record: Any) -> None:
+        if "referee" not in record.detail:
+            return
+        step_s = time.monotonic() - started[0]
+        refereed_s.append([record.step, record.surface, step_s])
+        if spec.get("referee") != "die":
+            return
         # A killed referee: report the pair's verdict the moment it exists, then stop
         # (the boundary's job-wide vote would wait for the dead rank).
-        if spec.get("referee") != "die" or "referee" not in record.detail:
-            return
-        out = {
-            "rank": rank,
-            "verdict": record.to_dict(),
-            "step_s": time.monotonic() - started[0],
-        }
+        out = {"rank": rank, "verdict": record.to_dict(), "step_s": step_s}
         Path(os.environ["SCOUT_TEST_RANK_DIR"], f"survivor-{rank}.json").write_text(json.dumps(out))
         os._exit(0)
 
@@ -119,7 +124,7 @@ def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
             ).corrupt_output(str(spec["layer"]), BitFlip(bit=int(spec["bit"])))
             faults.attach(wrapped, opt)
         if spec.get("referee"):  # on every rank: whichever referees first misbehaves
-            _misbehave(str(spec["referee"]), rank)
+            _misbehave(str(spec["referee"]), rank, float(spec.get("stall_s", 8.0)), acted)
         trained = 0
         for step in range(int(spec["steps"])):
             calls.append([])
@@ -127,7 +132,9 @@ def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
             train_step(wrapped, opt, step, data_rank)
             trained += 1
         rounds = [[o.step, o.recipe.path] for o in session.replay.history]
-        pending = getattr(getattr(session, "checkpoints", None), "pending", None)
+        gate = getattr(session, "checkpoints", None)
+        pending = getattr(gate, "pending", None)
+        actions = [[r.decision.step, r.decision.action.value] for r in getattr(gate, "history", ())]
         out = {
             "rank": rank,
             "verdicts": [r.to_dict() for r in session.verdicts],
@@ -135,7 +142,10 @@ def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
             "rounds": rounds,
             "p2p": calls,
             "trained": trained,
+            "refereed_s": refereed_s,
+            "misbehaved": len(acted),
             "pending": None if pending is None else str(getattr(pending, "reason", pending)),
+            "gate": actions,
         }
     if faults is not None:
         faults.detach()

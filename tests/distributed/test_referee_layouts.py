@@ -4,10 +4,9 @@ pair's ``forward`` differ with equal inputs and parameters. A third rank recompu
 the round from shipped state and the pair names exactly the victim, rank scope, in the
 first round that replays the struck block (HSDP 2 x 2, DP 2 x TP 2). Under DDP x 2 in a
 world of 2 no third rank exists: group scope with the "no referee" reason. A referee
-that stalls past the timeout, or dies, leaves the pair group scope with the reason and
-no hang. Point-to-point traffic appears only at the disagreeing round, and only on the
-three ranks involved. (A stalled or killed referee: see referee_scenarios.py, still to
-be tested.)
+that stalls past the timeout, or dies, leaves the pair group scope with the reason,
+names no one, and the pair leaves the boundary within the timeout. Point-to-point
+traffic appears only at the disagreeing round, and only on the three ranks involved.
 
 The victim rank, the struck block, the bit and the first faulty step come from the
 seed in each test id (printed, so a failure can be replayed).
@@ -15,12 +14,15 @@ seed in each test id (printed, so a failure can be replayed).
 
 from __future__ import annotations
 
+import json
 import random
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scout_core.testing.harness import retry_on_port_clash, run_ranks
+from scout_core.testing.harness import RankFailedError, retry_on_port_clash, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -57,6 +59,13 @@ def _pair_of(layout: str, rank: int) -> tuple[int, int]:
     return next(p for p in PAIRS[layout] if rank in p)
 
 
+def _referee_of(layout: str, pair: tuple[int, int], step: int) -> int:
+    """The documented choice on a layout of two pairs: the other pair's member at the
+    position of the source (``pair[step % 2]``, rotating with the step)."""
+    other = next(p for p in PAIRS[layout] if p != pair)
+    return other[step % 2]
+
+
 def _first_round(results: list[Any], spec: dict[str, Any]) -> int:
     """The first step at or after the fault whose hidden round replayed the struck block."""
     victim = results[spec["victim"]]
@@ -65,7 +74,9 @@ def _first_round(results: list[Any], spec: dict[str, Any]) -> int:
     return min(steps)
 
 
-def _check_named(layout: str, results: list[Any], spec: dict[str, Any]) -> None:
+def _check_named(
+    layout: str, results: list[Any], spec: dict[str, Any], *, traffic: bool = True
+) -> None:
     victim = spec["victim"]
     pair = _pair_of(layout, victim)
     fired = results[victim]["fired"]
@@ -84,7 +95,7 @@ def _check_named(layout: str, results: list[Any], spec: dict[str, Any]) -> None:
         assert v["outliers"] == [victim] and v["group"] == list(pair), v
         assert v["detail"]["module"] == spec["layer"], v
         referee = v["detail"]["referee"]
-        assert referee is not None and referee not in pair, v
+        assert referee == _referee_of(layout, pair, v["step"]), v
         healthy = next(r for r in pair if r != victim)
         assert v["detail"]["healthy"] == healthy, v
         sigs = v["detail"]["signatures"]
@@ -101,6 +112,12 @@ def _check_named(layout: str, results: list[Any], spec: dict[str, Any]) -> None:
         for r in pair
     ]
     assert at_first[0] == at_first[1] and at_first[0], at_first
+    if traffic:
+        _check_traffic(results, refereed, first)
+
+
+def _check_traffic(results: list[Any], refereed: list[dict[str, Any]], first: int) -> None:
+    pair = tuple(refereed[0]["group"])
     # Healthy rounds pay nothing: no point-to-point call at any boundary before the first
     # disagreement, on any rank; at it, only the pair and its referee talk.
     referee = next(v["detail"]["referee"] for v in refereed if v["step"] == first)
@@ -149,11 +166,7 @@ def test_compute_sdc_named_by_a_referee(layout: str, seed: int) -> None:
     _check_named(layout, _run(layout, 4, spec, 300), spec)
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", [5])
-def test_ddp2_in_a_world_of_two_has_no_referee(seed: int) -> None:
-    spec = _draw(seed, 2)
-    results = _run("ddp", 2, spec, 240)
+def _check_unnamed(results: list[Any], spec: dict[str, Any]) -> None:
     first = _first_round(results, spec)
     records = [v for res in results for v in res["verdicts"] if v["failure"] == "sdc"]
     assert records, "the pair saw no disagreement"
@@ -162,5 +175,161 @@ def test_ddp2_in_a_world_of_two_has_no_referee(seed: int) -> None:
         assert (v["scope"], v["status"], v["outliers"]) == ("group", "inconclusive", []), v
         assert v["detail"]["referee"] is None, v
         assert v["detail"]["reason"].startswith("no referee"), v
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [5])
+def test_ddp2_in_a_world_of_two_has_no_referee(seed: int) -> None:
+    spec = _draw(seed, 2)
+    results = _run("ddp", 2, spec, 240)
+    _check_unnamed(results, spec)
     for res in results:  # no third rank: nothing moved
         assert all(calls == [] for calls in res["p2p"]), res["p2p"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("layout", "world", "seed"),
+    # DDP's skip runs in CI with the stalled referee (a group-scope SDC there too)
+    [("hsdp", 4, 3), pytest.param("ddp", 2, 5, marks=pytest.mark.slow)],
+)
+def test_the_gate_retrieves_on_a_refereed_sdc_and_only_skips_an_unrefereed_one(
+    layout: str, world: int, seed: int
+) -> None:
+    """Issue 35, the gate: a refereed verdict is a localized SDC for Algorithm 3, so the
+    job selects verified state (HSDP 2 x 2); the same fault with no referee (DDP x 2 in
+    a world of 2) is a group-scope SDC, which never certifies but selects nothing."""
+    spec = _draw(seed, world)
+    spec["gate"] = True
+    results = _run(layout, world, spec, 240)
+    first = _first_round(results, spec)
+    for res in results:  # every rank's gate decided the same; clean before the fault
+        assert res["gate"] == results[0]["gate"], (res["rank"], res["gate"])
+        before = {a for step, a in res["gate"] if step < first}
+        assert before and before <= {"capture", "rotate"}, res["gate"]
+    if layout == "ddp":
+        _check_unnamed(results, spec)
+        for res in results:  # not clean: the cycle restarts, nothing is selected
+            assert dict(res["gate"]).get(first) == "skip", res["gate"]
+            assert "retrieve" not in {a for _, a in res["gate"]}, res["gate"]
+            assert res["pending"] is None, res["pending"]
+        return
+    _check_named(layout, results, spec, traffic=False)  # the gate replicates point to point
+    for res in results:  # a localized SDC: every rank selects verified state
+        assert dict(res["gate"]).get(first) == "retrieve", res["gate"]
+        assert res["pending"] is not None and res["pending"].startswith("sdc"), res["pending"]
+
+
+STALL_TIMEOUT_S = 1.0
+"""``referee_timeout_s`` of the stalled and killed referee tests (the lowest allowed)."""
+STALL_S = 6.0
+"""How long the stalled referee sleeps before its part: six timeouts."""
+SLACK_S = 3.5
+"""What a pair member's step may take beyond the timeout (the step's own work, under
+load), well short of the stall."""
+
+
+def _check_unsettled(v: dict[str, Any], pair: tuple[int, int], referee: int) -> None:
+    """A pair's record after a referee that did not answer: group scope, the reason."""
+    assert (v["failure"], v["scope"], v["status"]) == ("sdc", "group", "inconclusive"), v
+    assert v["outliers"] == [] and v["group"] == list(pair), v
+    assert v["detail"]["referee"] == referee, v
+    assert v["detail"]["reason"].startswith(f"referee rank {referee} did not answer"), v
+    assert "healthy" not in v["detail"], v
+    # the referee gave no signature: only the pair's own two are shown
+    assert set(v["detail"]["signatures"]) == {str(r) for r in pair}, v
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [3])
+def test_a_stalled_referee_leaves_the_pair_group_scope_within_the_timeout(seed: int) -> None:
+    spec = _draw(seed, 4)
+    spec.update(referee="stall", timeout_s=STALL_TIMEOUT_S, stall_s=STALL_S, gate=True)
+    results = _run("hsdp", 4, spec, 240)
+    victim = spec["victim"]
+    pair = _pair_of("hsdp", victim)
+    first = _first_round(results, spec)
+    referee = _referee_of("hsdp", pair, first)
+    print("stalled, by rank:", [res["misbehaved"] for res in results])
+    assert results[referee]["misbehaved"] == 1, "the referee never stalled"
+    # Nobody is named on any surface, by any rank.
+    for res in results:
+        for v in res["verdicts"]:
+            assert v["outliers"] == [] or v["failure"] == "straggler", (res["rank"], v)
+            assert v["failure"] != "sdc" or v["scope"] == "group", (res["rank"], v)
+    for r in pair:
+        refereed = [v for v in results[r]["verdicts"] if "referee" in v["detail"]]
+        assert refereed, (r, results[r]["verdicts"])
+        assert min(v["step"] for v in refereed) == first, (r, refereed)
+        for v in refereed:
+            if v["step"] == first:
+                _check_unsettled(v, pair, referee)
+            else:  # the failed group is never used again on this rank
+                assert v["outliers"] == [] and v["scope"] == "group", v
+                assert v["detail"]["reason"].startswith("the referee group failed earlier"), v
+        # The pair waited for the timeout, not for the referee: each member emitted its
+        # record at the first struck round well before the stalled referee woke.
+        waits = [s for step, _, s in results[r]["refereed_s"] if step == first]
+        assert waits, results[r]["refereed_s"]
+        print(f"rank {r}: step {first} to its record: {max(waits):.2f} s")
+        assert STALL_TIMEOUT_S <= max(waits) < STALL_TIMEOUT_S + SLACK_S < STALL_S, waits
+    for res in results:
+        # Training went on: every rank ran every step.
+        assert res["trained"] == spec["steps"], res
+        # The gate: a group-scope SDC is not clean, so the cycle restarts (skip), but
+        # nothing says which copy is right, so nothing is selected.
+        assert res["gate"] == results[0]["gate"], (res["rank"], res["gate"])
+        assert dict(res["gate"]).get(first) == "skip", res["gate"]
+        assert "retrieve" not in {a for _, a in res["gate"]}, res["gate"]
+        assert res["pending"] is None, res["pending"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [8])
+def test_a_killed_referee_leaves_the_pair_group_scope_and_no_hang(
+    seed: int, tmp_path: Path
+) -> None:
+    from referee_scenarios import torch_body
+
+    spec = _draw(seed, 4)
+    spec.update(referee="die", timeout_s=STALL_TIMEOUT_S)
+    tries: list[Path] = []
+
+    def attempt() -> list[Any]:
+        where = tmp_path / f"try-{len(tries)}"
+        where.mkdir()
+        tries.append(where)
+        env = {**ENV, "SCOUT_TEST_RANK_DIR": str(where)}
+        return run_ranks(torch_body, 4, args=("hsdp", spec), timeout_s=240, env=env)
+
+    started = time.monotonic()
+    # The dead rank fails the job (training needs it); the harness then stops the rest.
+    with pytest.raises(RankFailedError) as failed:
+        retry_on_port_clash(attempt)
+    print(f"the job ended {time.monotonic() - started:.1f} s after it started")
+    where = tries[-1]
+    died = sorted(int(f.name.split("-")[1]) for f in where.glob("died-*"))
+    assert len(died) == 1, died
+    referee = died[0]
+    assert f"rank {referee} (exit 17)" in str(failed.value)
+    pair = _pair_of("hsdp", spec["victim"])
+    assert referee not in pair
+    # Each pair member reached its verdict on its own (and left: exit 0), within the
+    # timeout of the step that asked, naming no one.
+    got = {}
+    for r in pair:
+        path = where / f"survivor-{r}.json"
+        assert path.exists(), f"rank {r} never reached a verdict:\n{failed.value}"
+        got[r] = json.loads(path.read_text())
+        assert f"rank {r} (exit 0)" in str(failed.value)
+    steps = {got[r]["verdict"]["step"] for r in pair}
+    assert len(steps) == 1, got
+    step = steps.pop()
+    assert step >= spec["start"], got
+    assert referee == _referee_of("hsdp", pair, step)
+    for r in pair:
+        v = got[r]["verdict"]
+        assert v["detail"]["module"] == spec["layer"], v
+        _check_unsettled(v, pair, referee)
+        print(f"rank {r}: step {step} to its record: {got[r]['step_s']:.2f} s")
+        assert got[r]["step_s"] < STALL_TIMEOUT_S + SLACK_S, got[r]
