@@ -127,6 +127,11 @@ class Config:
     them before the next step, so every local parameter is checked once in this many
     steps. 1 checks every parameter every step, at two reads of them per step."""
 
+    referee_timeout_s: float = 60.0
+    """How long a rank waits for its part of a referee exchange (1..3,600 s): where two
+    copies disagree on a computed surface, a third rank recomputes the round; a referee
+    that does not answer in time leaves the pair a group-scope verdict with the reason."""
+
     kappa: float = 5.0
     """Sensitivity of statistical C3: a peer is an outlier when its timing is more than
     ``kappa`` robust scales from the median (> 0 and <= 100)."""

@@ -91,6 +91,9 @@ class PoolTiming:
     ranks: tuple[int, ...]
     keys: tuple[int | None, ...]
     times: tuple[float | None, ...]
+    asking: tuple[bool, ...] = ()
+    """Each member's referee flag (:mod:`scout_core.replay.referee`): its peer group
+    disagrees on a computed surface with equal inputs and parameters."""
 
     def time_of(self, rank: int) -> float | None:
         return self.times[self.ranks.index(rank)]

@@ -48,6 +48,7 @@ from scout_core.replay.experts import ExpertRunner
 from scout_core.replay.moe_tracks import moe_recipes
 from scout_core.replay.optimizer import OptimizerReplay
 from scout_core.replay.pools import TimingPools
+from scout_core.replay.referee import RefereeDesk, RefereeLink, apply_finding, wants_referee
 from scout_core.replay.runner import LayerRunner, RoundOutcome
 from scout_core.replay.schedule import (
     ALL_TO_ALL,
@@ -145,10 +146,9 @@ class ReplayDriver:
             spread=config.spread_recipes,
             tracks=moe.tracks,
         )
-        self.pools = TimingPools.create(
-            layout, adapter.rank(), self.schedule, job, kappa=config.kappa
-        )
-        """Each pooled recipe kind's timing pool where it is wider than the peer group."""
+        # Each pooled recipe kind's timing pool where it is wider than the peer group, and
+        # referee replay (:mod:`.referee`): a third rank for a pair that disagrees.
+        self.pools, self.referees = _pools(layout, adapter.rank(), self.schedule, job, config)
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         marker = embedding or (layers[0] if layers else lm_head)
         self.control = ControlFlow(
@@ -339,9 +339,18 @@ class ReplayDriver:
                 outcome = self.all_to_all.run(recipe, step)
             else:
                 outcome = self.runner.run(recipe, step, counts=counts)
+                asks = wants_referee(recipe.name, outcome.results, outcome.ready)
                 if self.pools.ranks_for(recipe) is not None:
-                    # every pool member, ready or not: its work key and t_M, one all-gather
-                    outcome.pool = self.pools.exchange(recipe, *self.runner.last_timing)
+                    # every pool member, ready or not: its work key, t_M and referee flag,
+                    # one all-gather
+                    outcome.pool = self.pools.exchange(
+                        recipe, *self.runner.last_timing, asking=bool(asks)
+                    )
+                # Only where some pair of the pool asked: a healthy round does nothing here.
+                finding = self.referees.settle(outcome, asks, self.runner)
+                if finding is not None:
+                    apply_finding(outcome, finding)
+                self.runner.release()
             if outcome is None:
                 continue
             out.append(outcome)
@@ -384,6 +393,7 @@ class ReplayDriver:
             # this layer (the schedule is global), so readiness still agrees.
             cap = None if kept is None else dataclasses.replace(kept, step=step)
             rounds.append(self.runner.run(recipe, step, capture=cap))
+        self.runner.release()
         return rounds
 
     def _optimizer_state_round(self, recipe: Recipe, step: int) -> RoundOutcome:
@@ -403,6 +413,23 @@ class ReplayDriver:
             [surface], group=self.peers.pg, ranks=self.peers.ranks, kappa=self.config.kappa
         )
         return RoundOutcome(recipe, step, self.peers.ranks, True, results)
+
+
+def _pools(
+    layout: MeshLayout, rank: int, schedule: Schedule, job: dist.ProcessGroup, config: Config
+) -> tuple[TimingPools, RefereeDesk]:
+    """The timing pools (:mod:`.pools`) and this rank's referee desk, with a link on each
+    pool's referee group (:mod:`.referee`). Collective over the job."""
+    timeout_s = config.referee_timeout_s
+    pools = TimingPools.create(
+        layout, rank, schedule, job, kappa=config.kappa, referee_timeout_s=timeout_s
+    )
+    links = {
+        kind: RefereeLink(pool.referee_pg, timeout_s)
+        for kind, pool in pools.pools.items()
+        if pool.referee_pg is not None
+    }
+    return pools, RefereeDesk(rank, layout.groups(layout.axes_for("peer")), links)
 
 
 def _make_groups(

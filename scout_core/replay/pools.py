@@ -25,13 +25,19 @@ and the pool costs nothing. Where the pool is larger, each round of that kind ad
 small all-gather on SCOUT's own group of the pool (never ``WORLD``, never a training
 group): each member's work key and ``t_M``, one C3 :func:`~scout_core.decision.c3.exchange`
 whose exact ``work`` surface names a member of other work; each member runs it whether
-its own round was ready or not.
+its own round was ready or not. The same row carries each member's referee flag
+(:mod:`.referee`: its pair disagrees on a computed surface), so a disagreement reaches
+every possible referee without a collective of its own.
+
+Each pool also gets a second group over the same members, with the referee's timeout:
+referee replay's point-to-point traffic runs there, and only on a disagreement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -84,6 +90,7 @@ def _row(schedule: Schedule) -> list[int]:
 class _Pool:
     ranks: tuple[int, ...]
     pg: dist.ProcessGroup
+    referee_pg: dist.ProcessGroup | None = None
 
 
 class TimingPools:
@@ -102,10 +109,12 @@ class TimingPools:
         job: dist.ProcessGroup,
         *,
         kappa: float,
+        referee_timeout_s: float | None = None,
     ) -> TimingPools:
         """Check every rank's schedule and make the pools' groups. Collective over the job
         (every rank, the same layout): one all-gather, then the same groups in the same
-        order everywhere."""
+        order everywhere. With ``referee_timeout_s``, each pool also gets its referee
+        group (:mod:`.referee`) with that timeout."""
         mine = torch.tensor(_row(schedule), dtype=torch.int64)
         world = layout.world_size
         table = torch.empty(world * mine.numel(), dtype=torch.int64)
@@ -121,7 +130,12 @@ class TimingPools:
             if axes not in made:
                 partition = layout.groups(axes)
                 members = next(g for g in partition if rank in g)
-                made[axes] = _Pool(members, diagnostic_groups(partition))
+                pg = diagnostic_groups(partition)
+                referee = None
+                if referee_timeout_s is not None:
+                    timeout = timedelta(seconds=referee_timeout_s)
+                    referee = diagnostic_groups(partition, timeout=timeout)
+                made[axes] = _Pool(members, pg, referee)
             pools[kind] = made[axes]
         return cls(pools, kappa)
 
@@ -130,9 +144,17 @@ class TimingPools:
         pool = self.pools.get(recipe.kind)
         return None if pool is None else pool.ranks
 
-    def exchange(self, recipe: Recipe, key: int | None, t_m: float | None) -> PoolTiming | None:
-        """Every pool member's work key and ``t_M`` for this round: one all-gather on the
-        pool's group. Collective over the pool; None where the kind has no wider pool."""
+    def referee_group(self, recipe: Recipe) -> dist.ProcessGroup | None:
+        """The referee group of ``recipe``'s pool, when it has one."""
+        pool = self.pools.get(recipe.kind)
+        return None if pool is None else pool.referee_pg
+
+    def exchange(
+        self, recipe: Recipe, key: int | None, t_m: float | None, *, asking: bool = False
+    ) -> PoolTiming | None:
+        """Every pool member's work key, ``t_M`` and referee flag for this round: one
+        all-gather on the pool's group. Collective over the pool; None where the kind has
+        no wider pool."""
         pool = self.pools.get(recipe.kind)
         if pool is None:
             return None
@@ -141,14 +163,17 @@ class TimingPools:
         surfaces = [
             Surface(f"pool/{recipe.kind}/work", Mode.EXACT, key),
             Surface(f"pool/{recipe.kind}/t_M", Mode.STATISTICAL, t_m),
+            Surface(f"pool/{recipe.kind}/referee", Mode.EXACT, int(asking)),
         ]
         found = exchange(surfaces, group=pool.pg, ranks=pool.ranks, kappa=self.kappa)
         keys = found[f"pool/{recipe.kind}/work"].evidence
         times = found[f"pool/{recipe.kind}/t_M"].evidence
+        flags = found[f"pool/{recipe.kind}/referee"].evidence
         return PoolTiming(
             pool.ranks,
             tuple(k if isinstance(k, int) else None for k in keys),
             tuple(t if isinstance(t, float) else None for t in times),
+            tuple(f == 1 for f in flags),
         )
 
 

@@ -66,6 +66,7 @@ from scout_core.replay.compute import Call, Inputs, replay_module
 from scout_core.replay.gaps import Gap
 from scout_core.replay.overrides import instance_forwards, live_call_hazard
 from scout_core.replay.packing import pack, sign, unpack
+from scout_core.replay.referee import Expected, Finding, Refusal, Shipment
 from scout_core.replay.schedule import ROUTER, Recipe
 from scout_core.replay.scope import Interval
 from scout_core.topology.groups import PeerGroup
@@ -99,6 +100,23 @@ class RoundOutcome:
     pool: PoolTiming | None = None
     """The round's timing pool (:mod:`scout_core.decision.pools`), when the driver
     exchanged one: ``t_M`` is then judged over it instead of over the peer group."""
+    referee: Finding | None = None
+    """What a referee said about this pair's disagreement (:mod:`.referee`), if it asked."""
+
+
+@dataclass
+class Kept:
+    """This rank's last replayed round, kept until the driver's referee phase is over:
+    what a source ships, and what a referee validates against and replays with."""
+
+    recipe: Recipe
+    step: int
+    ref: ModuleRef
+    cap: Capture
+    got: Inputs
+    params: dict[str, torch.Tensor]
+    digest: int
+    threads: int
 
 
 def _leaf_meta(x: Any) -> Any:
@@ -194,6 +212,10 @@ class LayerRunner:
         self.last_timing: tuple[int | None, float | None] = (None, None)
         """The last round's work key and ``t_M`` on this rank (None: not replayed), for
         its timing pool (:mod:`.pools`)."""
+        self.kept: Kept | None = None
+        """The last round's state, for a referee phase (:meth:`release` drops it)."""
+        self._digest: int | None = None
+        self._params: dict[str, torch.Tensor] | None = None
 
     # -- the round ------------------------------------------------------------------------
 
@@ -214,6 +236,7 @@ class LayerRunner:
         assert recipe.path is not None
         ref = self.modules[recipe.path]
         self.last_timing = (None, None)
+        self.release()
         if capture is True:
             cap = self.capturer.take(recipe.path)
         else:
@@ -245,6 +268,9 @@ class LayerRunner:
         t_m = values.get("t_M")
         if isinstance(t_m, float):
             self.last_timing = (self._work_key(recipe, ref, cap), t_m)
+        if self._params is not None and self._digest is not None and not values.get("gap"):
+            self.kept = Kept(recipe, step, ref, cap, received, self._params, self._digest, threads)
+        self._params = None
         names = SURFACES if self.local_shards is None else ("shard", *SURFACES)
         surfaces = [
             Surface(f"{recipe.name}/{name}", Mode.EXACT, values.get(name)) for name in names
@@ -305,6 +331,7 @@ class LayerRunner:
                     "stack": self._stack,
                 }
             )
+        self._digest = digest
         surfaces = [
             Surface(f"{recipe.name}/ready", Mode.EXACT, digest),
             Surface(f"{recipe.name}/threads", Mode.EXACT, self.threads or torch.get_num_threads()),
@@ -350,6 +377,7 @@ class LayerRunner:
             if self.gathered:
                 values["t_gather"] = timer.seconds
             values["params"] = sign(params[k] for k in sorted(params))
+            self._params = params
             call = self._call_for(ref)
             if call is None:
                 values["gap"] = int(Gap.TRAINING_COLLECTIVE)
@@ -379,6 +407,97 @@ class LayerRunner:
             return values
         values.update(computed)
         return values
+
+    # -- the referee phase (:mod:`.referee`) ---------------------------------------------
+
+    def release(self) -> None:
+        """Drop the last round's kept state."""
+        self.kept = None
+        self._digest = None
+        self._params = None
+
+    def shipment(self, step: int) -> Shipment | None:
+        """What this rank, a pair's source, ships to the referee: its round at ``step``."""
+        kept = self.kept
+        if kept is None or kept.step != step:
+            return None
+        got = kept.got
+        return Shipment(
+            step=step,
+            digest=kept.digest,
+            threads=kept.threads,
+            params={k: v.detach() for k, v in kept.params.items()},
+            inputs=[x for x in got.leaves if isinstance(x, torch.Tensor)],
+            grads=[g for g in got.grads if g is not None],
+            rng=dict(got.rng),
+        )
+
+    def expected(self, step: int) -> Expected | None:
+        """What a shipment for this rank's own round at ``step`` must look like (its
+        readiness metadata), or None when it has no replayed round to referee with."""
+        kept = self.kept
+        if kept is None or kept.step != step:
+            return None
+        cap = kept.cap
+        return Expected(
+            step=step,
+            digest=kept.digest,
+            # its own materialised parameters: the same names, dtypes and full shapes as
+            # the source's (TP attributes DDP unregistered included)
+            params={n: (p.dtype, tuple(p.shape)) for n, p in kept.params.items()},
+            inputs=[(x.dtype, tuple(x.shape)) for x in cap.leaves if isinstance(x, torch.Tensor)],
+            grads=[(g.dtype, tuple(g.shape)) for g in cap.grads if g is not None],
+            rng={k: (v.dtype, tuple(v.shape)) for k, v in cap.rng.items()},
+        )
+
+    def recompute(
+        self,
+        params: dict[str, torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        rng: dict[str, torch.Tensor],
+        threads: int,
+    ) -> dict[str, Any] | Refusal:
+        """Replay this rank's kept round on shipped state (a referee's work): the
+        computed surfaces, or why it cannot."""
+        kept = self.kept
+        if kept is None:
+            return Refusal.NO_CAPTURE
+        ref, cap = kept.ref, kept.cap
+        call = self._call_for(ref)
+        if call is None:
+            return Refusal.NOT_REPLAYABLE
+        where = next((p.device for p in kept.params.values()), torch.device("cpu"))
+        it = iter(inputs)
+        leaves = [next(it).to(x.device) if isinstance(x, torch.Tensor) else x for x in cap.leaves]
+        git = iter(grads)
+        grads_out: list[torch.Tensor | None] = [
+            next(git).to(g.device) if g is not None else None for g in cap.grads
+        ]
+        states = {k: v.to(cap.rng[k].device) for k, v in rng.items()}
+        # The referee's own copies say which parameters take a gradient.
+        weights = {
+            k: v.to(where).detach().requires_grad_(kept.params[k].requires_grad)
+            for k, v in params.items()
+        }
+        self.capturer.replaying = True
+        try:
+            return replay_module(
+                ref.module,
+                cap,
+                Inputs(leaves, grads_out, states),
+                weights,
+                call=call,
+                variants=self.variants,
+                rng=self.rng,
+                deterministic=self.deterministic,
+                threads=threads,
+            )
+        except Exception as exc:  # no testimony, never a failure of the job
+            log.warning("referee replay of %s failed on this rank: %s", ref.path, exc)
+            return Refusal.RAISED
+        finally:
+            self.capturer.replaying = False
 
     def announce(self) -> dict[str, str | None]:
         """Find the layers with an instance-level ``forward`` now and say once, in one

@@ -10,6 +10,11 @@ because their inputs are:
   surface, scope ``rank``;
 * an exact surface without a strict majority → ``inconclusive``; in a group of two
   this is how a disagreement shows, so it is a group-scoped ``sdc`` with no culprit;
+* a pair's disagreement on a computed surface that a referee settled
+  (:mod:`.referee`) → ``sdc`` naming the copy the referee did not match, scope
+  ``rank``, with the three signatures and the referee's rank; one it could not settle
+  (no referee, a refusal, a timeout, a referee that matches neither copy) → the
+  group-scoped ``sdc`` with the reason (and the referee's signatures where it answered);
 * a ``t_M`` outlier counts toward ``straggler`` only if it is slower than the
   median by at least ``straggler_min_excess_s`` and ``straggler_min_ratio``, and
   the verdict needs ``straggler_rounds`` consecutive such rounds for the same rank
@@ -139,11 +144,14 @@ class VerdictMaker(Judge):
         records: list[Record] = []
         gaps = self._gaps(outcome)
         records.extend(gaps)
+        settled = outcome.referee.surfaces if outcome.referee is not None else ()
         for key, result in outcome.results.items():
             leaf = key.rsplit("/", 1)[-1]
             if key.endswith(_NOT_COMPARED):
                 continue
-            if result.mode is Mode.EXACT:
+            if result.mode is Mode.EXACT and leaf in settled:
+                records.append(self._refereed(outcome, result))
+            elif result.mode is Mode.EXACT:
                 found = self._exact(outcome, result)
                 # The gap record already says why evidence is missing and from whom.
                 records.extend(r for r in found if not (gaps and r.status is Status.INCONCLUSIVE))
@@ -154,6 +162,44 @@ class VerdictMaker(Judge):
         records.extend(self._comm(outcome))
         records.extend(self._group_comm(outcome))
         return records
+
+    def _refereed(self, outcome: RoundOutcome, result: C3Result) -> Record:
+        """A pair's computed surface after its referee phase (:mod:`.referee`)."""
+        finding = outcome.referee
+        assert finding is not None
+        leaf = result.surface.rsplit("/", 1)[-1]
+        detail: dict[str, object] = {
+            "reason": finding.reason,
+            "referee": finding.referee,
+            "signatures": {
+                str(r): (f"{v:016x}" if isinstance(v, int) else None)
+                for r, sigs in finding.signatures.items()
+                for v in [sigs.get(leaf)]
+            },
+        }
+        if finding.culprit is None:
+            return self._record(
+                outcome,
+                result,
+                surface=result.surface,
+                mode=Mode.EXACT,
+                status=Status.INCONCLUSIVE,
+                failure=Failure.SDC,
+                scope=Scope.GROUP,
+                detail=detail,
+            )
+        detail["healthy"] = finding.healthy
+        return self._record(
+            outcome,
+            result,
+            surface=result.surface,
+            mode=Mode.EXACT,
+            status=Status.ATTRIBUTED,
+            failure=Failure.SDC,
+            outliers=(finding.culprit,),
+            scope=Scope.RANK,
+            detail=detail,
+        )
 
     def _divergence(self, outcome: RoundOutcome, result: C3Result) -> Record:
         """A control-flow divergence (:mod:`.control`): the peers disagree on how many

@@ -177,7 +177,9 @@ def test_a_timing_pool_wider_than_the_peer_group_adds_one_all_gather_per_round()
     # work (replay gathers the TP block), so each layer round's t_M is judged over a pool
     # of four: one all-gather of the work keys and t_M on SCOUT's pool group, after the
     # result exchange. Under DDP (the test above) the pool is the peer group: no extra
-    # collective. The optimizer round is not pooled.
+    # collective. The optimizer round is not pooled. Referee replay adds nothing to a
+    # healthy round: its request rides the pool's all-gather, and its point-to-point
+    # calls (isend / irecv, counted here too) run only on a disagreement.
     from control_scenarios import count_collectives
 
     results = run_ranks(count_collectives, 4, args=(25, {}, None, "dptp"), timeout_s=250, env=ENV)
@@ -193,7 +195,7 @@ def test_a_timing_pool_wider_than_the_peer_group_adds_one_all_gather_per_round()
         "all_gather_single",  # readiness AND over SCOUT's TP group
         "broadcast",
         "all_gather_single",  # the result exchange on the peer group
-        "all_gather_single",  # the timing pool: work keys and t_M
+        "all_gather_single",  # the timing pool: work keys, t_M and referee flags
         "all_gather_single",  # the vote
     ]
     gathers = ["all_gather_single"] * 3  # the hidden block's TP shards (fc1 w, b; fc2 w)

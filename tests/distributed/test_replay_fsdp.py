@@ -152,9 +152,13 @@ def test_hsdp_skipped_capture_is_inconclusive_and_training_goes_on() -> None:
 
 
 @pytest.mark.timeout(250)
-def test_two_rank_groups_give_group_scoped_records_only() -> None:
-    # HSDP 2x2: replica groups (0, 2) and (1, 3) have two peers, who can see that
-    # they disagree but not who is right.
+def test_two_rank_groups_name_a_refereed_computation_and_nothing_else() -> None:
+    # HSDP 2x2 (rank = 2 r + s): replica groups (0, 2) and (1, 3) have two peers, whose
+    # vote can see that they disagree but not who is right. Where the pair's inputs and
+    # parameters agree and a computed surface differs, a referee settles it: the member
+    # of the other replica group at the source's position, which replays the same
+    # gathered layer (docs/replay.md, Referee replay). Differing parameters are never
+    # refereed and stay group scope.
     faults = [
         {"rank": 2, "step": 1, "kind": "output", "target": "layers.1", "how": ["bitflip", 0]},
         {
@@ -171,10 +175,26 @@ def test_two_rank_groups_give_group_scoped_records_only() -> None:
     results = _run("hsdp", 4, faults, steps=8, cfg={"recipes": ["hidden"]})
     verdicts = _all(results)
     assert verdicts
-    values = [v for v in verdicts if v[3] != "straggler"]
-    assert all(v[4] == () and v[5] == "group" and v[2] == "inconclusive" for v in values)
-    assert (1, "layer/layers.1/forward", "inconclusive", "sdc", (), "group") in verdicts
-    # The corrupted shard (rank 3, step 2) shows when layer 3 is replayed at step 3.
+    # The corrupted output (rank 2, step 1): pair (0, 2) agrees on its inputs and
+    # parameters, rank 2 is the source at step 1 (the source rotates with the step), so
+    # rank 3 referees, matches rank 0 and rank 2 is named.
+    assert (1, "layer/layers.1/forward", "attributed", "sdc", (2,), "rank") in verdicts
+    records = [v for res in results for v in res["verdicts"]]
+    refereed = [v for v in records if "referee" in v["detail"]]
+    reporters = {r["rank"] for r in results for v in r["verdicts"] if "referee" in v["detail"]}
+    assert reporters == {0, 2}, refereed  # both members of the pair, and no other rank
+    for v in refereed:
+        assert (v["step"], v["group"], v["outliers"], v["scope"]) == (1, [0, 2], [2], "rank"), v
+        assert (v["detail"]["referee"], v["detail"]["healthy"]) == (3, 0), v
+        sigs = v["detail"]["signatures"]
+        assert sigs["3"] == sigs["0"] != sigs["2"], v
+    # Every other value record names nobody: two copies and no referee's say.
+    values = [v for v in records if v["failure"] != "straggler" and "referee" not in v["detail"]]
+    assert values
+    for v in values:
+        assert (v["outliers"], v["scope"], v["status"]) == ([], "group", "inconclusive"), v
+    # The corrupted shard (rank 3, step 2) shows when layer 3 is replayed at step 3: the
+    # parameters differ, which a recomputation cannot settle.
     assert (3, "layer/layers.3/shard", "inconclusive", "sdc", (), "group") in verdicts
     # Timing needs equal work, not equal values: the replayed block's timing pool is all
     # four ranks (replica and shard partners), so a straggler record, where the delay
