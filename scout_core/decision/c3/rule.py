@@ -1,27 +1,10 @@
 """The C3 decision rule (paper §5, Algorithm 1) as pure functions.
 
-Every peer of a C3 group ends up holding the same gathered evidence vector; each
-then applies the functions here *locally*. Because they are pure and
-deterministic, every peer derives the same ``(status, bitmap)`` without a
-coordinator, and the rule can be tested without a process group.
-
-Two modes:
-
-* **Exact** (:func:`decide_exact`) for values whose healthy copies are
-  identical: numerical signatures, progress coordinates, collective
-  fingerprints. The most frequent value wins only with a *strict* majority;
-  otherwise the result is inconclusive with an all-zero bitmap, so a 2-rank
-  split or a 2-vs-2 tie never names an arbitrary culprit.
-* **Statistical** (:func:`decide_statistical`) for timings. A peer is an
-  outlier iff ``|τ_j - m| > κ·d`` around the median ``m`` with the robust scale
-  ``d`` of :func:`robust_scale`. A fleet-wide slowdown moves the median with
-  everyone and is deliberately not flagged.
-
-[Why the MAD is unscaled]
-The paper defines the scale as ``median|τ_i - m|`` itself, not the
-``1.4826·MAD`` that estimates a Gaussian standard deviation. SCOUT keeps the
-paper's unscaled form, so ``κ`` counts raw MADs; :func:`robust_scale` is the one
-place any module computes it, and nothing rescales it elsewhere.
+Contract: every peer applies these functions locally to the same gathered evidence, and
+because they are pure and deterministic every peer derives the same ``(status, bitmap)``
+without a coordinator. :func:`decide_exact` needs a *strict* majority (else inconclusive,
+all-zero bitmap); :func:`decide_statistical` flags ``|τ_j - m| > κ·d`` with ``d`` from
+:func:`robust_scale`, the paper's unscaled MAD. The modes: docs/concepts.md, "C3".
 """
 
 from __future__ import annotations
