@@ -83,7 +83,9 @@ def _hosts_of(group: SlowGroup, hosts: Mapping[int, str]) -> frozenset[str]:
 
 
 def diagnose(slow: Sequence[SlowGroup], hosts: Mapping[int, str]) -> Diagnosis | None:
-    """Combine slow groups of different kinds into one diagnosis (rule in the module doc).
+    """Combine slow groups of different kinds into one diagnosis.
+
+    The rule, case by case: docs/concepts.md, "Cross-PG validation".
 
     ``hosts`` maps every global rank of every slow group to its machine; a missing
     rank is a :class:`ValueError`, because guessing a host could blame the wrong

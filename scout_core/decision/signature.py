@@ -174,7 +174,7 @@ def _as_lanes(data: Tensor) -> Tensor:
 
 def _fold_rows(lanes: Tensor, mult: Tensor, chunk_rows: int | None) -> Tensor:
     """``(lanes * mult).sum(0)`` mod 2**32 without a full-size temporary: one int32
-    matrix product when ``chunk_rows`` is None (the CPU's path, see the module doc),
+    matrix product when ``chunk_rows`` is None (the CPU's path: docs/internals.md),
     else a product and a sum per chunk of ``chunk_rows`` rows."""
     if chunk_rows is None:
         return torch.mm(mult.reshape(1, -1), lanes).reshape(-1)
@@ -244,8 +244,8 @@ def fold(t: Tensor) -> Tensor:
     """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``
     (the fold's 32-bit lanes, two per word).
 
-    The words depend only on the bytes (see the module docstring), not on the device or
-    on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.
+    The words depend only on the bytes (docs/internals.md, "Signatures: the fold"), not
+    on the device or on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.
     """
     if not isinstance(t, Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
