@@ -1,23 +1,9 @@
 """The errors SCOUT raises, in one place.
 
-Everything SCOUT raises on purpose derives from :class:`ScoutError`, so a caller
-can catch the whole family with one ``except``::
-
-    ScoutError
-    ├── ConfigError              bad key or value in Config / a config file / SCOUT_* env
-    │                            (also a ValueError)
-    ├── UnsupportedSetupError    enable() was handed something SCOUT cannot watch
-    │   └── PluginNotReadyError  the framework's plugin exists but is not built yet
-    ├── EvidenceError            a report directory or evidence record is malformed
-    ├── ProtocolError            peers disagree about a collective SCOUT itself runs
-    │                            (for example a different surface layout in one C3)
-    ├── CheckpointError          a checkpoint or its manifest is missing, partial or corrupt
-    └── CatalogError             an MoE shape catalog file is malformed or does not cover
-        │                        its shapes
-        └── CatalogDriftError    the catalog was discovered for another environment
-                                 (device, software stack, model config, profiler)
-
-Errors name what is wrong and, where there is a fixed set of valid values, list them.
+Contract: everything SCOUT raises on purpose derives from :class:`ScoutError`, so a caller
+catches the family with one ``except``; :class:`ConfigError` is also a ``ValueError``.
+Errors name what is wrong and, where there is a fixed set of valid values, list them. The
+hierarchy, one line each: docs/operations.md, "Errors SCOUT raises".
 """
 
 from __future__ import annotations

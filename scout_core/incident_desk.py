@@ -1,24 +1,12 @@
 """Where incidents are made: job-wide, at the replay boundary, on a diagnostic group.
 
-Each peer group writes its own records, so no single rank sees a failure whole. The
-:class:`IncidentDesk` collects, between two boundaries, the verdict records this rank
-*writes* (a group's record is written by its lowest rank, so each record is collected
-exactly once in the job). At a boundary where recipes were due (the same boundaries
-on every rank: the schedule is global):
-
-1. one ``MAX`` word asks whether any rank collected anything (the only cost on a
-   healthy step). In a session the word rides the boundary's one reduction, with
-   the checkpoint gate's flags (:class:`~scout_core.decision.vote.BoundaryVote`);
-   a desk without a vote runs its own one-word reduction;
-2. if so, the records travel as JSON (never pickle) in one all-gather of byte tensors,
-   so every rank holds the same window;
-3. every rank merges the window the same way (:func:`~.incidents.merge_window`, a pure
-   function) and keeps the incidents (:attr:`IncidentDesk.incidents`); the job's
-   lowest rank writes them (``scout.incident/1``) into its evidence file.
-
-Merging here rather than when a report is read means the job-level answer is on disk
-while the job runs, next to the records it cites, so a launcher that acts on a
-failure reads one incident instead of re-deriving it from every rank's file.
+Contract: :class:`IncidentDesk` collects the verdict records this rank writes between two
+boundaries; at each due boundary one ``MAX`` word (a seat of the session's
+:class:`~scout_core.decision.vote.BoundaryVote`, or its own reduction without one) asks
+whether any rank collected anything, and only then do the records travel as JSON in one
+all-gather, every rank merges them alike (:func:`~scout_core.records.incidents.merge_window`)
+and the job's lowest rank writes the incidents. Docs: docs/evidence.md, "Where incidents
+are made".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """The published plugin interface: everything a framework plugin may use from the core.
 
-A framework plugin (``scout-deepspeed``, ``scout-megatron``, ``scout-torchtitan``)
-imports only the names in ``scout_core.__all__``, in this module's ``__all__`` and,
-in its tests and examples, in ``scout_core.testing.__all__``; a test walks every
-file under ``plugins/`` and ``examples/`` and enforces it. Anything else in the core
-may change without notice. ``docs/plugins.md`` explains how the pieces fit.
-
-* The plugin base: :class:`FrameworkPlugin` (plus :class:`PendingPlugin` for a
-  registered plugin whose adapter is not built yet); :func:`check_version`, the
-  version-range check it runs; :func:`gate_of` and :func:`recover`, the gate of a
-  framework's own checkpoints on an object and recovery through it.
-* The adapter side: :class:`FrameworkAdapter`, :class:`AdapterBase`,
-  :class:`ModuleRef`, :class:`Ownership`, :class:`RngStream`, the RNG helpers, layer
-  discovery, and the plain-PyTorch adapter (:class:`TorchAdapter`, for DTensor-based
-  frameworks to build on) with its hook-free replay helpers.
-* SCOUT's own groups and what ranks agree on: :class:`PeerGroup`,
-  :func:`create_peer_groups` (the groups replay makes for a layout),
-  :func:`diagnostic_group`, :func:`diagnostic_groups`, :func:`all_ok`,
-  :func:`any_flag`, :func:`min_max`, :func:`same_value`.
-* Fault injection seen from a plugin's own timed diagnostic collective:
-  :func:`injected_delay` (tests register delays through ``scout_core.testing``).
-* Checkpoints the framework owns: :class:`CheckpointIO`, :class:`FrameworkGate`,
-  :class:`Recovered`, and the core's own :class:`DcpCheckpointIO`.
-* The session and its events: :class:`Session`, :class:`Boundary`.
+Contract: a framework plugin imports only the names in ``scout_core.__all__``, in this
+module's ``__all__`` and, in its tests and examples, in ``scout_core.testing.__all__``
+(``tests/unit/test_import_rules.py`` enforces it); anything else in the core may change
+without notice. This module's names: the plugin base and its helpers, the adapter side,
+SCOUT's groups and agreement helpers, :func:`injected_delay`, checkpoints the framework
+owns, and the session and its events. How the pieces fit: docs/plugins.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """A SCOUT session: the composition root of one job's replay, observer and gate.
 
-:func:`compose` builds the parts around a framework adapter, in this order: the
-evidence writer, the replay driver (which owns the step clock and publishes one
-boundary event per iteration), the checkpoint gate (the in-memory
-:class:`~scout_core.checkpoint.attach.GateHandle`, or the
-:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` when the plugin gates
-the framework's own checkpoints: both one ``CheckpointGate``) and the hang
-observer. Each part subscribes to what it needs (the driver's boundaries, its
-verdict callback) and registers its own undo step; the :class:`Session` only holds
-the parts and delivers verdicts to the user. Nothing else writes into it.
-
-``FrameworkPlugin.enable`` (:mod:`scout_core.plugin.base`) calls
-:func:`compose`; ``scout.enable(model, optimizer)`` reaches it through the core's own
-plain-PyTorch plugin. ``close`` removes every hook and runs the closers in reverse
-order; it is idempotent.
+Contract: :func:`compose` (called by ``FrameworkPlugin.enable``) builds the parts around a
+framework adapter in this order: the evidence writer, the replay driver (the one step
+clock and its boundary events), the checkpoint gate (in-memory, or the framework's own
+checkpoints: one ``CheckpointGate``) and the hang observer. Each part subscribes to what it
+needs and registers its own undo; the :class:`Session` only holds the parts and delivers
+verdicts. ``close`` removes every hook and runs the closers in reverse order, idempotently.
 """
 
 from __future__ import annotations

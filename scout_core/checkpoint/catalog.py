@@ -1,31 +1,13 @@
 """What a replay boundary means for the checkpoint gate: catalog slots and one outcome.
 
-Both gates (the in-memory :class:`~scout_core.checkpoint.attach.GateHandle` and
-:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` for a framework's own
-checkpoints) read the same thing off each :class:`~scout_core.replay.boundary.Boundary`:
-
-1. the recipes due at this step that are in the gate's catalog, each mapped to its
-   catalog slot by ``(kind, path)`` (the optimizer recipe's own ``index`` is a slice
-   number, not a catalog entry);
-2. one outcome per due recipe from this rank's rounds (:func:`round_outcome`), and
-   the worst of them: not ready → inconclusive; an attributed *exact* surface → SDC;
-   an inconclusive exact surface → inconclusive; otherwise clean (timing-only
-   attribution is a straggler, which is clean for the gate). A due recipe without a
-   round on this rank is *missing*.
-3. a parameter-custody verdict of this rank (:attr:`Boundary.custody`, kept from the
-   step custody found it until a restore) makes the outcome SDC: a rank-scoped
-   verdict that names this rank, a localized SDC like an attributed exact surface.
-
-[The gate's catalog]
-It is the replay schedule's catalog minus the recipes this job can never run: the
-optimizer recipe needs replicated optimizer state, so under pure FSDP or ZeRO it is
-left out (otherwise no cycle could ever close). ``Config.catalog_size`` overrides
-``K``; the catalog is then folded onto ``K`` slots (index modulo ``K``), so ``K = 1``
-means any accepted check closes a cycle, the explicit "one check covers all state"
-configuration. A ``K`` larger than the catalog is refused: no cycle could close.
-The gate's job-wide combine needs every rank to check the same slots at the same
-steps, so :func:`agreed_catalog` also checks that every rank's catalog has the same
-shape (a pipeline whose stages hold different layer counts does not).
+Contract: both gates read the same thing off each
+:class:`~scout_core.replay.boundary.Boundary`: the due recipes mapped to catalog slots by
+``(kind, path)``, and this rank's outcome, the worst of :func:`round_outcome` over them
+(a due recipe without a round is missing; a custody verdict naming this rank is SDC).
+:func:`agreed_catalog` builds the gate's catalog (replay's, minus recipes the job can
+never run, folded onto ``Config.catalog_size`` slots) and refuses catalogs that differ in
+shape across ranks. The table and the catalog: docs/checkpoint_gate.md, "What the wiring
+does".
 """
 
 from __future__ import annotations

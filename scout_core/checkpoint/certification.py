@@ -1,36 +1,13 @@
 """Which framework checkpoint tags the gate vouches for: the ledger and its JSON sidecar.
 
-The gate (:mod:`scout_core.decision.gate`) certifies *generations named by step*. A
-framework's own checkpoints are tags the user (or the framework's loop) writes at
-steps of their choosing (``global_step12``, ``iter_0000012``, ``step-12``), so this
-module keeps one :class:`TagEntry` per saved tag and moves its ``role`` as the
-gate's cycles complete (:class:`Ledger`), and mirrors the entries of each
-directory into ``<directory>/scout-certification.json`` (:func:`write_sidecar`,
-atomic: temp file, fsync, rename, fsync the directory), so that a fresh process
-knows which tag to resume from. Nothing here depends on a framework.
-
-[Roles]
-* ``latest``: saved after a clean boundary, its cycle still open;
-* ``candidate``: saved exactly when a recipe cycle closed clean, or an older
-  ``latest`` whose cycle then closed clean;
-* ``verified``: a candidate that survived one more full clean cycle (Algorithm 3's
-  promotion; two consecutive clean cycles around the tag);
-* ``uncertified``: a boundary in its cycle was inconclusive or missing, or training
-  jumped to another tag, so the run of clean cycles around it is broken; never
-  promoted, still selectable as ``latest`` after a straggler;
-* ``suspect``: saved after the last verified tag when replay found SDC (or newer than
-  the verified tag training rolled back to); SCOUT never selects it.
-
-A tag saved at a step where the cycle did not close exactly becomes a candidate only
-when the *next* cycle closes, so it is verified one full clean cycle after the cycle
-that contains it: never earlier than Algorithm 3 would promote the in-memory
-generation captured at the same cycle's close.
-
-The ledger is pure data, identical on every rank (every rank applies the same
-job-wide gate decisions); only the rank that writes the framework's own "latest"
-marker writes the sidecar (``CheckpointIO.writes_metadata``). Sidecars written by
-the DeepSpeed plugin before the gate moved into the core
-(``scout.deepspeed.certification/1``) are still read.
+Contract: :class:`Ledger` keeps one :class:`TagEntry` per saved tag and moves its role
+(``latest``, ``candidate``, ``verified``, ``uncertified``, ``suspect``) as the gate's
+cycles complete; it is pure data, identical on every rank, and framework-free.
+:func:`write_sidecar` mirrors a directory's entries into
+``<directory>/scout-certification.json`` atomically (temp file, fsync, rename, fsync the
+directory), written only by the rank that writes the framework's "latest" marker; sidecars
+of ``scout.deepspeed.certification/1`` are still read. The roles and how tags move:
+docs/checkpoint_gate.md, "Checkpoints the framework owns".
 """
 
 from __future__ import annotations

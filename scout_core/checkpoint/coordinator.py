@@ -1,15 +1,11 @@
 """The checkpoint coordinator: the one place Algorithm 3 is carried out.
 
-:class:`GateCoordinator` owns one rank's :class:`~scout_core.decision.gate.Gate` and,
-per replay boundary, turns the job-wide flags into a decision and carries it out on
-a :class:`GenerationStore`: capture (CAPTURE, ROTATE), promote (ROTATE),
-drop_candidate (SKIP), select (RETRIEVE, and recovery), restore (recovery). Two
-stores implement it: host memory with replicas and the durable DCP store
-(:mod:`.host_store`), and a framework's own checkpoints through ``CheckpointIO``
-and the tag ledger (:mod:`.framework_gate`). What a session holds as its gate is a
-:class:`CheckpointGate`, with one ``recover(failure)``.
-
-Collective: every rank calls it at the same boundaries with the same catalog.
+Contract: :class:`GateCoordinator` owns one rank's :class:`~scout_core.decision.gate.Gate`
+and, per replay boundary, carries the decision out on a :class:`GenerationStore`
+(:mod:`.host_store` or :mod:`.framework_gate`); a session holds its gate as one
+:class:`CheckpointGate` with one ``recover(failure)``. Collective: every rank calls it at
+the same boundaries with the same catalog. Which store call each decision makes:
+docs/internals.md, "The checkpoint gate".
 """
 
 from __future__ import annotations

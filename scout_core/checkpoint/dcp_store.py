@@ -1,18 +1,11 @@
 """The core's own checkpoints as a :class:`~scout_core.checkpoint.io.CheckpointIO`.
 
-:class:`DcpCheckpointIO` writes the training state a bitwise resume needs (the
-model's state dict, every optimizer's, every RNG stream, and the caller's own
-state) as one tag per step in a directory, on top of the durable store
-(:mod:`.durable`: per-rank DCP shards, JSON manifests and shard descriptions with
-sha256 sums, an atomic commit, a job-wide consistency check before anything is
-restored; nothing is pickled). A tag is the generation directory of its step,
-``step-00000012``.
-
-It is what a plain-PyTorch job uses to keep durable checkpoints under the
-:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` (certified by the
-sidecar ledger), and the reference implementation the shared conformance test
-(:func:`scout_core.testing.check_checkpoint_io`) checks the framework plugins'
-IOs against.
+Contract: :class:`DcpCheckpointIO` writes the state a bitwise resume needs as one tag per
+step (``step-00000012``, the generation directory of :mod:`.durable`), so a plain-PyTorch
+job can keep durable checkpoints under the
+:class:`~scout_core.checkpoint.framework_gate.FrameworkGate`; it is the reference the
+shared conformance test (:func:`scout_core.testing.check_checkpoint_io`) checks the
+plugins' IOs against.
 """
 
 from __future__ import annotations

@@ -1,41 +1,13 @@
 """Durable gate checkpoints: DCP shards, a JSON manifest per generation, atomic commit.
 
-Candidates and verified checkpoints outlive the process, so recovery after a whole
-job restart can still pick the generation the gate trusted. Layout::
-
-    <checkpoint_dir>/
-      step-00000004/                 one committed generation
-        manifest.json                role, step, run_id, world size, sha256 per shard
-        rank-00003/                  one rank's shard, written with DCP
-          __0_0.distcp  .metadata    torch.distributed.checkpoint files
-          .metadata.json             the same DCP metadata as JSON (what SCOUT reads)
-          shard.json                 non-tensor state + sha256 of every file above
-      .tmp-step-00000006/            a generation being written: never selected
-
-[Atomic commit]
-Every rank writes its shard into the temp dir and fsyncs it; one MIN reduction on
-a diagnostic Gloo group confirms that *every* shard is complete; only then does the
-coordinator (the group's first rank) write ``manifest.json``, fsync, rename the temp
-dir to its final name and fsync the parent. The rename is the commit point: a rank
-killed mid-write leaves a ``.tmp-*`` dir, which is never selected and is removed by
-the next persist. A role change (candidate → verified) rewrites the manifest the same
-way (temp file, fsync, rename); a discarded generation is renamed away before it is
-deleted, so a half-deleted dir is never mistaken for a generation. Like DCP's own
-``FileSystemWriter``, this assumes ``checkpoint_dir`` is one shared file system.
-
-[Nothing is unpickled]
-Each rank saves its shard as its own DCP checkpoint (``no_dist=True``), so DCP's
-planning collectives, which exchange pickled plans, never run; the job-wide commit
-is SCOUT's own tensor reduction. DCP's metadata is read back from JSON
-(:mod:`.dcp_io`), tensor data with ``torch.load(weights_only=True)``; manifests and
-shard descriptions are JSON.
-
-[Loading]
-Each rank picks the newest committed generation of the wanted role, checks the
-manifest, its own shard's sha256 sums and the run, then the ranks compare their
-picks with a collective minimum/maximum *before* anything is applied: a rank
-that holds a different generation, or none, fails the load everywhere with a
-:class:`~scout_core.errors.CheckpointError`.
+Contract: candidates and verified generations outlive the process in ``checkpoint_dir``
+(one shared file system): each rank writes its shard as its own DCP checkpoint
+(``no_dist=True``, so nothing is unpickled), one reduction confirms every shard, and the
+rename of the temp directory is the commit point, so a ``.tmp-*`` directory is never
+selected. A load picks the newest committed generation of the wanted role, checks the
+manifest and the shard's sha256 sums, and agrees on the pick job-wide before anything is
+applied; a mismatch raises :class:`~scout_core.errors.CheckpointError` on every rank. The
+layout and the commit: docs/checkpoint_gate.md, "On disk".
 """
 
 from __future__ import annotations

@@ -1,41 +1,15 @@
 """Gating a framework's own checkpoints with the replay evidence: :class:`FrameworkGate`.
 
-The in-memory gate (:class:`~scout_core.checkpoint.attach.GateHandle`) keeps its own host
-copies of the training state. Under DeepSpeed, Megatron or TorchTitan the checkpoints that
-matter are the ones the framework writes itself, at steps of the user's choosing, so the
-core certifies *those*: a plugin says how its checkpoints are written and read
+A plugin says how its checkpoints are written and read
 (:class:`~scout_core.checkpoint.io.CheckpointIO`) and routes the framework's save and load
-through :meth:`FrameworkGate.save` and :meth:`FrameworkGate.load`; everything else happens
-here, once, for every framework.
-
-[The boundary]
-The session's boundaries reach the one coordinator (:class:`~.coordinator.GateCoordinator`)
-as for the in-memory gate; :class:`FrameworkStore` is its generation store here: each
-decision moves the saved tags' roles in the :class:`~.certification.Ledger` and its
-sidecar:
-
-* CAPTURE: nothing to move (the gate's ``latest`` advances);
-* ROTATE (a cycle closed clean): the candidate tags become ``verified``, every
-  ``latest`` tag saved up to this step becomes ``candidate``;
-* SKIP (not clean): ``latest`` and ``candidate`` tags become ``uncertified``;
-* RETRIEVE (SDC): ``latest``, ``candidate`` and ``uncertified`` tags become
-  ``suspect``, and saves are refused until a load restores.
-
-[Save, load, recover]
-* :meth:`save` refuses (False, a logged warning and a record) while an SDC awaits
-  recovery; otherwise it writes ``io.save(tag)`` and records the tag as
-  ``candidate`` when saved exactly at a clean cycle close, else ``latest``;
-* :meth:`load` with no tag loads the newest *verified* tag of the directory
-  (fallback: the framework's own latest, with a warning; refused after an
-  unrecovered SDC); an explicit tag is honoured, with a warning if not verified;
-* :meth:`recover` is Algorithm 3's retrieval over the ledger of the directory of
-  the last save or load (:meth:`target` points it elsewhere): SDC or an unreachable
-  machine → verified, a straggler → the newest tag SCOUT does not suspect, anything
-  else → the full-catalog sweep decides.
-
-The tag a load picks is agreed job-wide before the framework reads anything; a
-load resets the gate's cycle and the replay step clock to the restored step.
-Every rank calls these at the same point (the frameworks require it too).
+through :meth:`FrameworkGate.save` and :meth:`FrameworkGate.load`; the rest happens here,
+once, for every framework. Contract: the one coordinator drives :class:`FrameworkStore`,
+which moves the saved tags' roles in the :class:`~.certification.Ledger`; a save is
+refused while an SDC awaits recovery; a load without a tag picks the newest verified tag,
+agreed job-wide before the framework reads anything, and resets the gate's cycle and the
+step clock; :meth:`FrameworkGate.recover` is Algorithm 3's retrieval over the ledger.
+Every rank calls these at the same point. Docs: docs/checkpoint_gate.md, "Checkpoints the
+framework owns".
 """
 
 from __future__ import annotations

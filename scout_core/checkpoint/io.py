@@ -1,18 +1,11 @@
 """``CheckpointIO``: how one framework writes and reads its own checkpoints, by tag.
 
-DeepSpeed (``engine.save_checkpoint(dir, tag)``), Megatron (``save_checkpoint(iteration,
-...)``) and TorchTitan (``CheckpointManager.save(curr_step)``) each own their checkpoint
-files. To certify those checkpoints with replay evidence the core needs only five
-framework facts about one checkpoint directory, and this protocol names them; the
-core's :class:`~scout_core.checkpoint.framework_gate.FrameworkGate` does everything else
-(roles, the sidecar ledger, records, refusal after SDC, recovery) once, for every
-framework. The core's own DCP store implements it too
-(:class:`~scout_core.checkpoint.dcp_store.DcpCheckpointIO`), and one conformance
-body (:func:`scout_core.testing.check_checkpoint_io`) runs against every
-implementation.
-
-Every method that reads or writes is collective over the job, like the framework's
-own save and load: every rank calls it at the same point with the same tag.
+Contract: the protocol names the five framework facts about one checkpoint directory that
+the core needs to certify a framework's own checkpoints;
+:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` does everything else, once,
+for every framework. Every method that reads or writes is collective over the job: every
+rank calls it at the same point with the same tag. :func:`scout_core.testing.check_checkpoint_io`
+checks every implementation. Docs: docs/plugins.md.
 """
 
 from __future__ import annotations

@@ -1,49 +1,15 @@
-"""In-memory gate checkpoints in the spirit of GEMINI: capture, three generations, replicas.
+"""In-memory gate checkpoints in the spirit of GEMINI: capture, three generations, buffer reuse.
 
-At every accepted replay boundary the gate captures the post-optimizer training
-state (model, optimizer, RNG streams, caller state; :mod:`.state`) into host
-memory, so recovery from a trusted generation costs a memory copy, not a read from
-storage. :class:`InMemoryCheckpoints` keeps the three generations the gate names
-(``latest``, ``candidate``, ``verified``); a generation that is both latest and
-candidate is one object, so at most three host copies exist.
-
-[Capture without blocking training]
-On CUDA each tensor is copied to pinned host memory with ``non_blocking=True`` on a
-side stream that first waits for the training stream, so the copy sees the updated
-parameters while the host returns at once. The copy must finish before the next
-optimizer step writes those tensors, so an optimizer step pre-hook makes the
-training stream *wait on the copy's event* (a device-side wait; the host still
-does not block). :meth:`Snapshot.wait` blocks only when someone reads the copy
-(restore, persist, replicate).
-
-On CPU the same shape: what only an optimizer step writes (the parameters and the
-optimizer state) is copied on a background thread (``torch``'s copy releases the
-GIL), during the next iteration's forward and backward, and the optimizer step
-pre-hook waits for it before the step writes; model buffers (running statistics change
-in the forward), RNG states and the caller's extra state are copied before
-:meth:`InMemoryCheckpoints.capture` returns. A restore first waits for every copy in
-flight (:meth:`InMemoryCheckpoints.settle`). As on CUDA, a write to a parameter
-*outside* the optimizer between the boundary and the next step (an in-place clamp
-after ``optimizer.step()``) would race with the copy; ``overlap = False`` copies
-everything at once.
-
-[Buffers are reused]
-A generation the gate no longer names (a ``latest`` replaced by the next capture,
-a ``verified`` replaced at a cycle close, a dropped candidate) is *released*: its
-host buffers go to a pool, and the next capture copies into them instead of
-allocating (:class:`_HostCopier` matches each live tensor to a released buffer of
-the same dtype, shape and stride). On CPU that saves the allocation
-and the page faults of first-touch memory, which cost as much as the copy itself;
-on CUDA it saves the pinned allocation (``cudaHostAlloc``, milliseconds per
-megabyte). Every tensor is still copied at every capture: PyTorch's version
-counters miss writes through ``.data`` (which ZeRO and Megatron use), so skipping
-"unchanged" tensors could keep stale state. A released snapshot must not be read
-any more; what a capture does not reuse is freed, so the gate never holds more
-than three generations' worth of host memory (:meth:`InMemoryCheckpoints.held_bytes`;
-:attr:`~InMemoryCheckpoints.peak_bytes` is the most it held at once). A lean gate
-(``Config.gate_memory``, the coordinator) holds two.
-
-Peer replication (a ring of diagnostic Gloo sends) is :mod:`.replicas`.
+Contract: :class:`InMemoryCheckpoints` captures the post-optimizer training state
+(:mod:`.state`) into host memory at an accepted boundary and keeps the generations the
+gate names (``latest``, ``candidate``, ``verified``; one object when latest is the
+candidate), so never more than three host copies (two under a lean gate). The copy of what
+only an optimizer step writes overlaps the next iteration and finishes before the next
+step writes (a side stream on CUDA, a thread on CPU); :meth:`Snapshot.wait` blocks only a
+reader, :meth:`InMemoryCheckpoints.settle` waits for every copy in flight. A released
+generation's host buffers are reused and must not be read any more. How the capture
+overlaps and why every tensor is copied: docs/checkpoint_gate.md, "Capture cost". Peer
+replication is :mod:`.replicas`.
 """
 
 from __future__ import annotations

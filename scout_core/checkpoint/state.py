@@ -1,28 +1,14 @@
 """One rank's training state as a tree: captured, flattened for storage, restored.
 
-A gate checkpoint holds everything a bitwise resume needs: the model's state dict,
-each optimizer's state dict, every RNG stream the adapter names (CPU, device,
-framework trackers) and the caller's own state (a dict of tensors and JSON-safe
-values: a step counter, a data-loader position). This module is the one place
-that walks that tree, so the in-memory store, peer replication and the durable
-store all agree on its shape:
-
-* :func:`capture_tree` copies the live state into a tree of host tensors through a
-  copy function the caller supplies (a plain clone on CPU, an asynchronous copy to
-  pinned memory on CUDA);
-* :func:`flatten` / :func:`unflatten` split a tree into a JSON skeleton and a flat
-  ``{key: tensor}`` map (what DCP stores and what peer replication sends) and put
-  it back together; nothing is pickled;
-* :func:`restore_tree` writes a tree back into the live model, optimizers, RNG
-  streams and caller state, bitwise.
-
-[Sharded parameters]
-A DTensor (FSDP2, HSDP, TP) is captured as its *local* shard (:class:`HostShard`)
-with its global shape, stride and placements. Restoring rebuilds the DTensor on the
-live parameter's mesh and placements and refuses, with a
-:class:`~scout_core.errors.CheckpointError`, a layout whose global shape or
-placements changed: a gate checkpoint restores onto the same layout (the same rank
-holds the same shard), which is what replacing a failed machine needs.
+Contract: this is the one place that walks the tree a bitwise resume needs (model and
+optimizer state dicts, every RNG stream the adapter names, the caller's state), so the
+in-memory store, peer replication and the durable store agree on its shape.
+:func:`capture_tree` copies it through the caller's copy function; :func:`flatten` /
+:func:`unflatten` split it into a JSON skeleton and a flat ``{key: tensor}`` map (nothing
+is pickled); :func:`check_tree` and :func:`restore_tree` check it against and write it
+into the live objects, bitwise. A DTensor is kept as its local :class:`HostShard` with its
+global shape, stride and placements, and restores only onto the same layout (else
+:class:`~scout_core.errors.CheckpointError`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """SCOUT's own storage: writability checked at ``enable``, and what counts as a storage fault.
 
-SCOUT writes two things of its own: evidence records under ``report_dir`` and gate
-checkpoints under ``checkpoint_dir``. Either may be read-only, full, or missing on some
-node. Such a fault must never be discovered by one rank alone in the middle of a
-collective (its peers would wait for it until a timeout), so:
-
-* at ``enable``, every rank probes both directories (create the directory, write, fsync
-  and remove a small file) and the outcome is agreed job-wide with one reduction
-  (:func:`check_storage`): a directory that fails on any rank is a
-  :class:`~scout_core.errors.ConfigError` naming the key, the directory and the ranks,
-  raised on every rank, before training starts;
-* at run time, a local failure is caught as one of :data:`STORAGE_ERRORS` and reported
-  into the job-wide agreement that follows it (the durable store turns it into an
-  agreed skip). ``torch.distributed.checkpoint`` raises ``CheckpointException``, which
-  derives from ``BaseException``, so an ``except Exception`` would miss it.
+Contract: :func:`check_storage` probes ``report_dir`` and ``checkpoint_dir`` on every rank
+at ``enable`` and agrees job-wide, raising :class:`~scout_core.errors.ConfigError` on every
+rank before training starts when any rank fails; at run time a local failure is caught as
+one of :data:`STORAGE_ERRORS` (which includes DCP's ``CheckpointException``, a
+``BaseException``) and reported into the agreement that follows it. Docs:
+docs/checkpoint_gate.md, "When SCOUT's own storage fails".
 """
 
 from __future__ import annotations

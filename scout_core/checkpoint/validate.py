@@ -1,22 +1,12 @@
 """What a checkpoint on disk may claim, checked before anything is allocated or applied.
 
-A gate checkpoint is read back by a process that must not trust it: a shard may be
-damaged, or tampered with *and its checksums rewritten to match*. The sha256 sums of
-:mod:`.durable` catch the first, not the second. So every field that steers the
-loader is checked here, locally and before any collective payload, and every problem
-is a :class:`~scout_core.errors.CheckpointError`:
-
-* **paths** stay inside the generation's directory: file names are single plain path
-  components, and a resolved path (symlinks followed) must lie under the directory it
-  belongs to; the DCP metadata may only name files the shard description lists;
-* **sizes** are bounded by the checkpoint's own totals: the tensor bytes of the shard
-  description equal the total the manifest recorded for that rank, they never exceed
-  the bytes actually on disk, and every DCP byte range lies inside its file, so a
-  forged shape cannot make a rank allocate a terabyte (or fail to) while its peers
-  carry on;
-* **values** have their types: integers are integers (not ``true``, not ``"11"``, not
-  ``1e400``), dtypes are real dtypes, nesting is bounded (the walks here are
-  iterative, so a deep tree is refused, never a ``RecursionError``).
+A shard may be damaged, or tampered with and its checksums rewritten to match; the sha256
+sums of :mod:`.durable` catch only the first. Contract: every field that steers the loader
+is checked here, locally and before any collective payload (paths stay inside the
+generation's directory, sizes are bounded by the checkpoint's own totals, values have
+their types and nesting is bounded, iteratively), and every problem is a
+:class:`~scout_core.errors.CheckpointError`. Docs: docs/checkpoint_gate.md, "Restoring
+atomically".
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Per-field checks of SCOUT's configuration: one rule per field, whatever the source.
 
-A value from Python, a file, a framework's section or an environment variable goes
-through :func:`check` with the field's name: it is type-checked against the field's
-annotation (:class:`Spec`: a list stands for a tuple, an int for a float, never a
-bool for a number), normalised, and then the field's value rule runs, so a bad
-value fails the same way wherever it came from, with a
-:class:`~scout_core.errors.ConfigError` that names the key and, for a fixed set,
-the valid values.
-
-[Sane ranges]
-Every numeric key has a range (:data:`RANGES`) beyond which a value is a mistake, not
-a choice: ``replay_threads = 1e9`` would ask the OS for a billion threads,
-``hang_timeout_s = 0.01`` declares every healthy step a hang. The bounds are checked
-on the exact value (a 400-digit integer is compared as an integer, never converted to
-a float), so an absurd value is a :class:`~scout_core.errors.ConfigError`, never an
-``OverflowError``. Each field's docstring states its range; a test checks that.
-Messages show values through :func:`shown` (a bounded ``repr``), so a deeply nested
-or huge value cannot turn an error message into a ``RecursionError``.
+Contract: :func:`check` type-checks a value against the field's annotation (:class:`Spec`:
+a list stands for a tuple, an int for a float, never a bool for a number), normalises it
+and runs the field's rule, including its range in :data:`RANGES`, compared on the exact
+value; a bad value is a :class:`~scout_core.errors.ConfigError` naming the key (and the
+valid values of a fixed set), never an ``OverflowError``. Messages show values through
+:func:`shown`, a bounded ``repr``. Docs: docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """SCOUT's configuration schema: one flat, validated, frozen dataclass.
 
-Every knob SCOUT has is a field of :class:`Config`, with a docstring under it. The
-same object is built from Python (``Config(report_dir=...)``), from a TOML or JSON
-file (:meth:`Config.from_file`), from a framework's own config section such as the
-``"scout"`` key of a DeepSpeed JSON (:meth:`Config.from_mapping`), and from
-``SCOUT_<FIELD>`` environment variables (:meth:`Config.from_env`), which override
-file values. Where values come from is :mod:`.sources`; every value goes through
-one per-field check (:mod:`.checks`), so a bad value fails the same way wherever it
-came from: a :class:`~scout_core.errors.ConfigError` that names the key (or the
-environment variable) and, for a fixed set, the valid values.
-
-The config is flat on purpose: a flat namespace maps one-to-one onto environment
-variables, command-line flags and a framework's config section, with no nesting
-rules to learn. ``docs/configuration.md`` is generated from the field docstrings
-(:func:`fields_doc`) and a test keeps it in step with this file.
+Contract: every knob is a field of :class:`Config` with a docstring under it, built from
+Python, a file (:meth:`Config.from_file`), a framework's section
+(:meth:`Config.from_mapping`) or ``SCOUT_<FIELD>`` variables (:meth:`Config.from_env`),
+every value through one per-field check (:mod:`.checks`). It is flat on purpose: it maps
+one-to-one onto environment variables, flags and a framework's section.
+docs/configuration.md is generated from the field docstrings (:func:`fields_doc`), and a
+test keeps it in step.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Where SCOUT's configuration comes from: files, environment variables, mappings.
 
-The same :class:`~scout_core.config.schema.Config` is built from a TOML or JSON file
-(:func:`read_file`: the keys at the top level or in one ``scout`` table), from a
-framework's own section (a mapping, :func:`values_from_mapping`), and from
-``SCOUT_<FIELD>`` environment variables (:func:`env_overrides`, text parsed per
-field type), which override file values. Every value then goes through the one
-per-field check (:mod:`.checks`). An unknown key in a file or section is an error
-with a "did you mean" hint, so a typo is never silently ignored. An unknown
-``SCOUT_*`` environment variable only *warns* (logged once per variable, with the
-same hint): the prefix is not ours alone (Scout APM reads ``SCOUT_KEY``,
-``SCOUT_MONITOR`` and ``SCOUT_NAME``, common on servers), and a job must never fail
-over a variable some other tool set.
-
-[Hostile input]
-A file may be anything: nesting deep enough to exhaust the parser's recursion, a
-number with thousands of digits, invalid UTF-8. Each becomes a
-:class:`~scout_core.errors.ConfigError` naming the file, never a ``RecursionError``,
-an ``OverflowError`` or a bare ``ValueError``.
+Contract: the same :class:`~scout_core.config.schema.Config` is built from a TOML or JSON
+file (:func:`read_file`: keys at the top level or in one ``scout`` table), a framework's
+section (:func:`values_from_mapping`) and ``SCOUT_<FIELD>`` variables
+(:func:`env_overrides`, which override file values), every value through the one
+per-field check (:mod:`.checks`). An unknown key in a file or section is an error with a
+"did you mean" hint; an unknown ``SCOUT_*`` variable only warns, since the prefix is not
+SCOUT's alone. Hostile input is a :class:`~scout_core.errors.ConfigError` naming the file.
+Docs: docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """What ranks agree on, in one place: min/max of a step, all-ok, any-flag, same value.
 
-SCOUT's parts often need one small fact from every rank before they act, so that
-no rank acts alone: "does every rank hold generation 12?" (the min and the max of
-the step each holds), "did every rank's shard write succeed?" (all-ok), "did any
-rank find a problem?" (any-flag), "did every rank pick the same tag?" (same value).
-Each answer is one int64 ``MAX`` reduction on a diagnostic group (a minimum rides
-negated), and every rank gets the same answer, so every rank takes the same branch.
-
-[One gather, not an all-reduce]
-The reduction is one collective either way. While the gathered words stay small
-(:data:`GATHER_WORDS`) it is an all-gather of every rank's words followed by the
-maximum on each rank; past that an ``all_reduce``. Gloo's all-reduce is a reduce-scatter
-and an all-gather (two rounds of messages), so the one-round gather answers sooner:
-on the 2-core development machine (2 ranks, 30 words, 400 calls each after a barrier,
-two passes) the gather took a median of 0.27 to 0.32 ms and a mean of 0.53 to 0.78 ms,
-the all-reduce 0.39 ms and 0.93 to 1.59 ms. The maximum of the same words is the same
-whichever collective carried them.
-
-[Only SCOUT's own groups]
-Every helper refuses ``WORLD`` and any group SCOUT did not create
-(:func:`scout_core.topology.groups.is_diagnostic`): a diagnostic collective on the
-training communicator could interleave with training's own collectives, and a
-wedged training group would wedge diagnosis with it. Groups come from
-:func:`~scout_core.topology.groups.diagnostic_group` or SCOUT's peer groups.
-
-Specialised wire formats (the checkpoint gate's flag words,
-:mod:`scout_core.decision.gate_wire`) are built on :func:`reduce_max`.
+Contract: each answer is one int64 ``MAX`` reduction (:func:`reduce_max`) on a group SCOUT
+created, never ``WORLD`` or a training group, and every rank gets the same answer. Why a
+gather rather than an all-reduce, and why only SCOUT's groups: docs/internals.md,
+"Agreement: one reduction, every rank the same branch".
 """
 
 from __future__ import annotations

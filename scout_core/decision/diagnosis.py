@@ -1,39 +1,11 @@
 """Cross-PG validation: turn slow process groups into a machine, group or job diagnosis.
 
-A communication straggler slows every member of a collective, so timing C3 inside
-one group can only name the group (paper Figure 2). But each rank belongs to
-groups of several parallelism dimensions, and groups that are slow together
-narrow the fault down to what they share (paper §6.1.2, Figure 3): slow FSDP
-``{r4, r5}`` ∩ slow TP ``{r4, r12}`` = ``r4``, and because ``{r4, r12}`` sits on one
-machine, that machine is the recovery unit.
-
-[The rule]
-A slow group is *intra-machine* when the host map puts all its ranks on one host,
-and *inter-machine* otherwise. The kind name is only a label: TP groups are
-usually intra-machine, but an HSDP shard group inside a node is intra-machine too,
-and a TP group spanning nodes is not. A host *touches* a group when it hosts at
-least one of its ranks. Let ``common`` be the hosts that touch every slow group.
-
-1. Nothing slow: no diagnosis (``None``).
-2. ``common`` is empty: the slow groups (necessarily at least two, on at least two
-   machines) share no machine, so no single machine explains them:
-   ``JOB_LEVEL`` (software issue or cluster-wide contention), scope ``job``.
-3. Some intra-machine group is slow. Since it touches only its own host ``h``,
-   ``common == {h}``: every slow group touches ``h``.
-
-   * inter-machine groups are slow too: ``MACHINE_LOCAL``, replace ``h``
-     (scope ``machine``); ``ranks`` are the intra-group ranks that also sit in a
-     slow inter-machine group (Figure 3: ``r4``);
-   * no inter-machine group is slow: ``INTRA_MACHINE_COMM`` on ``h`` (scope
-     ``machine``).
-4. Only inter-machine groups are slow and they share a machine:
-   ``INTER_MACHINE_COMM``, scope ``group``; the groups are reported and link-level
-   localization is left to network diagnosis. ``hosts`` are the shared machines;
-   ``ranks`` are the ranks in every slow group when there are several (a shared
-   endpoint), else empty.
-
-Everything is a pure function of its inputs, so every rank that sees the same
-slow groups reaches the same diagnosis.
+A communication straggler slows every member of a collective, so timing C3 inside one
+group can only name the group (paper Figure 2); groups of different parallelism dimensions
+that are slow together narrow the fault down to what they share (paper §6.1.2, Figure 3).
+Contract: :func:`diagnose` is a pure function of the slow groups and the host map, so
+every rank that sees the same slow groups reaches the same diagnosis. The rule, case by
+case: docs/concepts.md, "Cross-PG validation".
 """
 
 from __future__ import annotations
@@ -111,7 +83,9 @@ def _hosts_of(group: SlowGroup, hosts: Mapping[int, str]) -> frozenset[str]:
 
 
 def diagnose(slow: Sequence[SlowGroup], hosts: Mapping[int, str]) -> Diagnosis | None:
-    """Combine slow groups of different kinds into one diagnosis (rule in the module doc).
+    """Combine slow groups of different kinds into one diagnosis.
+
+    The rule, case by case: docs/concepts.md, "Cross-PG validation".
 
     ``hosts`` maps every global rank of every slow group to its machine; a missing
     rank is a :class:`ValueError`, because guessing a host could blame the wrong

@@ -1,47 +1,12 @@
 """The checkpoint gate (paper §8, Algorithm 3): which checkpoint recovery may trust.
 
-A checksum proves that stored bytes equal captured bytes; it cannot prove the
-captured state was numerically right. The gate couples checkpoint eligibility to
-replay evidence instead. It tracks three generations, by optimizer step:
-
-* ``latest``: the newest in-memory checkpoint, captured at an accepted replay boundary;
-* ``candidate``: the checkpoint captured (and persisted) when a recipe cycle closed,
-  awaiting one more clean cycle;
-* ``verified``: a former candidate that survived a further clean cycle.
-
-[What a cycle is]
-A *cycle* is one full rotation of the recipe catalog: ``K`` distinct recipes (for a
-dense model the rotated hidden layers plus embedding, LM head and optimizer). A
-clean check of one sampled layer says nothing about corruption sitting in another
-layer, so a cycle closes only when every catalog recipe has been accepted since the
-cycle began. ``K = 1`` (one check covers all state) is an explicit configuration,
-never the default. A fault can corrupt state after its triggering recipe already
-ran, so the checkpoint captured when a cycle closes may hold corruption that cycle
-never tested; it is only promoted after the *next* cycle is clean too: two
-consecutive clean cycles, ``2K`` accepted checks.
-
-[What is not clean]
-An inconclusive result or a missing one (a rank without a result) is *not clean*:
-the boundary captures nothing, the current cycle restarts, and the candidate is
-dropped, because the cycles around it are no longer consecutive clean cycles. SDC
-or a hang goes to :func:`retrieval`. A straggler verdict is reported by replay but
-counts as accepted here: slowness alone is not numerical divergence.
-
-[Job-wide agreement]
-Before any change of gate state the ranks combine their flags (missing result, SDC,
-hang, not clean, cycle boundary, plus the step, a digest of the recipes that ran and
-a digest of the gate state) with one reduction on a diagnostic Gloo group
-(:func:`scout_core.decision.gate_wire.combine`, the wire format); the pure fold of
-the same flags is :func:`~scout_core.decision.gate_wire.merge_flags`. Any
-rank's SDC or hang triggers retrieval everywhere; any rank's incomplete evidence
-skips capture everywhere; and ranks that disagree about the step, the recipes, the
-gate state or whether the cycle closes raise
-:class:`~scout_core.errors.ProtocolError` instead of guessing.
-
-The gate itself is pure: :meth:`Gate.decide` maps job-wide flags to a
-:class:`Decision` without side effects and :meth:`Gate.apply` commits it. Capturing
-and persisting the checkpoints the decisions name is the job of
-:mod:`scout_core.checkpoint`.
+Contract: the gate is pure. :meth:`Gate.decide` maps job-wide flags (combined by
+:func:`scout_core.decision.gate_wire.combine`) to a :class:`Decision` without side
+effects, :meth:`Gate.apply` commits it, and :func:`retrieval` picks what recovery may
+restore; :mod:`scout_core.checkpoint` captures and persists what the decisions name. The
+generations (``latest``, ``candidate``, ``verified``), what a cycle is, what counts as not
+clean and the job-wide agreement: docs/checkpoint_gate.md, "Generations and cycles" and
+"Job-wide agreement".
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Timing pools and the pair's own history: naming a straggler where values have two copies.
 
-A numerical comparison needs the same *values*, so it stays inside a group of
-value-identical replicas. A timing comparison needs only the same *work*: the same
-module class, parameter and input shapes, dtype, recipe kind and device kind. Layouts
-with two replicas hold more of that than of equal values (DP 2 x TP 2: the four ranks
-replay the same gathered block, two of them on equal values), so a replay round's
-``t_M`` is judged over its *timing pool*: the ranks the layout says replay equal work
-in that round (:mod:`scout_core.replay.pools` builds it).
-
-[Work keys]
-:func:`work_key` digests what makes two replays cost the same. The pool exchanges
-every member's key with its ``t_M``; :func:`pool_classes` splits the pool by key, and
-every rank outside the largest class is excluded with a reason
-(:func:`excluded`): its timing is never compared with work of another shape.
-
-[A pair with nothing else of equal work]
-Two timings alone cannot say which is slow (a median of two is their mean).
-:class:`OwnHistory` compares each rank with *itself*: the median of its last
-:data:`HISTORY` clean rounds of the same series. A rank is named only when, for
-``rounds`` consecutive rounds of the series, it is slower than its own history by the
-straggler thresholds, the other rank stays within its own, and the two differ by the
-same thresholds. Both slower than their history is a job-wide slowdown: no rank.
-Until both ranks have :data:`HISTORY_MIN` clean rounds nothing is judged.
-
-Everything here is a pure function of its inputs (and of the state of an
-:class:`OwnHistory`, fed the same rounds on every rank), so every rank decides alike.
+A timing comparison needs only the same *work*, not the same values, so a replay round's
+``t_M`` is judged over its timing pool (built by :mod:`scout_core.replay.pools`).
+:func:`work_key` digests what makes two replays cost the same; :func:`pool_classes` and
+:func:`excluded` keep work of another shape out; :class:`OwnHistory` judges a pair by each
+rank's own history. Contract: everything is a pure function of its inputs (and of an
+``OwnHistory`` fed the same rounds on every rank), so every rank decides alike. The
+rules: docs/replay.md, "Timing pools: equal work, not equal values".
 """
 
 from __future__ import annotations

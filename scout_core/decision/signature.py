@@ -1,72 +1,11 @@
-"""Deterministic, position-sensitive 64-bit signatures of tensors.
+"""Deterministic, position-sensitive 64-bit signatures of tensors (paper §5).
 
-Exact C3 compares what peers computed by comparing one 64-bit number per tensor, so
-the number must be equal on every rank and every run for equal tensors, and must
-change when a single bit anywhere changes. Tensors live on the accelerator and can
-be large, so the work is split in two (paper §5):
-
-* :func:`fold` runs on the tensor's own device and reduces its bytes to at most
-  :data:`MAX_FOLD_WORDS` 64-bit words (an int64 tensor on that device, holding
-  1024 32-bit lanes);
-* :func:`finalize` runs on the CPU and mixes those words with the dtype and shape
-  into the signature.
-
-[Definition of the fold]
-View the tensor's bytes (C order, native little-endian) as 32-bit lanes ``y_p``,
-the last lane zero-padded, and lay them out in rows of 1024 lanes (4 KiB):
-``p = 1024*i + j``. Row ``i`` has an odd 32-bit multiplier ``r_i``, the low 32 bits
-of ``splitmix64((i + 1) * GOLDEN) | 1``. Lane ``j`` of the fold is
-``sum_i r_i * y_(1024 i + j) mod 2**32``, for ``j < min(1024, lanes)``; the lanes,
-zero-padded to an even count, are read back as ``min(512, ceil(nbytes / 8))``
-little-endian 64-bit words.
-
-* Every single-bit flip is caught: flipping bit ``k`` of ``y_p`` moves exactly one
-  lane by ``±2**k * r_i``, which is never ``0 mod 2**32`` because ``r_i`` is odd;
-  :func:`finalize` then maps a change in any one word to a change of the signature
-  (each of its steps is a bijection).
-* Position matters: lanes in one row land in different fold lanes; lanes in one
-  column are weighted by different pseudo-random multipliers, so swapping or
-  transposing data changes the signature unless a rare coincidence cancels it.
-* Limit of a linear fold: several changes can cancel. For low bits that takes a
-  coincidence of about 2**-32, but a multiplier cannot spread a high bit: flipping
-  bit ``k`` moves a lane by ``2**k * r``, which keeps only ``32 - k`` bits of ``r``.
-  Flipping bit 31 moves any lane by exactly ``2**31``, so two bit-31 flips in one
-  column (lanes 4 KiB apart, e.g. the signs of two fp32 values) cancel, and so does
-  swapping two such lanes that differ only in bit 31. Catching those needs a
-  non-linear step per element (about twice the cost); single-bit faults, the SDC
-  model, are always caught.
-* Integer addition mod ``2**32`` is associative and commutative, so any chunking,
-  reduction order or device computes the same lanes: the definition is
-  device-independent, and only the chunk size differs between devices.
-
-[Why 32-bit lanes, and chunks of rows]
-A one-pass fold over memory is the goal (issue 15: at least half the throughput of
-``torch.sum`` on the same tensor, with one CPU thread too). PyTorch's 32-bit
-integer multiply runs about 2.5x faster on the CPU than its 64-bit one (which has
-no single vector instruction on most CPUs), and the 64-bit fold reached only 0.38x
-``torch.sum`` at one thread; 32-bit lanes keep every single-bit guarantee and trade
-the cancellation odds of multi-bit faults from 2**-64 to 2**-32. ``(y * r).sum(0)``
-would materialise a full-size product and read memory three times; multiplying a
-cache-sized block of rows into a preallocated buffer (``torch.mul(..., out=)``) and
-reducing it while it is still in cache reads the tensor once. On the CPU one
-integer matrix product does better still: ``r^T @ Y`` (a ``1 x rows`` by ``rows x
-1024`` int32 ``torch.mm``) is the fold itself, reads the tensor once with no
-temporary, and wraps mod ``2**32`` like the chunked sum. It ran at 0.7x ``torch.sum``
-on one thread where the chunked fold ran at 0.37x, and it costs a few microseconds on a
-small tensor where the chunked path cost about 20. A one-time probe checks on wrapping
-data that this build's int32 ``mm`` computes the same lanes as the chunked fold, and
-the chunked fold stays the CPU's path where it does not (accelerators have no integer
-``mm`` and always chunk). ``benchmarks/signature_throughput.py`` measures it.
-
-[Small tensors, and the words' mix, in NumPy]
-On a few hundred words every torch op costs its dispatch (5-7 us here), not its
-arithmetic, and a replay round signs a handful of surfaces: the mix of the words
-(nine ops) and the fold of a tensor under one row (six) were most of a small
-signature's ~200 us. Where NumPy is installed, both run on NumPy views of the same
-CPU memory: ``uint64`` and ``uint32`` arithmetic wraps, and NumPy's ``>>`` on
-unsigned words is the logical shift, so the words and the signature are bit for bit
-the torch path's (``tests/unit/test_signature.py`` compares both paths). NumPy is a
-dependency of the package; a source tree run where it is missing takes the torch path.
+Contract: equal tensors sign equal on every rank, run and device, and a single flipped bit
+anywhere changes the signature. :func:`fold` runs on the tensor's own device and reduces
+its bytes to at most :data:`MAX_FOLD_WORDS` 64-bit words; :func:`finalize` mixes those
+words with the dtype and shape on the CPU. The fold's definition, its guarantees and
+limits, and why it uses 32-bit lanes, an int32 ``mm`` on the CPU and NumPy for small
+tensors: docs/internals.md, "Signatures: the fold".
 """
 
 from __future__ import annotations
@@ -235,7 +174,7 @@ def _as_lanes(data: Tensor) -> Tensor:
 
 def _fold_rows(lanes: Tensor, mult: Tensor, chunk_rows: int | None) -> Tensor:
     """``(lanes * mult).sum(0)`` mod 2**32 without a full-size temporary: one int32
-    matrix product when ``chunk_rows`` is None (the CPU's path, see the module doc),
+    matrix product when ``chunk_rows`` is None (the CPU's path: docs/internals.md),
     else a product and a sum per chunk of ``chunk_rows`` rows."""
     if chunk_rows is None:
         return torch.mm(mult.reshape(1, -1), lanes).reshape(-1)
@@ -305,8 +244,8 @@ def fold(t: Tensor) -> Tensor:
     """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``
     (the fold's 32-bit lanes, two per word).
 
-    The words depend only on the bytes (see the module docstring), not on the device or
-    on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.
+    The words depend only on the bytes (docs/internals.md, "Signatures: the fold"), not
+    on the device or on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.
     """
     if not isinstance(t, Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")

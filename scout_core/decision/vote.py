@@ -1,28 +1,10 @@
 """One job-wide reduction per replay boundary for every part that must agree there.
 
-Several parts of a session need one small job-wide fact at each due replay boundary:
-the checkpoint gate combines every rank's flags (:mod:`.gate_wire`), the incident
-desk asks whether any rank holds records to merge. Each used to run its own
-``MAX`` all-reduce on a diagnostic group; on a healthy step those all-reduces are
-most of SCOUT's collectives. :class:`BoundaryVote` carries them all in one.
-
-Each part takes a :class:`Seat` (its word count and a function that returns this
-rank's words for an event, or ``None`` when the part has nothing to decide at that
-event). The first seat that reads an event's result *casts* the vote: every seat's
-words are laid side by side and reduced with one ``MAX`` reduction
-(:func:`~.agreement.reduce_max`); later reads of the same event return the stored
-slice. Who reads first does not matter, so parts may subscribe to the boundary
-events in any order; every rank must read at the same events (the due boundaries,
-which the global schedule makes the same everywhere).
-
-[Presence]
-Each seat's slice starts with two words, *present* and *absent*: a rank whose part
-has nothing to decide sends ``(0, 1)`` and neutral words. When every rank is absent
-the result is ``None``; when some ranks are present and others absent the ranks
-disagree about whether the part runs at this boundary, and every rank raises
-:class:`~scout_core.errors.ProtocolError` on reading (the part never guesses). Before
-the vote, such a disagreement surfaced as mismatched collectives (a hang or a
-garbled combine).
+Contract: each part takes a :class:`Seat` from :class:`BoundaryVote`; the first read of an
+event's result reduces every seat's words in one ``MAX`` reduction, later reads return the
+stored slice. Every rank must read at the same (due) boundaries; ranks that disagree about
+whether a part runs raise :class:`~scout_core.errors.ProtocolError`. Presence words and
+the order of reads: docs/internals.md, "The boundary vote".
 """
 
 from __future__ import annotations

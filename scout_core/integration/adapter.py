@@ -1,33 +1,14 @@
 """The adapter protocol: what a framework plugin tells the core about a training job.
 
-The core never imports a framework. A plugin (DeepSpeed, Megatron, TorchTitan, or the
-core's own plain-PyTorch adapter) turns the framework's structure into the few facts
-replay, the observer and the checkpoint gate need:
-
-* this rank's mesh address and the job's :class:`~scout_core.topology.mesh.MeshLayout`;
-* the training process groups, by name (for reference and cross-PG validation only:
-  SCOUT never sends diagnostic traffic on them);
-* the repeated layers, plus the embedding, LM head and MoE modules when present;
-* the underlying ``torch.optim.Optimizer`` objects and whether their state is
-  replicated across replica peers or uniquely owned;
-* every RNG stream replay must reproduce (CPU, device, framework trackers);
-* how to materialise one module's parameters for replay (FSDP, ZeRO-3) and how to
-  call it functionally without the framework's hooks;
-* how many times the framework steps each optimizer per training iteration (ZeRO
-  steps its inner optimizer once per parameter group).
-
-Adapters do not count steps: the replay driver owns the one step clock
-(:mod:`scout_core.replay.boundary`). Whether the framework's own checkpoints are
-gated is the plugin's business (``FrameworkPlugin.gates_checkpoints``), not the
-adapter's.
-
-:class:`scout_core.integration.adapter_base.AdapterBase` holds the part every adapter shares
-(RNG streams, optimizers, accessors), so a plugin writes only what differs.
-
-The protocol is deliberately small and structural (:class:`typing.Protocol`), so
-Megatron chunks, DeepSpeed engines and TorchTitan trainers all fit it without
-inheriting anything. :func:`scout_core.testing.conformance.check_adapter` is the
-one shared conformance test every plugin runs.
+The core never imports a framework. Contract: a :class:`FrameworkAdapter` gives the few
+facts replay, the observer and the gate need (the rank's mesh address and the
+:class:`~scout_core.topology.mesh.MeshLayout`, the training groups by name for reference
+only, the layers and other replayable modules, the optimizers and their ownership, the
+RNG streams, how to materialise and call a module without the framework's hooks, and the
+optimizer steps per iteration). Adapters do not count steps. The protocol is structural,
+so no framework object inherits anything; :class:`~.adapter_base.AdapterBase` holds the
+shared part and :func:`scout_core.testing.conformance.check_adapter` checks every plugin.
+Docs: docs/plugins.md, "The adapter".
 """
 
 from __future__ import annotations

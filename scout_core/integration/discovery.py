@@ -1,32 +1,13 @@
 """Find the modules replay samples: the repeated layers, the embedding and the LM head.
 
-SCOUT must attach to a model it has never seen without the user naming anything.
-Transformer-style models keep their blocks in one ``nn.ModuleList`` of same-class
-modules (``model.layers``, ``transformer.h``, ``decoder.layers``), so the repeated
-layers are the largest such list. The embedding is an ``nn.Embedding`` at the top
-of the model and the LM head is the last ``nn.Linear`` outside the blocks. Each of
-the three can be named in config instead (``Config.layers``, ``.embedding``,
-``.lm_head``); a name that does not resolve fails at ``enable`` with the names that
-would have worked, never later inside a replay.
-
-Wrappers that only add a ``.module`` attribute (DDP) are looked through, and paths
-are reported relative to the unwrapped model so evidence names match the user's
-own module names.
-
-[Blocks in a ModuleDict, blocks inside wrappers]
-Some frameworks keep the blocks in an ``nn.ModuleDict`` keyed ``"0"``, ``"1"``, ...
-(TorchTitan's decoders; under pipeline parallelism a stage keeps the original
-keys), and wrap each block for activation checkpointing
-(``CheckpointWrapper._checkpoint_wrapped_module``) or compilation
-(``OptimizedModule._orig_mod``), FSDP2 then swapping the wrapper's class. A
-``ModuleDict`` of same-class blocks is a candidate like a ``ModuleList`` (paths
-``<dict>.<key>``, in the dict's order), and the blocks are compared by the class
-found inside the wrappers. Such a layer gets two handles
-(:class:`~scout_core.integration.adapter.ModuleRef`): the block inside the
-wrappers, which replay runs, and the wrapper the model calls, where capture hooks
-go (an activation-checkpointed block runs again during backward; its wrapper runs
-once per forward). The path stays the wrapper's, which is also the block's
-canonical name (the one a framework's checkpoints use: wrapper segments stripped).
+Contract: :func:`discover` attaches to a model it has never seen: the repeated layers are
+the largest ``ModuleList`` or ``ModuleDict`` of same-class blocks (compared through
+activation-checkpoint and ``torch.compile`` wrappers), the embedding the first
+``nn.Embedding`` near the top, the LM head the last ``nn.Linear`` outside the blocks.
+``Config.layers`` / ``.embedding`` / ``.lm_head`` name them instead, and a name that does
+not resolve fails at ``enable``. Paths are relative to the unwrapped model; a wrapped
+block's :class:`~scout_core.integration.adapter.ModuleRef` carries the block replay runs
+and the wrapper capture hooks go on. Docs: docs/plugins.md, "The adapter".
 """
 
 from __future__ import annotations

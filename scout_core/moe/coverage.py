@@ -1,33 +1,11 @@
 """Shape coverage (paper §6.2): which admitted expert shapes online replay may skip.
 
-A profiler describes how one expert-input shape runs on the device with a
-:class:`Profile`: the execution fingerprint ``F`` (the kernel and scheduling
-configuration the shape selects) and the path-count vector ``c`` (how many times
-the shape exercises each execution path of that configuration: interior,
-boundary and tail tiles, ...). Shape ``a`` covers ``b``, written ``a >= b``, iff
-``F(a) = F(b)`` and ``c(a) ≥ c(b)`` componentwise: every path ``b`` runs, ``a``
-runs at least as often, so a persistent fault that shows after some number of
-executions of a path under ``b`` shows under ``a`` too. The catalog keeps the
-fewest representatives whose coverage sets contain every admitted shape.
-
-[Why the maximal elements are exactly the minimum cover]
-Within one fingerprint class, ``>=`` is a preorder on shapes and a partial order on
-their distinct count vectors. Let ``M`` be the set of maximal vectors.
-
-* They cover: the class is finite, so every vector lies below some maximal one,
-  and one shape per maximal vector covers the whole class.
-* Nothing smaller covers: a cover must hold, for each maximal ``m``, a shape ``x``
-  with ``c(x) ≥ m``; maximality forces ``c(x) = m``. A shape has one vector, so
-  distinct maximal vectors need distinct shapes: every cover has ``≥ |M|`` shapes.
-
-So a minimum cover has exactly ``|M|`` representatives, one per maximal vector, and
-is unique up to the choice among shapes with equal vectors. Different fingerprints
-never cover each other, so the minimum over all admitted shapes is the union of
-the per-class minima. ``tests/unit/test_moe_coverage.py`` checks this against brute
-force on small exhaustive cases.
-
-A shape whose fingerprint or counts are uncertain (``None``) can neither be shown
-covered nor vouch for another shape: it is kept as its own representative.
+Contract: shape ``a`` covers ``b`` (:func:`covers`) iff their execution fingerprints are
+equal and ``a``'s path counts are componentwise at least ``b``'s; :func:`minimum_cover`
+returns the maximal count vectors of each fingerprint class, one shape each, which is
+exactly the minimum cover; a shape whose fingerprint or counts are uncertain is kept as
+its own representative. :func:`verify_cover` checks a cover. The rule and its proof:
+docs/moe.md, "The coverage rule".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """Shape profilers that run the expert kernel on a GPU and read what launched.
 
-Import-safe on a CPU host: torch is imported lazily and Triton only when a Triton
-kernel is profiled. Nothing here runs without CUDA; the tests are marked ``gpu``.
-
-* :class:`CublasProfiler` runs ``torch.matmul`` (cuBLAS) for each expert of the
-  shape, ``repeats`` times after a warm-up, under ``torch.profiler``, and reads each
-  launched kernel's name, grid and block from the trace. The fingerprint is the
-  sequence of (kernel name, block) per launch plus each launch's wave regime; it
-  must be the same in every repeat, or the profile is uncertain. Path counts come
-  from the tile model (:func:`~scout_core.moe.tiles.path_counts`) with the tile
-  size (and, for nvjet kernels, the thread-block cluster) parsed from the kernel
-  name (:func:`parse_tile`, :func:`parse_cluster`), and are trusted only when that
-  tile reproduces the launched grid: the tile count along each dimension, rounded
-  up to whole clusters, times a split-K factor equal to ``grid.z``. cuBLAS is
-  column-major, so ``x @ w`` runs as ``w^T x^T`` and the kernel's M is our ``n``;
-  that frame is tried first, the other only if it alone reproduces the grid.
-  CTAs that pad a cluster are counted as their own path, ``pad``. A persistent
-  kernel (grid smaller than the tile count) or an unparsable name leaves the counts
-  unknown: the shape is kept as its own representative.
-* :class:`TritonProfiler` launches an autotuned Triton kernel through a callable
-  you give, reads the configuration the autotuner chose (``best_config``) and, as a
-  check, the launched grid from the trace; counts come from the tile model with the
-  chosen block sizes.
-
-Both describe themselves for the catalog's environment binding.
+Contract: import-safe on a CPU host (torch imported lazily, Triton only when a Triton
+kernel is profiled); nothing runs without CUDA. :class:`CublasProfiler` traces
+``torch.matmul`` per expert and trusts path counts only when the tile parsed from the
+kernel name (:func:`parse_tile`, :func:`parse_cluster`) reproduces the launched grid;
+:class:`TritonProfiler` reads the autotuner's ``best_config`` and checks the traced grid.
+A profile that cannot be pinned down is uncertain, and its shape is kept. Both describe
+themselves for the catalog's environment binding. Docs: docs/moe.md, "On a GPU".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Heterogeneous routing: expert classes of a model whose MoE layers differ.
 
-The paper's catalogs cover uniform routing (every expert of a kernel gets the same
-row count) in one layer shape. Real models mix layers with different widths or
-expert counts, and routing gives experts different token counts. Both are handled
-by describing each MoE layer with an :class:`ExpertLayerSpec` and grouping the
-expert GEMMs into classes: two projections share a catalog exactly when the kernel
-sees the same problem family (projection ``k x n``, experts per kernel, dtype,
-admitted row vectors). A layer contributes two projections, ``up`` (``d_model →
-d_ff``, doubled when gated) and ``down`` (``d_ff → d_model``).
-
-Token counts that differ per expert are admitted row *vectors*
-(``token_vectors``), one entry per expert of the kernel; the tile model sums path
-counts over the experts of a launch, so two vectors that are permutations of each
-other have the same profile and one of them represents both.
+Contract: each MoE layer is an :class:`ExpertLayerSpec`, contributing an ``up`` and a
+``down`` projection; :func:`expert_classes` groups projections into one class, and so one
+catalog, exactly when the kernel sees the same problem family (``k x n``, experts per
+kernel, dtype, admitted row vectors); :func:`class_for` finds a projection's class. Docs:
+docs/moe.md, "Heterogeneous routing".
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """An analytic tile model of GEMM and grouped GEMM: shape profiles without a GPU.
 
-A GPU GEMM splits its output ``Y[r, n]`` into ``BLOCK_M x BLOCK_N`` tiles and walks
-the reduction ``k`` in ``BLOCK_K`` steps; a grouped GEMM does this for each expert
-of the launch and schedules all tiles on one grid. With split-K, each tile's
-reduction is further cut into ``split_k`` slices, each its own unit of work. One
-unit of work follows one *execution path*, named here by three parts:
-
-* along M: ``full`` (all ``BLOCK_M`` rows valid) or ``tail`` (the last, masked tile
-  of an expert whose rows are not a multiple of ``BLOCK_M``);
-* along N: ``full`` or ``tail`` (the boundary tile of a width not a multiple of
-  ``BLOCK_N``);
-* along K: the slice's loop, ``k<iterations>`` plus ``+t`` when it holds the masked
-  last ``BLOCK_K`` step (``K % BLOCK_K != 0``).
-
-The path-count vector counts units per path over every expert of the launch.
-
-The execution fingerprint is what selects and schedules the kernel: the kernel
-name, the tile configuration (block sizes, split-K, warps, stages; chosen per shape
-from a table of :class:`TileRule` keyed by the largest per-expert row count, the
-way autotuned Triton MoE kernels pick a config per row-count bucket), the experts
-per launch, the projection, and, unless ``wave_regimes=False``, the *wave regime*:
-how many waves of ``num_sms x ctas_per_sm`` concurrent units the grid takes. A grid
-that spills into another wave is scheduled differently (a new pressure regime), so
-shapes in different regimes never cover each other.
-
-A shape whose largest row count no rule admits gets an uncertain profile (no
-configuration can be named for it), and is kept as its own representative.
-
-:data:`DEFAULT_RULES` is illustrative, not measured: the shape of a per-bucket config
-table of a Triton grouped GEMM. Give the kernel's real table (``rules=``), or profile
-on the GPU with :mod:`scout_core.moe.gpu`, for a catalog you deploy.
+Contract: :class:`TileModel` profiles an expert shape as the execution fingerprint (kernel
+name, the tile configuration a :class:`TileRule` picks by the largest per-expert row
+count, experts per launch, the projection and, unless ``wave_regimes=False``, the wave
+regime) and the path-count vector (units of work per M/N/K path, summed over the experts
+of a launch, :func:`path_counts`); a shape no rule admits is uncertain.
+:data:`DEFAULT_RULES` is illustrative, not measured. The model: docs/moe.md, "The
+analytic tile model".
 """
 
 from __future__ import annotations

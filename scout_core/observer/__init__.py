@@ -1,24 +1,12 @@
 """The out-of-band hang observer (paper §7): name the rank behind a hang, in another process.
 
-A trainer that hangs cannot report its own hang, and a frozen process freezes
-all of its threads. So each rank's trainer only *publishes* cheap progress into
-a shared-memory record (:mod:`.record`), via collective fingerprints
-(:mod:`.fingerprint`) and stage hooks (:mod:`.stages`), and a separate CPU
-process per rank (:mod:`.process`) watches it. When progress stays silent past
-``Config.hang_timeout_s`` the observers compare notes with C3 on their own Gloo
-group and decide (:mod:`.verdict`): ``hang``, ``protocol_mismatch``,
-``group_stall``, ``input_stall`` or ``checkpoint_stall``. Verdicts become
-evidence records, reach a user callback and may trigger an action
-(:mod:`.escalation`). Healthy training exchanges nothing.
-
-Typical use (``scout.enable`` does this)::
-
-    handle = observer.start(config, rank=rank, world_size=world, layout=layout)
-    close_patch = observer.install_collective_fingerprints(handle.publisher)
-    close_hooks = observer.attach_progress_hooks(handle.publisher, layers, [optimizer])
-    loader = observer.watch_dataloader(loader, handle.publisher)
-    ...
-    close_hooks(); close_patch(); handle.close()
+Each trainer publishes cheap progress into a shared-memory record (:mod:`.record`), via
+collective fingerprints (:mod:`.fingerprint`) and stage hooks (:mod:`.stages`); a separate
+CPU process per rank (:mod:`.process`) watches it, and on a silence past
+``Config.hang_timeout_s`` the observers decide with C3 on their own Gloo group
+(:mod:`.verdict`) and escalate (:mod:`.escalation`). Healthy training exchanges nothing.
+``scout.enable`` wires it: :func:`start`, :func:`install_collective_fingerprints`,
+:func:`attach_progress_hooks`, :func:`watch_dataloader`. Docs: docs/observer.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Where the observers' store is, told through the training job's own store, and agreed.
 
-[The rule]
-The lowest observed rank starts the store host (:mod:`.store_host`):
-
-1. on ``Config.observer_port`` when it is set (at ``Config.observer_addr``, else
-   ``MASTER_ADDR``);
-2. otherwise on port 0, so the operating system picks a free port: no guessed port can
-   collide with another job (two jobs on adjacent ``MASTER_PORT`` s, or a port some
-   other program holds).
-
-Its address (this host as the other ranks reach it: ``Config.observer_addr``, else the
-local address of the route to ``MASTER_ADDR``) is published in the *training job's own*
-c10d store, the one ``init_process_group`` rendezvoused through (torchrun's agent
-store under torchrun), under a key of this run and this start; every other rank reads
-it there. Without a process group the port must be configured, and ``start`` raises
-:class:`~scout_core.errors.ConfigError` naming ``observer_port`` otherwise.
-
-[Failing identically]
-A store host that cannot start publishes why instead of an address, and every rank
-raises the same :class:`~scout_core.errors.ScoutError`. Once each rank's observer has
-joined or failed, the ranks agree through the job's store (:func:`agree_started`): if
-any failed, every rank raises one identical error naming the first failure, instead
-of one rank raising while the others wait.
-
-The job's store is reached through ``torch.distributed``'s default store
-(``distributed_c10d._get_default_store``): torch has no public accessor for it, and it
-is exactly the store every rank of the job already shares.
+Contract: the lowest observed rank starts the store host on ``Config.observer_port`` (or a
+port the OS picks) and publishes its address, or why it could not start, in the training
+job's own c10d store (reached through ``distributed_c10d._get_default_store``, which torch
+does not expose publicly); every other rank reads it there. Without a process group the
+port must be configured (:class:`~scout_core.errors.ConfigError`). :func:`agree_started`
+makes every rank raise one identical error when any observer failed to start. Docs:
+docs/observer.md, "Store address rule".
 """
 
 from __future__ import annotations

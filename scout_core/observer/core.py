@@ -1,20 +1,11 @@
 """One observer's shared state and the store vocabulary its parts speak.
 
-The observer process (:mod:`.process`) is three parts over one state: the
-rendezvous (:mod:`.rendezvous`: joining the observers' store and its peer group's
-Gloo group), the silence watch (:mod:`.watch`: ringing the doorbell when this rank
-stops progressing) and the diagnosis round (:mod:`.diagnosis_round`: the C3 round
-every observer joins when the bell rings). :class:`ObserverBase` holds what they
-share: the spec, the progress record, the evidence writer, the lock-protected watch
-state, the store connections, how the present members of a group are agreed, and
-the group's process group over them.
-
-[Membership]
-Observers register for each round (and once at start) by appending ``rank.incarnation``
-to a list key and counting themselves in; after all of the group registered, or the
-join timeout, the first ``compare_set`` of the list fixes the members for everyone.
-The incarnation tells a restarted observer (:mod:`.handle`) from its dead predecessor,
-so the group's Gloo group is rebuilt when, and only when, the members changed.
+Contract: :class:`ObserverBase` holds what the rendezvous (:mod:`.rendezvous`), the
+silence watch (:mod:`.watch`) and the diagnosis round (:mod:`.diagnosis_round`) share:
+the spec, the progress record, the evidence writer, the lock-protected watch state, the
+store connections, the agreed members of a group (``rank.incarnation`` entries fixed by
+the first ``compare_set``) and the group's process group, rebuilt only when the members
+changed. Docs: docs/observer.md, "Inside one observer".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The diagnosis round: every observer compares notes with its equivalent ranks when the bell rings.
 
-A round ``n`` is job-wide (one doorbell), its comparisons are per peer group:
-
-1. each observer snapshots its record, posts its evidence under ``r/<n>/ev/<rank>``
-   (read only by observers whose ranks wait for this one) and registers for its
-   group's round; after the group registered, or ``observer_join_timeout_s``, the
-   first ``compare_set`` fixes the members present;
-2. the present members run **one** C3 AllGather on their group's Gloo group and
-   :func:`~.verdict.decide_round`; a rank behind its peers inside a collective gets
-   a second, exact C3 of its pending fingerprint against what the peers ran at the
-   same op id (their rings), and :func:`~.resolve.resolve` checks whom it waits for
-   (the evidence of those few ranks, read from the store);
-3. peers whose observers did not register are *absent*: never named for that alone.
-   Only when every present member is stuck too, and the absent rank is one they
-   wait for (or whom they wait for is unknown), is the absent rank named, as
-   unresponsive: its trainer or host is gone;
-4. each group's lowest present member posts the group's result; once every group
-   posted (or the deadline passed), every observer merges them
-   (:func:`~.resolve.merge`) into the job's verdicts and escalates them
-   (:func:`~.escalation.escalate`).
-
-Traffic per observer and round: one AllGather of 1 KiB rows over its peer group, a
-handful of store requests, and the evidence of the ranks it waits for: O(peer group),
-never O(world). A healthy run keeps one blocking ``store.wait`` posted per observer.
+Contract: a round ``n`` is job-wide (one doorbell) and its comparisons are per peer group:
+the present members run one C3 AllGather and :func:`~.verdict.decide_round`, a rank behind
+its peers in a collective is checked against their rings and whom it waits for
+(:func:`~.resolve.resolve`), absent observers are never named for absence alone, and every
+observer merges the groups' results (:func:`~.resolve.merge`) and escalates them. Traffic
+per observer is O(peer group), never O(world). Docs: docs/observer.md, "Inside one
+observer".
 """
 
 from __future__ import annotations

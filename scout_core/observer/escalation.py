@@ -1,32 +1,12 @@
 """What happens after a hang verdict: evidence, the user's callback, an optional action.
 
-Verdicts become ``scout.verdict/1`` evidence records (written once per group, by
-its lowest rank) and are handed to the trainer of every member, where a
-background thread passes them to the user's callback. The channel is a pipe
-from the observer to its trainer carrying one JSON object per line (never
-pickle). A thread blocked reading a pipe has released the GIL, so a trainer
-whose main thread waits inside a collective still runs the callback; a trainer
-that is frozen (``SIGSTOP``, a thread spinning with the GIL held) does not, and
-that is the rank the verdict names anyway.
-
-``Config.on_hang`` picks the action on a *localized* verdict (one naming ranks):
-
-* ``report``: evidence and callback only.
-* ``dump_stacks``: the observer of each named rank sends :data:`STACK_SIGNAL` to
-  its trainer, where :mod:`faulthandler` (registered at start) writes every
-  thread's Python stack to ``<report_dir>/stacks-rank-<r>.txt``. faulthandler
-  dumps from the C signal handler without taking the GIL, so it works while a
-  thread holds the GIL; a ``SIGSTOP``-ed process dumps once it is continued.
-* ``terminate``: every member's trainer exits with ``Config.hang_exit_code``
-  (default 86; never 16/17, Megatron's rerun codes, or 93, nvidia-resiliency-ext's)
-  so a launcher or a recovery policy can tell a SCOUT hang exit from a crash. A
-  trainer that cannot run code within :data:`TERMINATE_GRACE_S` (the frozen one)
-  is sent ``SIGCONT`` then ``SIGKILL`` by its observer.
-
-:func:`check_watchdog` makes sure SCOUT speaks first: the hang timeouts plus
-:data:`VERDICT_MARGIN_S` must be shorter than the training communicator's own
-timeout, after which NCCL's watchdog (or Gloo) tears the job down and the
-evidence with it.
+Contract: verdicts reach every member's trainer as JSON lines on a pipe (never pickle),
+where a background thread passes them to the user's callback; ``Config.on_hang`` picks the
+action on a localized verdict (``report``, ``dump_stacks`` through :data:`STACK_SIGNAL`
+and faulthandler, or ``terminate`` with ``Config.hang_exit_code``, a frozen trainer sent
+``SIGCONT`` then ``SIGKILL`` after :data:`TERMINATE_GRACE_S`). :func:`check_watchdog`
+refuses timeouts that would let the communicator's own watchdog speak first. Docs:
+docs/observer.md, "Escalation".
 """
 
 from __future__ import annotations

@@ -1,45 +1,16 @@
 """Collective fingerprints, published just before a ``torch.distributed`` collective runs.
 
-A fingerprint is what every member of a collective must agree on for it to
-complete: the process group, the collective type, the tensor shape and dtype, the
-reduction and the root (as a rank *of the group*). It is hashed into three int64
-words (:data:`Fingerprint`) so the progress record stays fixed-size and the
-observers can compare it with exact C3. Values that legitimately differ between
-ranks are left out of equality: all-to-all split sizes (and so the split dimension
-of its tensors), the device index, ``async_op``.
-
-The group is described by its global ranks when no layout is known (the observers
-then compare the whole job), and by its *role and position* once the session hands
-its layout to :func:`use_layout` (the observers then compare equivalent ranks only:
-:mod:`.roles`). A point-to-point operation's partner is part of its role (relative
-to the caller) and is also handed to the sink as a global rank, so an observer can
-tell whom a waiting rank waits for.
-
-[What is patched, and why patching]
-torch has no public pre-collective hook: ``register_comm_hook`` is DDP-only and
-runs after the reducer decided to communicate, and the c10d ``Work`` callbacks
-fire on completion, too late to say what a hung rank was waiting for. So
-:func:`install_collective_fingerprints` replaces the module-level functions named
-in :data:`COLLECTIVES` on ``torch.distributed`` and on
-``torch.distributed.distributed_c10d`` (the same function objects) with thin
-wrappers that publish the fingerprint, call the original, and publish the exit.
-Nothing else is touched. The closer it returns restores each original if the
-attribute still holds SCOUT's wrapper; installing twice shares one patch.
-Nested calls (``all_gather_into_tensor`` calls ``all_gather_single``) publish
-once, at the outermost call, so every entry point gives the same coordinate.
-
-Collectives issued from C++ (DDP's reducer), functional collectives (DTensor
-redistribution, compiled graphs) and functions a module imported by name before
-the patch (``from torch.distributed import all_reduce``) are not seen;
-``docs/observer.md`` lists, per framework, what is seen and what covers the gap
-(layer and optimizer boundaries, and the wait-for graph's model-instance rule).
-
-[Why these hashes]
-Python's ``hash`` of a tuple of ints is deterministic across processes (only
-str/bytes hashing is salted), and costs ~100 ns; dtypes go through a fixed
-table, process groups through a cached group word (:mod:`.roles`: a blake2b of
-their ranks, or of their role and position). All ranks of a job must run the
-same Python minor version, which a job does anyway.
+A fingerprint is what every member of a collective must agree on for it to complete (the
+group, the collective type, the tensor shape and dtype, the reduction, the root as a rank
+of the group), hashed into three int64 words (:data:`Fingerprint`) so the progress record
+stays fixed-size and the observers can compare it with exact C3; values that
+legitimately differ between ranks are left out. Contract:
+:func:`install_collective_fingerprints` wraps the functions in :data:`COLLECTIVES` on
+``torch.distributed`` and ``distributed_c10d`` (torch has no public pre-collective hook)
+to publish the fingerprint and the exit, once per outermost call; its closer restores each
+original still holding SCOUT's wrapper. :func:`use_layout` switches the group word to
+role and position (:mod:`.roles`). What is patched and what is not seen:
+docs/observer.md, "Collective fingerprints".
 """
 
 from __future__ import annotations

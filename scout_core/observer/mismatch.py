@@ -1,21 +1,11 @@
 """A protocol mismatch no vote of peers decides: the collective's own members, then the template.
 
-A peer group of two whose ranks sit in different collectives at the same op id reads
-as an inconclusive ``protocol_mismatch``: one of them departs from the program, and the
-pair cannot say which. Two more witnesses can:
-
-1. **The members of the collective.** Every member of one collective passes the same
-   type, group, root, reduction, dtype and shape (SCOUT's fingerprint is built so that
-   they do), whatever its peer group. When every member of the pending collective's
-   group sits inside a collective on that group, a strict majority of their
-   fingerprints names the ranks that depart from it (``expected`` holds the majority's).
-2. **The job's template** (:attr:`~.verdict.RankEvidence.template`): what each rank
-   entered at the same position of the last iteration it completed. When the two
-   templates agree, the rank whose pending collective matches its template is on the
-   program, and the other is named. Before any iteration completed there is no
-   template, and the record stays group scope, saying so.
-
-:func:`name_mismatches` is a pure function of the group results every observer reads.
+Contract: :func:`name_mismatches`, a pure function of the group results every observer
+reads, names the rank of a pair that departs from the program: by a strict majority of
+the fingerprints of the pending collective's members when they all sit in a collective
+on that group, else by the job's template (what each rank entered at the same position of
+its last completed iteration); with no template the record stays group scope. Docs:
+docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The observer process: one per rank, a CPU process outside the trainer that names hangs.
 
-Started by :func:`scout_core.observer.start` as ``python -m scout_core.observer``
-(a fresh interpreter: spawn, never fork) in its own session, so a signal to the
-trainer's process group (``SIGSTOP``, Ctrl-Z) does not reach it. It dies with
-its trainer: ``PR_SET_PDEATHSIG`` = ``SIGKILL``, plus a parent-pid check for a
-trainer that died before the ``prctl``. It reads the trainer's progress record
-(:mod:`.record`) and nothing else of the trainer.
-
-The process is composed of three parts over one shared state (:mod:`.core`): the
-rendezvous (:mod:`.rendezvous`), the silence watch (:mod:`.watch`) and the
-diagnosis round (:mod:`.diagnosis_round`). This module starts them, and is also the
-entry point of the store host (:mod:`.store_host`).
+Contract: started as ``python -m scout_core.observer`` (spawn, never fork) in its own
+session, it dies with its trainer (``PR_SET_PDEATHSIG`` plus a parent-pid check) and reads
+nothing of the trainer but its progress record (:mod:`.record`). This module starts its
+three parts (:mod:`.rendezvous`, :mod:`.watch`, :mod:`.diagnosis_round`, over
+:mod:`.core`) and is also the store host's entry point. Docs: docs/observer.md, "The
+observer process".
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The observers' rendezvous: their own store and their peer group's Gloo group, joined and left.
 
-[Rendezvous: the observers' own store]
-The observers meet through their own c10d ``TCPStore``, never the trainer's store or
-communicator. It is served by the store host (:mod:`.store_host`), a process of its
-own beside the lowest observed rank, at the address :mod:`.address` published. Each
-observer compares notes with its *peer group* only (the equivalent ranks of
-:mod:`.roles`; every observed rank when there is no layout): at start it registers
-for its group, waits up to ``observer_join_timeout_s`` for the others, and forms one
-Gloo group over those present (``init_process_group`` *in the observer process*, so
-its default group is the observers', never training's, then one diagnostic group for
-C3). An observer of the group that does not join in time is reported once, by the
-lowest present one, as not having joined: a fact about the observer, not a failure
-of its trainer.
-
-A restarted observer (incarnation > 0) does not wait for its peers: it registers
-its host and joins the next round, whose members include it.
-
-When the store host's trainer closes, the host rings the bell with ``shutdown``
-(:mod:`.store_host`), so the observers stop waiting instead of mistaking the end of
-the job for a lost store. Each observer counts itself out in ``obs/closed``.
+Contract: observers meet only through their own ``TCPStore`` (served by :mod:`.store_host`
+at the address :mod:`.address` published), never the trainer's store or communicator; each
+forms one Gloo group over the present members of its peer group (:mod:`.roles`), in the
+observer process. An observer that does not join in time is reported once as not having
+joined; a restarted one joins the next round. Docs: docs/observer.md, "Inside one
+observer".
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Who waits for whom: a peer group's hang verdicts checked against the ranks it waits on.
 
-A peer group compares equivalent ranks only (:mod:`.roles`), so a rank that is behind
-its peers may be the cause, or may sit in a collective whose *other* members are in
-other peer groups: a TP partner, the next pipeline stage. Three cases, for a rank
-behind its peers inside a collective whose members the layout names
-(:func:`~.roles.collective_members`):
-
-1. its pending collective is not what its peers ran at the same op id (their rings
-   of recent collectives, compared with exact C3): a ``protocol_mismatch`` naming it;
-2. every other member is inside the same operation: the collective itself is stalled
-   (a transport or device fault). No rank is named: a ``group_stall`` naming the
-   collective's group;
-3. some members are elsewhere: it *waits for them*, and is not named. Its wait is
-   attached to the verdict that names the ranks it waits for (their own peer group
-   names them), so one record says who hung and who was held up by it.
-
-A peer group whose members all sit in one collective is checked the same way: its
-stall is explained by the members it waits for, or is a stall of those collectives.
-A rank waiting inside a collective SCOUT's patch does not see (a DTensor collective)
-has no members to look up; once every group is merged, :mod:`.held` moves such a rank
-to the record of the named rank of its own model instance it waits for.
-
-:func:`resolve` applies this to one peer group's verdicts; :func:`merge` folds every
-group's result into the job's verdicts (stalls of the same collective merged into one
-record, waits attached to the verdicts naming their cause). Both are pure functions of
-data every observer holds, so every observer reaches the same records.
+A rank behind its peers inside a collective whose members the layout names is named for a
+``protocol_mismatch`` when its collective is not what its peers ran at the same op id; when
+every member is inside the same operation, the collective itself is stalled
+(``group_stall``, no rank); otherwise it waits for the members elsewhere and its wait is
+attached to the verdict naming them. Contract: :func:`resolve` (one peer group) and
+:func:`merge` (the job) are pure functions of data every observer holds, so every
+observer reaches the same records. Docs: docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Group roles: the group word of a fingerprint, equal on equivalent ranks, and its members.
 
-[Why roles, not ranks]
-The observers compare a rank only with its *equivalent* ranks: its peer group
-(:meth:`~scout_core.topology.mesh.MeshLayout.peer_group`: the same pipeline stage, the
-same position in its TP/CP/EP groups, a different data replica). Those ranks issue the
-same collectives on *different* process groups: under DP x TP, rank 0 all-reduces on
-its TP group (0, 1) while its replica peer rank 2 all-reduces on (2, 3). Hashing the
-group's global ranks would make every healthy pair of peers look like a protocol
-mismatch. So, with a layout, a group is described by its **role** (the mesh axes its
-members span) and its **position** (its coordinates on the other axes, the peer axes
-left out): both TP groups above are "axis t, at s = p = c = e = 0".
-
-[The group word]
-The second fingerprint word packs that description into 63 bits::
-
-    bits 0..47   a 48-bit blake2b of the description
-    bits 48..53  the axes the group spans (bit i: AXES[i]), for an aligned group
-    bits 54..55  the kind: 0 no layout (hash of the global ranks, comparing the
-                 world), 1 an aligned group (exactly the ranks that differ from a
-                 member only on its axes), 2 point-to-point, 3 any other group
-
-A point-to-point operation is described by its partner's address, peer axes
-relative to this rank (a stage-0 rank sending to "the stage-1 rank of my replica"
-looks like every other stage-0 replica); the partner's global rank itself travels in
-the progress record's ``PEER`` word. From the kind, the axes and the layout an observer
-recovers the members of a pending collective (:func:`collective_members`), which is how
-a rank waiting for a partner outside its peer group is told apart from the partner it
-waits for (:mod:`.resolve`).
+Contract: with a layout, a process group is described by its role (the mesh axes its
+members span) and its position on the other axes, peer axes left out, so equivalent ranks
+in different replicas publish the same group word; a point-to-point partner is described
+relative to this rank. :func:`collective_members` recovers a pending collective's members
+from the word and the layout. Why roles and the word's bits: docs/observer.md, "Peer
+groups: comparing equivalent ranks only".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """From the wait-for graph to the job's hang verdicts: name the roots, list the waiters.
 
-Two uses of one edge rule (:class:`~.waitfor.WaitForGraph`), both pure functions of the
-group results every observer reads, so every observer reaches the same records:
-
-* :func:`name_roots` decides the stalls no vote could: a peer group with no strict
-  majority (a pair of replicas, a group of one copy) leaves an inconclusive ``hang``
-  naming nobody. The graph over every present rank's position names each root it
-  reaches when every root is a single rank (rank scope; ``hang``, ``input_stall`` or
-  ``checkpoint_stall`` by the root's stage), with the chain of waits as evidence and
-  every waiter under ``detail["waiting"]``. A root inside a collective whose every
-  member sits inside the same operation is no culprit: that collective is stuck (a
-  link, a switch), recorded as a ``group_stall`` naming its members. A group whose
-  ranks only wait for a root of another group is explained by that root's record.
-  Ranks that may each wait for the other, or a root whose observer did not answer,
-  leave the record as it was (group scope), with the reason.
-* :func:`release_held` moves a rank a vote named, but that waits for another named rank,
-  to that rank's record as waiting (a TP partner in a collective SCOUT does not see).
-* :func:`attach_direct_waiters` lists, on a named rank's record, every rank of another
-  group inside a collective with it that it has not entered, also when that group's own
-  vote has not run yet (its peers not quiet long enough when the first group decided).
+Contract: these functions are pure functions of the group results every observer reads, so
+every observer reaches the same records. :func:`name_roots` decides the stalls no vote
+could (a single-rank root is named by its stage with the chain of waits; a root in a
+collective whose members all sit in it is a ``group_stall``; anything else keeps its
+group-scope record with the reason). :func:`release_held` moves a named rank that waits
+for another named rank into that rank's record; :func:`attach_direct_waiters` lists on it
+the ranks of other groups inside a collective with it, voted yet or not. Docs:
+docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations

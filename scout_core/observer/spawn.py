@@ -1,20 +1,10 @@
 """Start SCOUT's helper processes from one thread that lives as long as the trainer.
 
-[Why a spawner thread]
-The observer and the observers' store host die with their trainer through the
-parent-death signal (``PR_SET_PDEATHSIG``), which Linux ties to the *thread* that
-created the child, not to the process: a process started from a short-lived thread
-(``scout.enable`` called from a setup thread that then returns) is killed the moment
-that thread exits. So every helper is started by :func:`spawn` on one daemon thread
-of this module, created on first use and never ending before the process does.
-Daemon threads are not joined at interpreter exit, so the helpers also outlive the
-interpreter's shutdown sequence until the process itself is gone.
-
-[The spec descriptor]
-A helper is told everything as one JSON object. It travels in an anonymous
-``memfd`` (an unlinked temporary file where ``memfd_create`` is missing) whose
-descriptor the child inherits, not on the command line: a layout with a rank grid
-can exceed the kernel's limit on one argument.
+Contract: :func:`spawn` starts every helper on one daemon thread of this module, so the
+parent-death signal (``PR_SET_PDEATHSIG``), which Linux ties to the thread that created
+the child, fires only when the trainer process ends, even when ``scout.enable`` was called
+from a setup thread that returns. A helper's spec travels as JSON in an inherited
+``memfd``, not on the command line. Docs: docs/observer.md, "The observer process".
 """
 
 from __future__ import annotations

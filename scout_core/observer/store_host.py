@@ -1,22 +1,11 @@
 """The observers' own c10d store, hosted by a small process of its own beside the lowest rank.
 
-[Why a process of its own]
-The observers rendezvous and ring their doorbell through one ``TCPStore``. It must
-keep answering while any trainer is frozen (``SIGSTOP`` stops every thread of a
-process, the store's server thread included), so it never lives in a trainer; and it
-must not die with one observer: when it lived in rank 0's observer, killing that
-observer took every other observer's diagnosis with it, and they blamed rank 0. So
-the lowest observed rank's trainer starts one more helper, this store host, which does
-nothing but serve the store. A dead observer is restarted by its trainer and finds the
-store where it was (:mod:`.handle`).
-
-[Lifetime]
-The host binds the configured port, or port 0 so the OS picks a free one, and reports
-the port (or why it could not bind) on a pipe. It dies with its trainer (parent-death
-signal, started by :mod:`.spawn`) and stops when its trainer closes the stop pipe
-(``session.close()``): it then rings the doorbell with ``shutdown``, so the other
-observers stop diagnosing instead of taking the end of the job for a lost store, and
-lingers until they have all closed, or :data:`LINGER_S`.
+Contract: the store host serves the observers' ``TCPStore`` and nothing else, so it keeps
+answering while a trainer is frozen and survives any one observer. It binds the
+configured port (or port 0) and reports the port, or why it could not bind, on a pipe;
+it dies with its trainer, and on ``session.close()`` rings the doorbell with ``shutdown``
+and lingers until the observers closed, or :data:`LINGER_S`. Docs: docs/observer.md,
+"Store address rule".
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """The hang decision: from the observers' gathered evidence to verdicts (paper §7).
 
-Once progress has stayed silent past the timeout, the observers of a group
-gather, in one C3 AllGather, each rank's progress coordinate ``(step, op id)``,
-its stage and its pending-collective fingerprint, and every observer applies
-this pure function to the same table, so all reach the same verdicts with no
-coordinator. The rule, in order:
-
-1. Someone is still making progress (silent for less than ``min_quiet_s``):
-   no verdict. A synchronous job that stalls stalls everywhere; one that does
-   not is only slow.
-2. Exact C3 on the progress coordinate. A strict minority with a different
-   coordinate is the lagging rank set: ``hang``, or ``input_stall`` /
-   ``checkpoint_stall`` when that rank is inside the DataLoader fetch or
-   checkpoint I/O. Intent is published before a blocking operation, so the
-   ranks already waiting show the later coordinate and a frozen rank the older.
-   No strict majority: an inconclusive ``hang`` for the group.
-3. Coordinates agree: exact C3 on the fingerprint. A minority waiting in a
-   different collective (type, group, shape, dtype, reduction, root) is a
-   ``protocol_mismatch`` naming it.
-4. Everything agrees: every rank waits in the same place. ``group_stall``,
-   no culprit (a runtime, transport or hardware stall: run device and fabric
-   diagnostics), or a job-wide ``input_stall`` / ``checkpoint_stall`` when all
-   of them sit in the same stage.
+Contract: the observers of a group gather each rank's progress coordinate ``(step, op
+id)``, stage and pending fingerprint in one C3 AllGather, and every observer applies
+:func:`decide_round`, a pure function, to the same table, so all reach the same verdicts
+with no coordinator: no verdict while someone progresses; a strict minority behind is a
+``hang`` (``input_stall`` / ``checkpoint_stall`` by its stage); equal coordinates and a
+minority in a different collective is a ``protocol_mismatch``; all equal is a
+``group_stall``. The table: docs/observer.md, "Verdicts".
 """
 
 from __future__ import annotations

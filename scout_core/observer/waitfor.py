@@ -1,28 +1,11 @@
 """The job's wait-for graph at a stall: who waits for whom, and the roots nobody-behind waits for.
 
-A vote needs a strict majority of equivalent ranks; a hang does not. A rank that waits
-inside a collective waits *for* the members of that collective's group that have not
-entered it, so the asymmetry that names the culprit exists even in a pair of replicas.
-Every observer builds the same graph from the positions every rank published (its step,
-op id, stage and pending collective, gathered at the stall only), with one rule for an
-edge ``w -> c`` (:meth:`WaitForGraph._waits_for`), ``w`` sitting in code that may block in a
-collective (a layer, the optimizer, a collective) and ``c`` not past it:
-
-1. ``w``'s pending collective names its members (an aligned group, point-to-point):
-   ``w`` waits for each member that is not inside the same operation with it;
-2. its members are unknown (a collective SCOUT's patch does not see: DTensor and other
-   functional collectives, C++ reducers, NCCL inside a kernel): ``w`` may wait for any
-   rank of its own model instance that is at an earlier step, or at the same step outside
-   any collective (idle, the DataLoader, checkpoint I/O) or inside one too;
-3. beside it, a peer group whose vote found no strict majority (a pair) adds ``w -> c``
-   for a peer ``c`` strictly behind ``w`` (``w`` idle or inside, its collective's members
-   unknown): equivalent ranks run the same program, so the rank behind has not reached
-   the point where the one ahead waits, and never waits for it.
-
-A rank outside any collective never waits: stopped in compute, in the DataLoader, in
-checkpoint I/O, or frozen before a collective. The **roots** are the sink components of
-the graph (:meth:`WaitForGraph.roots_of`): a single rank there is the culprit; two or more
-ranks that may each wait for the other cannot be told apart, and are never named.
+Contract: every observer builds the same :class:`WaitForGraph` from the positions every
+rank published (step, op id, stage, pending collective; gathered at the stall only), with
+one edge rule (:meth:`WaitForGraph._waits_for`); a rank outside any collective waits for
+nobody. :meth:`WaitForGraph.roots_of` returns the sink components: a single rank there is
+the culprit, ranks that may each wait for the other are never named. The edge rule, case
+by case: docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The silence watch: ring the doorbell when this rank stops making progress.
 
-[How silent observers meet: the doorbell]
-Healthy training must cost the network nothing, yet every observer must join a
-round within milliseconds once any of them suspects a hang. Each observer keeps
-one blocking ``store.wait(["bell/<n>"])`` posted on a dedicated store connection
-(:mod:`.diagnosis_round`). An observer whose rank stays silent past
-``hang_timeout_s`` (``stage_timeout_s`` inside the DataLoader or checkpoint I/O)
-sets ``bell/<n>``; every waiter wakes, and the round runs.
-
-An observer's clock starts at its trainer's first publish: setting up a model and
-its groups may legitimately take longer than any hang timeout. The observer that
-rang may ring again one timeout later; after a verdict nobody rings again until its
-rank makes progress (a job under a verdict is being handled or torn down, and must
-not produce new attributions meanwhile).
-
-[When the store is gone]
-The store host lives beside the lowest observed rank and dies with that rank's
-trainer. An observer that loses the store (and whose own trainer is alive, and which
-has no verdict yet) keeps watching; if its trainer then stays silent past the
-timeout, that silence corroborates the loss, and the observers name the store host's
-rank in one record (written by the second-lowest observed rank, handed to every
-trainer through the verdict path), with the real times elapsed.
+Contract: the watch rings ``bell/<n>`` once its rank stays silent past ``hang_timeout_s``
+(``stage_timeout_s`` inside the DataLoader or checkpoint I/O), counted from the trainer's
+first publish; after a verdict it does not ring again until its rank progresses. An
+observer that loses the store keeps watching, and names the store host's rank only when
+its own trainer then stays silent too. Docs: docs/observer.md, "How silent observers meet
+(the doorbell)" and "Store address rule".
 """
 
 from __future__ import annotations

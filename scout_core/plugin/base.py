@@ -1,30 +1,12 @@
 """The framework plugin base class: the lifecycle every plugin shares, written once.
 
-In the manner of OpenTelemetry's ``BaseInstrumentor``, :class:`FrameworkPlugin`
-owns everything about switching SCOUT on that does not depend on the framework:
-
-* ``handles(obj)``: the object's class comes from the framework's package (by the
-  module names of ``type(obj).__mro__``; a list of model chunks by its first item),
-  so the framework is never imported to decide;
-* ``check_version()``: the installed framework is in the plugin's ``supported`` range
-  (the version comes from ``framework_version()``: the distribution's metadata unless
-  the plugin knows a better source, e.g. a source checkout without metadata);
-* ``resolve_config(obj, config)``: an explicit :class:`Config` wins; else the
-  framework's own SCOUT section (``config_section``), then ``SCOUT_*`` environment
-  overrides; else the file ``SCOUT_CONFIG`` names (then the overrides); else the
-  defaults, ``enabled`` taken from ``SCOUT_ENABLED`` (off unless ``enabled_by_default``);
-* ``enable(obj, ...)``: collective over the job. Version check → idempotence
-  (enabling twice returns the live session) → config → a disabled session when the
-  config says so → ``build_adapter`` → the core composes the session
-  (:func:`scout_core.session.compose`: replay, the observer, and the checkpoint gate:
-  the in-memory one, or the :class:`~scout_core.checkpoint.framework_gate.FrameworkGate`
-  plus ``wire_checkpoints`` when ``gates_checkpoints``) → registered for
-  ``session_of`` until the session closes.
-
-A plugin writes only framework facts: the class attributes below, ``build_adapter``
-(where the model chunks, optimizers, groups, mesh coordinates and RNG streams are),
-optionally ``config_section`` and ``key``, and, when it gates the framework's own
-checkpoints, ``wire_checkpoints``. ``docs/plugins.md`` walks through one.
+Contract: :class:`FrameworkPlugin` owns everything about switching SCOUT on that does not
+depend on the framework (``handles`` without importing it, ``check_version``,
+``resolve_config``'s precedence, the collective ``enable`` with idempotence and the
+session registry); a plugin writes only framework facts: the class attributes,
+``build_adapter``, optionally ``config_section``, ``framework_version`` and ``key``, and
+``wire_checkpoints`` when it gates the framework's own checkpoints. Docs: docs/plugins.md,
+"The plugin class".
 """
 
 from __future__ import annotations
@@ -168,8 +150,9 @@ class FrameworkPlugin(ABC):
         session.add_closer(forget)
 
     def resolve_config(self, obj: Any, config: Config | None) -> Config:
-        """The config for ``obj`` (see the module doc for the order). A bad section raises
-        :class:`ConfigError` naming the key."""
+        """The config for ``obj`` (the order: docs/plugins.md, "What the base owns").
+
+        A bad section raises :class:`ConfigError` naming the key."""
         if config is not None:
             return config
         section = self.config_section(obj)

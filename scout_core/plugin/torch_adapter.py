@@ -1,46 +1,14 @@
 """The plain-PyTorch adapter: DDP, FSDP2 (``fully_shard``), HSDP and DeviceMesh layouts.
 
-Plain PyTorch has no framework object that knows the parallel layout, so the
-adapter reads it off the model:
-
-* no DTensor parameters (DDP, or a single replica) → pure data parallel, ``d`` =
-  world size;
-* DTensor parameters (FSDP2, HSDP, TP) → the parameters' ``DeviceMesh`` (its root
-  mesh when the parameter lives on a sub-mesh), each dimension mapped to an axis by
-  name (``dp_replicate``/``dp`` → d, ``dp_shard``/``fsdp`` → s, ``tp`` → t ...) or,
-  for unnamed dimensions, by placement (``Shard`` → s, ``Replicate`` → d);
-* or an explicit ``mesh=`` (a ``DeviceMesh`` or a :class:`~scout_core.topology.mesh.MeshLayout`).
-
-[Materialising sharded parameters without the framework]
-FSDP2's unshard and tensor parallelism's redistribution run collectives on the
-training communicator and write module state; replay must do neither.
-:meth:`TorchAdapter.materialize` therefore all-gathers each parameter's local shard
-itself, on SCOUT's diagnostic group of the sharding axis (the FSDP shard group or
-the TP group: the same ranks as the training group, a separate Gloo group), undoes
-the ``torch.chunk`` padding both use, and yields plain full-tensor *copies*.
-:meth:`TorchAdapter.call` then runs the block as a hook-free twin (no FSDP, no TP
-hooks) on those plain tensors, so the replayed call never talks on a training group.
-
-[Sharded activations, DTensor buffers, size-1 mesh dims, framework twins]
-Under sequence parallelism a block's input and its output gradient are DTensors
-sharded along the sequence; frameworks also keep DTensor *buffers* (a RoPE cache)
-and put every parameter on a mesh with size-1 dimensions (an ``fsdp`` dim of one
-rank, where FSDP2 may even record a ``_StridedShard``). :meth:`TorchAdapter.full_tensor`
-turns any such DTensor into a plain full copy on SCOUT's groups: size-1 mesh dims
-and ``Replicate`` dims are skipped, ``Shard`` dims gathered, ``Partial`` dims reduced.
-The adapter sets it as every ref's ``capture_copy`` (so captures hold plain tensors)
-and :meth:`TorchAdapter.call` applies it to DTensor buffers. :meth:`TorchAdapter.twin`
-builds the hook-free twin; a plugin whose framework parallelises modules by other
-means (TorchTitan replaces instance ``forward`` methods) overrides it to undo those
-on the twin.
-
-[Parameters that are not registered]
-``DistributedDataParallel(model, device_mesh=mesh["dp"])`` over a TP model applies
-``torch.distributed.tensor.parallel.ddp._pre_dp_module_transform``: TP parameters
-become plain ``nn.Parameter`` local shards carrying their ``DTensorSpec`` in
-``_st_info``, and after the first forward they live on as plain DTensor
-*attributes* of their modules, no longer registered. :func:`param_items` finds all
-three kinds (registered tensors, ``_st_info`` local shards, DTensor attributes).
+Contract: :class:`TorchAdapter` reads the layout off the model (pure data parallel without
+DTensor parameters, else the parameters' ``DeviceMesh`` mapped to axes by name or
+placement, or an explicit ``mesh=``), and replay never talks on a training group:
+:meth:`TorchAdapter.materialize` and :meth:`TorchAdapter.full_tensor` gather shards on
+SCOUT's own groups into plain full copies (also every ref's ``capture_copy``), and
+:meth:`TorchAdapter.call` runs a hook-free :meth:`TorchAdapter.twin`, which a plugin
+overrides to undo what its framework installs by other means. :func:`param_items` finds
+registered, ``_st_info`` and DTensor-attribute parameters alike. Docs: docs/plugins.md,
+"The adapter".
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Attributions in the console: one WARNING line per record that names a culprit.
 
-Records go to files that a person opens after the fact; while the job runs, people
-watch its console. So the rank that writes a record naming outliers also logs it, at
-WARNING, on this module's logger (``scout_core.records.console``)::
-
-    scout[rank 0]: straggler rank 2 at step 7 on layer/layers.3/t_M (vm): rank 2: 604.0 ms
-    vs peer median 3.8 ms (159x)
-
-(one line in the log; wrapped here)
-
-The line says who wrote it (``scout[rank R]``), what failed, who, when, where and the
-one line of evidence that ``scout report`` shows for the same record
-(:func:`scout_core.records.wording.evidence_line`). Agreeing rounds, inconclusive
-rounds and gate decisions stay in the files, and so do the later *revisions* of an
-incident (a lasting straggler revises its incident every window with the same
-culprits): the console says an incident once, when it opens. Python's last-resort handler prints
-WARNING records to stderr when the application configured no logging, so the line is
-visible by default; an application that configures logging gets it through its own
-handlers, like any other library's warning.
+Contract: :func:`log_attribution` logs, on the rank that writes a record naming outliers,
+one WARNING line on this module's logger (:func:`attribution_line`: the writer, what
+failed, who, when, where and :func:`scout_core.records.wording.evidence_line`); records
+naming nobody, gate decisions and later revisions of an incident are not logged. Docs:
+docs/evidence.md, "Who writes what".
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """Evidence records: SCOUT's decisions, one JSON object per line, one file per rank.
 
-Every decision SCOUT makes (a C3 verdict on a replay surface, a hang diagnosis, a
-checkpoint-gate transition, an incident) becomes a :class:`Record` appended to
-``<report_dir>/<run>/rank-<global rank>.jsonl``, one directory per run
-(:func:`~scout_core.records.runs.run_directory`). A peer group's record is written once, by
-the group's lowest global rank (:meth:`EvidenceWriter.write_group`), so a report
-holds each decision exactly once however large the group. An external recovery
-policy, ``scout report`` and the tests read the directory back with
-:func:`load_report`.
-
-This module is the one place to import evidence from: the record and its schemas
+The one place to import evidence from: the record and its schemas
 (:mod:`scout_core.records.record`), the writer (here) and the reader
-(:mod:`scout_core.records.reading`). ``docs/evidence.md`` describes every field.
-
-Writes use one ``os.write`` on an ``O_APPEND`` descriptor per record: nothing waits
-in a user-space buffer, so a record survives the process dying right after
-``write`` returns, and two writers of the same file (a trainer thread and the
-observer path) cannot interleave inside a line.
-
-[Evidence never costs the job]
-The writer runs inside ``optimizer.step`` (replay verdicts, gate decisions) and in the
-observer. A full or read-only ``report_dir`` at run time must not crash training, so
-an ``OSError`` while opening, writing or syncing is logged (the first time, then every
-1,000th) and counted in :attr:`EvidenceWriter.dropped`, and the record is dropped.
-A write cut short by a full disk leaves part of a line behind; the next record that
-gets through starts with a newline, so the damage stays one unreadable line, which a
-lenient reader skips and names. ``enable`` checks that ``report_dir`` is writable on
-every rank before training starts (:mod:`scout_core.checkpoint.storage`).
+(:mod:`scout_core.records.reading`, :func:`load_report`). Contract: every decision is a
+:class:`Record` appended to ``<report_dir>/<run>/rank-<global rank>.jsonl`` with one
+``os.write`` on an ``O_APPEND`` descriptor; a peer group's record is written once, by its
+lowest rank (:meth:`EvidenceWriter.write_group`); a write that fails is logged, counted
+in :attr:`EvidenceWriter.dropped` and dropped, never raised into training. Docs:
+docs/evidence.md, "Who writes what".
 """
 
 from __future__ import annotations

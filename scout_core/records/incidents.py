@@ -1,41 +1,13 @@
 """Incidents: the records of one failure, from every peer group, merged into one answer.
 
-Each peer group judges its own replay round, so one failure can leave several
-records: under HSDP a corrupted shard gives an ``sdc`` naming its owner in its replica
-group *and* an ``inconclusive`` ("a shard partner's shard differs") in the group of
-the partner that gathered it; under Ulysses or MoE the partner that received a
-corrupted block output through the all-to-all is named in its own replica group too.
-An incident (``scout.incident/1``) is the job-level answer a person or a launcher
-reads first: one per failure, naming the culprit, linking the records that
-corroborate it and the ones it explains.
-
-:func:`merge_window` is the rule, a pure function of one step window's verdict
-records and of who is coupled to whom (``partners``: the ranks a rank exchanges data
-with inside a replayed layer: its shard, tensor, context and expert partners):
-
-* **SDC.** Every rank an exact surface attributes is a suspect. A suspect named
-  only on computed surfaces (``forward``, ``input_grad``, ``param_grad``) whose
-  coupled partner is named on the same layer with its *own state* differing
-  (``params`` or ``shard``) only received corrupted data: it is not named, and its
-  records are *explained*. Two coupled suspects with no state evidence either way
-  cannot be told apart from the records: the incident then names the coupled group
-  with no single culprit (scope ``group``) rather than guess.
-* **Inconclusive records** of the window whose group holds a culprit or one of its
-  partners (a partner group's "shard partner differs", a round without a strict
-  majority next to a named culprit) are explained by that culprit's incident. An
-  SDC without a strict majority that no culprit explains is an incident of its own,
-  scoped to its group. Readiness records (a missed capture) report no failure and
-  make no incident.
-* **Timing and other failures** (straggler, communication straggler, and any
-  observer verdict passed in) give one incident per failure and set of outliers.
-
-:class:`IncidentBook` carries incidents across windows: a failure seen again (the
-same failure kind and culprits) extends its incident rather than opening a new one.
-Records are append-only, so an extended incident is written again as a new
-*revision* with the same ``detail.key``; ``detail.supersedes`` names the revision it
-replaces, and readers keep the newest (:meth:`~scout_core.records.reading.Report.incidents`).
-The book is bounded: it remembers :data:`MAX_OPEN` incidents and cites at most
-:data:`MAX_IDS` records per list (``detail.omitted`` counts the rest).
+One failure can leave records in several peer groups (a corrupted shard's owner named in
+its replica group, its partner's group inconclusive); an incident (``scout.incident/1``)
+names the culprit once and links the records that corroborate it and the ones it explains.
+Contract: :func:`merge_window` is a pure function of one step window's verdict records and
+of who is coupled to whom (``partners``), so every rank merges alike; :class:`IncidentBook`
+carries incidents across windows, writing a failure seen again as a new revision of the
+same ``detail.key``, and stays bounded (:data:`MAX_OPEN` incidents, :data:`MAX_IDS` cited
+records per list). The rule: docs/evidence.md, "Where incidents are made".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """Reading a report back: a directory of rank files, or one file, strictly or leniently.
 
-:func:`load_report` reads every ``rank-<global rank>.jsonl`` of a report directory (or a
-single file) into a :class:`Report`. It has two modes, because evidence has two kinds of
-reader:
-
-* **strict** (the default) raises :class:`EvidenceError` at the first problem, naming
-  the file and line. Code that *acts* on evidence (a recovery policy, the tests) must not
-  act on half of it without knowing.
-* **lenient** (``strict=False``) is what ``scout report`` uses: a person wants to see what
-  happened even when a disk filled up mid-record or one node's files did not arrive.
-  Every bad line and bad file is skipped and described in :attr:`Report.problems`; every
-  good record is kept.
-
-What counts as a problem: a truncated last line (what a full disk or a killed writer
-leaves), a line that is not valid UTF-8 or not valid JSON, nesting too deep to parse, a
-record the schema refuses, a file that cannot be opened (a dangling symlink), something
-named like a rank file that is not a regular file (a directory, a FIFO, a device), and a
-name that is not a writer's: ``rank-01.jsonl`` is not rank 1's file (rank 1 writes
-``rank-1.jsonl``), so it is never read as rank 1; it is named as odd and skipped.
-
-[Never open what is not a regular file]
-Opening a FIFO for reading blocks until a writer appears, which would hang the report;
-opening a device can have side effects. So a file is ``stat``-ed first and opened only if
-it is a regular file, with ``O_NONBLOCK``, and checked again with ``fstat`` after opening
-in case it was swapped in between.
+Contract: :func:`load_report` reads every ``rank-<global rank>.jsonl`` of a report
+directory and its run subdirectories (or a single file) into a :class:`Report`. Strict
+(the default) raises :class:`EvidenceError` at the first problem, naming file and line;
+lenient (``strict=False``, what ``scout report`` uses) skips each bad line or file and
+lists it in :attr:`Report.problems`. Only regular files are opened (``stat`` first,
+``O_NONBLOCK``, ``fstat`` after), so a FIFO cannot hang the reader; ``rank-01.jsonl`` is
+not rank 1's file. Docs: docs/evidence.md, "Reading a report".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The evidence record: one SCOUT decision, validated, versioned and plain JSON.
 
-A :class:`Record` is what every part of SCOUT writes and every reader gets back: a C3
-verdict (``scout.verdict/1``), a checkpoint-gate decision (``scout.checkpoint/1``) or an
-incident (``scout.incident/1``), the job-level answer that merges the records of one
-failure. The format is a contract with tools outside this package, so it is versioned
-(``schema``), strict in both directions (a record is validated when built and when read;
-unknown fields and unknown schemas are errors, not guesses), and plain JSON: enums are
-written as their string values and no value may be NaN or infinite. ``docs/evidence.md``
-describes every field.
-
-[Record ids]
-Incidents point at the records they merge, so every record has an ``id``: a short
-blake2b of its canonical JSON *without* ``time``. It is derived, never stored, so files
-written before ids existed read back with the same ids, and the same decision written
-twice (a retried write, a copy of the file) has one id.
+Contract: a :class:`Record` (``scout.verdict/1``, ``scout.checkpoint/1`` or
+``scout.incident/1``) is validated when built and when read, unknown fields and schemas
+are errors, and values are plain JSON (enums as their strings, no NaN or infinity). Its
+``id`` is a blake2b of its canonical JSON without ``time``: derived, never stored, so the
+same decision written twice has one id. Docs: docs/evidence.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Run identity and the on-disk layout of runs: one directory per run under ``report_dir``.
 
-Every record carries a ``run_id``, and two jobs started in the same working directory
-must never write into one file. So each run gets its own directory,
-``<report_dir>/<run dir>/rank-<r>.jsonl`` (:func:`run_directory`: the run id itself,
-with any character a file name should not hold replaced), and the run id is unique
-per launch unless the user names the run:
-
-1. ``Config.run_id`` when set (the user's name for the run);
-2. else ``TORCHELASTIC_RUN_ID`` when torchrun was given one (``--rdzv-id``); plain
-   ``torchrun`` sets it to ``"none"``, which is no identity at all and is ignored;
-3. else a fresh id, ``scout-<UTC date>-<UTC time>-<12 hex digits>``, agreed by every
-   rank: each contributes its clock and a random nonce to one ``MAX`` reduction on a
-   diagnostic group (:func:`agree_run_id`), so all ranks get the same id without rank 0
-   having to speak first.
-
-``scout report`` reads both layouts: rank files directly in the directory it is given
-(reports written before runs had directories, or a run directory itself) and rank files
-in its immediate subdirectories (one per run); see :mod:`.reading`.
+Contract: each run writes into ``<report_dir>/<run dir>/`` (:func:`run_directory`: the
+run id with unsafe characters replaced), and the run id is ``Config.run_id``, else
+torchrun's ``TORCHELASTIC_RUN_ID`` (not ``"none"``), else a fresh
+``scout-<UTC date>-<UTC time>-<12 hex digits>`` agreed by every rank in one ``MAX``
+reduction of clocks and nonces (:func:`agree_run_id`), so two jobs in one directory never
+share a file. Docs: docs/evidence.md, "Who writes what".
 """
 
 from __future__ import annotations

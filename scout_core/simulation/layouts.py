@@ -1,24 +1,10 @@
 """Layout strings and the published layouts SCOUT is simulated on (PAPER.md Table 2).
 
-A layout string names each parallel degree as ``<AXIS><degree>``, separated by spaces
-or commas, in any order and any case: ``"TP8 PP16 DP128"``. The axes:
-
-======== ================================================= ===========
-token    meaning                                           mesh axis
-======== ================================================= ===========
-``TP``   tensor parallel                                   ``t``
-``PP``   pipeline parallel                                 ``p``
-``DP``   data parallel replicas (SCOUT's peers)            ``d``
-``CP``   context parallel (sequence shards)                ``c``
-``EP``   expert parallel                                   ``e``
-``EDP``  expert data parallel (Skywork-MoE): its ranks     ``e``
-         hold different experts, so it is modelled on e
-``FSDP`` fully sharded data parallel (state shards)        ``s``
-======== ================================================= ===========
-
-Ranks are laid out Megatron's way, tensor parallel fastest:
-``tp-cp-ep-fsdp-dp-pp`` (:data:`ORDER`), so a TP group sits on one 8-GPU machine and a
-replica group spans machines. Every error names the token it is about.
+Contract: :func:`parse_layout` reads ``<AXIS><degree>`` tokens (``TP``, ``PP``, ``DP``,
+``CP``, ``EP``, ``EDP``, ``FSDP``), separated by spaces or commas, in any order and case,
+into a :class:`~scout_core.topology.mesh.MeshLayout` laid out Megatron's way, tensor
+parallel fastest (:data:`ORDER`); every error names the token it is about. The axes and
+their mesh axes: docs/scale.md.
 """
 
 from __future__ import annotations

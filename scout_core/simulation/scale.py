@@ -1,37 +1,12 @@
 """SCOUT at scale without a cluster: grouping, C3 and diagnosis on one layout, timed.
 
-:func:`simulate` takes a layout (``"TP8 PP16 DP128"``) and, in one process, does what
-every rank of such a job would do, with synthetic evidence and a planted culprit:
-
-1. **group**: every rank's mesh address (:meth:`MeshLayout.coordinates`) and peer
-   group (:meth:`MeshLayout.groups`), checked to partition the job into groups of the
-   expected degree, and the culprit's group checked against the per-rank API;
-2. **exact C3**: the culprit's peer group decides on 64-bit signatures, one of which
-   has a single bit flipped (an SDC), with :func:`decide_exact`;
-3. **statistical C3**: the same group decides on timings: healthy peers spread evenly
-   over ±2% of 10 ms (so a clean peer never crosses ``κ`` MADs by chance), the culprit
-   3x slower, with :func:`decide_statistical`;
-4. **every group**: the exact round of all peer groups of the job (what the whole job
-   computes at one replay boundary; each rank really does only its own group's);
-5. **cross-PG diagnosis**: :func:`diagnose` on planted slow groups: an intra-machine
-   group plus the culprit's replica group (machine-local, the culprit named), each
-   alone (intra- and inter-machine communication), and two replica groups on disjoint
-   machines (job level). Hosts are ``rank // gpus_per_host``.
-6. **hang**: the observers' wait-for graph (:mod:`scout_core.observer.waitfor`) over
-   every rank's position with the culprit frozen before its step: its TP partners wait
-   in their TP all-reduce, the rest of its model instance in collectives SCOUT does
-   not see, every other rank in its peer group's all-reduce; the graph's roots must be
-   the culprit alone, and every other rank must wait for it.
-
-Each part is timed and each planted culprit must be found exactly. **Goal**: grouping
-plus one decision at 16,384 ranks in under a second.
-
-[Traffic]
-A C3 round is one AllGather of a fixed :data:`ROW_WORDS`-word row per peer (1 KiB), so
-each rank receives ``N x 1 KiB`` for a peer group of ``N``: O(peer group), whatever
-the world size. The hang observer compares progress with the same row; over the whole
-job that is ``W x 1 KiB`` per rank and round (O(world), today's observer group), within
-peer groups ``N x 1 KiB``. :class:`Traffic` gives both, per rank and round.
+Contract: :func:`simulate` takes a layout (``"TP8 PP16 DP128"``) and, in one process, does
+what every rank of such a job would do, with synthetic evidence and a planted culprit:
+grouping, one exact and one statistical C3 decision, the exact round of every peer group,
+cross-PG diagnosis on planted slow groups, and the observers' wait-for graph with the
+culprit frozen. Each part is timed and each planted culprit must be found exactly (goal:
+grouping plus one decision at 16,384 ranks in under a second); :class:`Traffic` gives the
+diagnostic bytes per rank and round. The parts and what they check: docs/scale.md.
 """
 
 from __future__ import annotations

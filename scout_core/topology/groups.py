@@ -1,26 +1,11 @@
 """Process groups for SCOUT's own collectives, one per peer group of a mesh layout.
 
-C3 and replay exchange evidence inside peer groups (:mod:`scout_core.topology.mesh`). Those
-exchanges must never share a communicator with training: a wedged NCCL group
-would wedge diagnosis with it, and extra traffic on a training group could
-reorder its collectives. So every diagnostic group is a *new* Gloo group made
-here, never ``WORLD`` and never a group the framework created. Tensor payloads
-(replay broadcasts, signature folds on the device) may optionally get a second,
-device-backend group over the same members (``payload_backend="nccl"`` on CUDA).
-
-[Why every rank creates every group]
-``dist.new_group`` is collective over the whole default group: every rank must
-call it for every group, in the same order, even for groups it is not in.
-:meth:`MeshLayout.groups` returns the groups of a kind in a deterministic sorted
-order, and kinds are processed in the order given, so all ranks agree. Kinds
-that resolve to the same axes (``"peer"`` and ``"replica"`` when d > 1) share one
-set of process groups.
-
-[Which groups are SCOUT's]
-:func:`diagnostic_group` is the one place SCOUT makes a process group; it remembers
-every group it made (weakly), so :func:`is_diagnostic` can tell SCOUT's own groups
-from ``WORLD`` and from the framework's training groups. The agreement helpers
-(:mod:`scout_core.decision.agreement`) refuse any group that is not SCOUT's.
+Contract: every diagnostic group is a new Gloo group made by :func:`diagnostic_group`,
+never ``WORLD`` or a framework's group, optionally with a device-backend payload group over
+the same members; :func:`is_diagnostic` tells SCOUT's groups from any other.
+:func:`create_peer_groups` is collective over the whole job: every rank creates every
+group of the given kinds in the same deterministic order. Docs: docs/concepts.md, "Mesh
+addresses and peer groups".
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """Mesh addresses: which ranks run equivalent work, and so may be compared.
 
-SCOUT compares a rank only with peers that execute the same model partition at
-the same training coordinate. Every rank has an address ``(d, s, t, p, c, e)``
-(data replica, FSDP state shard, tensor, pipeline, context and expert
-coordinates); an axis the job does not use has degree 1. Two peer groups matter
-(paper §4, DESIGN §3):
-
-* ``G_rep(r)`` varies ``d`` and fixes ``s, t, p, c, e``: replicas holding the same
-  shard of the same partition.
-* ``G_shard(r)`` varies ``s`` and fixes ``t, p, c, e`` (and ``d``): the shards of one
-  replica, used when the job has no replica axis (pure FSDP).
-
-The context axis is fixed in both because context-parallel ranks hold different
-sequence shards. The size of a group sets how far a disagreement can point
-(:func:`attribution_scope`).
-
-A :class:`MeshLayout` maps global ranks to addresses. It is built from a
-Megatron-style order string (:meth:`MeshLayout.from_order`, first axis varies
-fastest), from a ``DeviceMesh`` (:meth:`MeshLayout.from_device_mesh`, whose rank
-tensor may be any arrangement of ranks), or from a bare rank grid
-(:meth:`MeshLayout.from_grid`). Everything is pure arithmetic, so layouts with
-thousands of ranks can be checked without a process group.
-
-[Axis names]
-:class:`Axis` is the one vocabulary of axis names; framework spellings (``dp``,
-``dp_shard``, ``tp`` ...) are translated by one table, :data:`AXIS_ALIASES`.
+Contract: a :class:`MeshLayout` maps every global rank to an address ``(d, s, t, p, c, e)``
+(an unused axis has degree 1) and gives its peer groups: ``G_rep`` varies ``d`` (replicas
+of the same shard of the same partition), ``G_shard`` varies ``s`` (the shards of one
+replica, used without a replica axis); ``c`` is fixed in both. It is built from an order
+string (:meth:`MeshLayout.from_order`, first axis fastest), a ``DeviceMesh``
+(:meth:`MeshLayout.from_device_mesh`) or a rank grid (:meth:`MeshLayout.from_grid`), by
+pure arithmetic, with no process group. :class:`Axis` is the one vocabulary of axis names
+(:data:`AXIS_ALIASES` translates framework spellings); :func:`attribution_scope` says how
+far a disagreement can point. Docs: docs/concepts.md, "Mesh addresses and peer groups".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Switching SCOUT on for a DeepSpeed engine: the plugin, the ``"scout"`` section, ``initialize``.
 
-DeepSpeed's JSON config tolerates unknown *top-level* keys (its nested sections are
-pydantic models that reject them), and keeps the parsed dict as
-``engine._config._param_dict``. So the user's whole switch is one section::
-
-    {"train_batch_size": 16, ..., "scout": {"report_dir": "runs/scout", "replay_interval": 20}}
-
-with the same keys as :class:`scout_core.Config`; ``SCOUT_*`` environment variables
-override them. Two ways to act on it:
-
-* ``scout.enable(engine)`` after ``deepspeed.initialize`` (through the entry point);
-* ``scout_deepspeed.initialize(...)``, a drop-in for ``deepspeed.initialize`` that
-  returns the same tuple and attaches SCOUT to the engine when the section asks.
-
-:class:`DeepSpeedPlugin` is a :class:`~scout_core.plugin_api.FrameworkPlugin`: the core
-owns the version check, idempotence, config resolution (no section and no
-``SCOUT_CONFIG`` / ``SCOUT_ENABLED``: nothing is attached) and the session registry;
-this module states the DeepSpeed facts: which objects are engines, where the section
-is, how to build the adapter (:mod:`scout_deepspeed.adapter`) and how the engine's
-own checkpoints are routed through the core's gate (:mod:`scout_deepspeed.gating`).
-``initialize`` checks a dict or JSON-file section *before* the expensive engine
-construction.
+Contract: the user's switch is a top-level ``"scout"`` section of the DeepSpeed JSON (read
+from ``engine._config._param_dict``), with ``SCOUT_*`` overrides; ``scout.enable(engine)``
+or the drop-in :func:`initialize` acts on it, and :func:`initialize` checks a dict or
+JSON-file section before the engine is built. :class:`DeepSpeedPlugin` states the
+DeepSpeed facts (which objects are engines, where the section is, the adapter, the
+checkpoint wiring); the core owns the rest. Docs: docs/deepspeed.md, "Switching it on".
 """
 
 from __future__ import annotations

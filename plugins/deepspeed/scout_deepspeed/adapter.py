@@ -1,35 +1,13 @@
 """``DeepSpeedAdapter``: what SCOUT's core needs to know about one DeepSpeed engine.
 
-It implements :class:`scout_core.integration.adapter.FrameworkAdapter` for ``DeepSpeedEngine``
-and ``PipelineEngine`` under ZeRO 0-3:
-
-* **layout** from :mod:`scout_deepspeed.layout` (checked against DeepSpeed's own
-  groups at construction);
-* **modules**: the repeated blocks, embedding and LM head of ``engine.module`` found
-  by the core's discovery; a ``PipelineModule`` keeps its stage's layers as numbered
-  children (``"3"``, ``"4"``), so there the repeated layers are the largest set of
-  same-class numbered children on this stage; every ``MOELayer``'s gate and local
-  experts as the core's MoE router and experts parts (:mod:`scout_deepspeed.moe`);
-* **optimizer**: the torch optimizer inside DeepSpeed's wrappers
-  (``engine.optimizer.optimizer`` under ZeRO / bf16 / fp16), resolved after
-  ``deepspeed.initialize``; it steps once per gradient-accumulation boundary, or,
-  under a ZeRO wrapper, once per parameter group (ZeRO 1/2: each of
-  ``bit16_groups``; ZeRO-3: each of ``fp16_groups``, with ``param_groups`` narrowed
-  to that group). The adapter reports that count as its steps per iteration, and
-  the core's step clock makes one replay boundary of them, at the first group's
-  step: the only point where no parameter of the iteration has moved yet (right
-  after each group's step DeepSpeed copies that group's update into the module).
-  Under ZeRO 1-3 it steps on this rank's flat fp32 partition, which no other rank
-  holds, so its ownership is ``UNIQUE`` and the core skips optimizer replay with a
-  logged reason;
-* **materialize**: parameter clones under ZeRO 0-2 (replicated), a gather of this
-  layer's partitions on SCOUT's diagnostic group under ZeRO-3
-  (:func:`scout_deepspeed.zero3.gather_full`);
-* **call**: ``torch.func.functional_call`` with DeepSpeed's hooks hidden, so a
-  replayed ZeRO-3 layer never fetches or releases parameters, and with the process
-  group of any Ulysses attention or MoE layer inside re-pointed to SCOUT's own Gloo
-  group over the same ranks (:mod:`scout_deepspeed.collectives`), so its all-to-alls
-  never run on the training communicator.
+Contract: a :class:`scout_core.integration.adapter.FrameworkAdapter` for ``DeepSpeedEngine``
+and ``PipelineEngine`` under ZeRO 0-3: the checked layout (:mod:`.layout`); the blocks
+found by the core's discovery (a ``PipelineModule`` stage's numbered same-class children)
+and the MoE parts (:mod:`.moe`); the torch optimizer inside DeepSpeed's wrappers, stepped
+once per parameter group under ZeRO (one boundary per iteration, at the first group's
+step) and ``UNIQUE`` under ZeRO 1-3; parameters cloned, or gathered on SCOUT's group under
+ZeRO-3 (:mod:`.zero3`); and a hook-free call whose Ulysses and MoE collectives run on
+SCOUT's groups (:mod:`.collectives`). Docs: docs/deepspeed.md.
 """
 
 from __future__ import annotations

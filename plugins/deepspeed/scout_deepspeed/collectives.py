@@ -1,29 +1,13 @@
 """Replaying a layer whose forward talks: re-point its process group to SCOUT's own.
 
-Two DeepSpeed layers issue collectives inside their forward:
-
-* Ulysses ``DistributedAttention`` (``deepspeed.sequence.layer``) runs two
-  all-to-alls on its sequence-parallel group, held in the attribute ``spg``;
-* the MoE layer ``MOELayer`` (``deepspeed.moe.sharded_moe``, the ``deepspeed_moe``
-  child of ``deepspeed.moe.layer.MoE``) runs two all-to-alls on ``ep_group``, and its
-  gate ``TopKGate`` may all-reduce the expert capacity on its own ``ep_group``.
-
-Replaying such a layer as is would put SCOUT's traffic on the training
-communicator, which SCOUT never does. So at construction :class:`Repointer` creates,
-for every sequence-parallel (``c``) and expert-parallel (``e``) group of the layout,
-a new Gloo group with the *same members in the same order* (collective: every rank
-creates every group, in :meth:`MeshLayout.groups` order), and checks that each such
-attribute found in the model holds a group whose ranks are exactly those of this
-rank's diagnostic group. During a replayed call, :meth:`Repointer.patched` swaps
-the attributes to the diagnostic group and restores them in a ``finally``, together
-with the per-call state the MoE layer writes on itself (``l_aux``, ``exp_counts``),
-so training never sees a difference. Backward needs no patch: DeepSpeed's
-all-to-all autograd functions keep the group they ran forward on (``ctx.group``).
-
-Replay runs on every rank at the same boundary with the same recipe, and the
-source peer index is the same in every replica group, so the SP (EP) partners of
-a replica replay on the inputs of an actual SP (EP) group of the training step and
-their diagnostic all-to-alls meet.
+Ulysses ``DistributedAttention`` (``spg``) and the MoE ``MOELayer`` and its ``TopKGate``
+(``ep_group``) run collectives inside their forward. Contract: at construction
+:class:`Repointer` creates a Gloo group with the same members in the same order for every
+``c`` and ``e`` group of the layout (collective, in :meth:`MeshLayout.groups` order) and
+checks each such attribute holds exactly this rank's group; :meth:`Repointer.patched`
+swaps them to SCOUT's group for one replayed call and restores them, with the MoE layer's
+per-call state, in a ``finally``. Docs: docs/deepspeed.md, "Ulysses sequence parallel and
+MoE expert parallel".
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """DeepSpeed's own checkpoints, gated by the core: the checkpoint IO and the engine wiring.
 
-The core's :class:`~scout_core.plugin_api.FrameworkGate` certifies a framework's
-checkpoints with the replay evidence (roles, the sidecar ledger, records, refusal
-after SDC, recovery). This module states only the DeepSpeed facts:
-
-* :class:`DeepSpeedCheckpointIO`: one ``save_dir`` of ``engine.save_checkpoint`` /
-  ``load_checkpoint``; the tag of SCOUT step ``s`` is DeepSpeed's default
-  ``global_step{s+1}`` (``engine.global_steps`` counts completed steps); a tag is
-  complete once its ``*model_states.pt`` file exists; the rank that writes
-  DeepSpeed's ``latest`` file (global rank 0, or local rank 0 with node-local
-  storage) writes SCOUT's sidecar.
-* :func:`wire`: DeepSpeed has no hook around checkpoint I/O, so the engine
-  *instance* gets its own ``save_checkpoint`` and ``load_checkpoint`` attributes that
-  go through the gate (the class is untouched; the undo deletes them again).
-  ``save_checkpoint`` keeps DeepSpeed's return value (``False`` when refused) and
-  ``load_checkpoint`` DeepSpeed's ``(None, None)`` when there is nothing to load.
-
-Every rank must call them at the same point (DeepSpeed requires it too).
+Contract: :class:`DeepSpeedCheckpointIO` states the DeepSpeed facts of one ``save_dir``
+(tag ``global_step{s+1}`` for SCOUT step ``s``, complete once ``*model_states.pt`` exists,
+the sidecar written by the rank that writes DeepSpeed's ``latest``); :func:`wire` gives
+the engine instance its own ``save_checkpoint`` / ``load_checkpoint`` through the core's
+gate, keeping DeepSpeed's return values, and its undo deletes them. Every rank calls them
+at the same point. Docs: docs/deepspeed.md, "Checkpoint gating".
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """The mesh layout of a DeepSpeed job, read off the engine and checked against its groups.
 
-SCOUT compares a rank with its *peers*: the ranks that hold the same state and run
-the same work. DeepSpeed knows who they are; this module turns what it knows into a
-:class:`~scout_core.topology.mesh.MeshLayout`, from which the core builds its own Gloo
-diagnostic groups (DeepSpeed's groups are never used for diagnostic traffic):
-
-* **PipelineEngine**: the pipeline grid's topology (``engine.grid._topo``, axes
-  ``pipe`` / ``data`` / ``model``) becomes the rank grid as is, so peer groups are
-  per stage and per tensor slice.
-* **DeepSpeedEngine**: tensor parallel from the ``mpu`` (Megatron convention: TP
-  ranks contiguous; DeepSpeed's AutoTP training, ``tensor_parallel.autotp_size``, makes
-  ``deepspeed.utils.groups`` the mpu, with TP fastest on a (data_parallel,
-  tensor_parallel) device mesh), then Ulysses sequence parallel as the context axis ``c``
-  (DeepSpeed's sequence groups are contiguous too), then MoE expert parallel as
-  ``e`` (DeepSpeed's expert-parallel groups are contiguous, its expert-data-parallel
-  groups strided; ``use_data_before_expert_parallel_`` swaps the two), data parallel
-  slowest. Under ZeRO-1/2 parameters are replicated over the data-parallel group, so
-  data parallel is the replica axis ``d``; under ZeRO-3 each rank owns one shard of
-  every parameter, so it is the state-shard axis ``s``.
-
-Replica peers vary ``d`` with every other coordinate fixed, which is right for both
-kinds of weights: dense weights are identical over the whole (sequence-)data-parallel
-group, a superset of the peers, and expert weights over the expert-data-parallel
-group, which *is* the peer group (same ``e``: same experts).
-
-The derivation relies on DeepSpeed's conventions, so it is *checked*: every group
-DeepSpeed built for this rank (data parallel, tensor parallel, sequence parallel,
-sequence-data parallel, expert parallel and expert-data parallel per ``ep_size``, the
-pipeline's stage groups) must equal the group the layout implies. Every rank runs the check
-and the outcome is agreed on a throw-away Gloo group, so a mismatch raises
-:class:`~scout_core.errors.UnsupportedSetupError` on every rank instead of leaving
-some ranks inside a collective the others never join.
+Contract: :func:`engine_layout` turns what DeepSpeed knows into a
+:class:`~scout_core.topology.mesh.MeshLayout` (a ``PipelineEngine``'s grid as is;
+otherwise TP from the ``mpu``, then Ulysses as ``c``, MoE expert parallel as ``e``, and
+data parallel slowest, as ``d`` under ZeRO 0-2 and ``s`` under ZeRO-3), whose replica
+peers hold the same dense and expert weights. :func:`check_layout` compares every group
+DeepSpeed built for this rank with the group the layout implies, and
+:func:`agree_or_raise` makes a mismatch an
+:class:`~scout_core.errors.UnsupportedSetupError` on every rank. Docs: docs/deepspeed.md,
+"What attaches where" and "Ulysses sequence parallel and MoE expert parallel".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """DeepSpeed MoE layers as the core's ``router:<i>`` / ``experts:<i>`` parts.
 
-The core replays an MoE layer in two recipes (``docs/moe.md``): the **router** is
-captured and replayed like a layer (its input has a fixed shape), and the layer's
-**local experts** are replayed at the shape catalog's representatives on synthetic
-inputs drawn from a broadcast seed, on every expert-data-parallel peer. The core's
-own discovery finds a layer with an ``experts`` ``ModuleList`` beside a ``router`` or
-``gate``; DeepSpeed's layout is one level deeper, so this module maps it:
-
-* ``deepspeed.moe.layer.MoE`` (the user's module) holds ``deepspeed_moe``, a
-  ``MOELayer`` (``deepspeed.moe.sharded_moe``): the MoE layer proper;
-* ``MOELayer.gate`` is the ``TopKGate`` (its linear ``wg`` scores the experts):
-  ``router:<i>``, path ``<layer>.gate``. Its forward returns ``(l_aux,
-  combine_weights, dispatch_mask, exp_counts)``: the router round compares the
-  floating leaves (routing weights) and the integer and boolean ones (dispatch) apart;
-* ``MOELayer.experts`` is an ``Experts`` whose ``deepspeed_experts`` ``ModuleList``
-  holds this rank's local experts (deep copies of the user's expert module, each
-  mapping ``(rows, d_model)`` to ``(rows, d_model)``): ``experts:<i>``, reported
-  under the ``Experts`` module's path ``<layer>.experts``.
-
-So the catalog names a DeepSpeed MoE layer by the ``MOELayer``'s path: for
-``layers.0.moe = MoE(...)`` the layer is ``layers.0.moe.deepspeed_moe`` and its
-projections ``layers.0.moe.deepspeed_moe.up`` / ``.down`` (``scout catalog discover
---model``). A layer whose gate or experts do not have this shape is not replayed by
-these recipes (logged, with the reason).
+Contract: :func:`moe_parts` maps every ``MOELayer`` (the ``deepspeed_moe`` child of
+``deepspeed.moe.layer.MoE``) to ``router:<i>`` (its ``TopKGate``, path ``<layer>.gate``)
+and ``experts:<i>`` (the ``deepspeed_experts`` of its ``Experts``, reported as
+``<layer>.experts``), where ``<layer>`` is the ``MOELayer``'s path, the name the catalog
+uses; a layer of another shape is logged and not replayed by these recipes. Docs:
+docs/deepspeed.md, "Ulysses sequence parallel and MoE expert parallel".
 """
 
 from __future__ import annotations

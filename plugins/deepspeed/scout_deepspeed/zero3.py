@@ -1,24 +1,11 @@
 """ZeRO-3 support: gather one layer's partitions off the training path, call it hook-free.
 
-[Why not ``deepspeed.zero.GatheredParameters``]
-``GatheredParameters`` all-gathers on the parameter's own ``ds_process_group`` (the
-training communicator) and flips the parameters' ZeRO status while it holds them.
-Replay must do neither: SCOUT's diagnostic traffic stays on its own Gloo groups,
-and a replay that a faulty rank never joins must not be able to wedge training.
-So :func:`gather_full` does what ``GatheredParameters`` does for reading, on
-SCOUT's diagnostic group: every rank contributes its partition ``p.ds_tensor``
-(``ds_numel`` elements of the flat parameter, padded so that every rank's piece
-has the same size), the pieces are put in the order of the ranks' positions in
-``ds_process_group``, and the flat result is cut to ``p.ds_numel`` and shaped
-``p.ds_shape``. The result is a plain tensor copy; the live parameter is untouched.
-
-[Why strip DeepSpeed's hooks during replay]
-ZeRO-3 registers forward hooks on *every* submodule that fetch (all-gather) and
-release parameters. Calling a layer for replay would run them: collectives on the
-training communicator and changes to the parameters' partition state.
-:func:`without_deepspeed_hooks` hides exactly the hooks whose code lives in the
-``deepspeed`` package for the duration of the replayed call and puts them back,
-so the user's own hooks (and SCOUT's fault injectors) still see the call.
+Contract: :func:`gather_full` gathers a parameter's ``ds_tensor`` partitions on SCOUT's
+diagnostic group, in ``ds_process_group`` order, into a plain full copy; the live
+parameter and its ZeRO status are untouched, unlike ``deepspeed.zero.GatheredParameters``,
+which talks on the training communicator. :func:`without_deepspeed_hooks` hides exactly
+the hooks whose code lives in the ``deepspeed`` package for one replayed call. Docs:
+docs/deepspeed.md, "ZeRO stages: what SCOUT can and cannot see".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """SCOUT plugin for Megatron-Core (distribution ``scout-megatron``).
 
-Three ways to switch SCOUT on, one per way of running Megatron (``docs/megatron.md``):
-
-* Megatron-Bridge: ``pretrain(cfg, forward_step, callbacks=scout_megatron.callbacks_from(cfg))``
-  (:class:`ScoutCallback` attaches at ``on_train_start``);
-* Megatron-LM: ``extra_args_provider=scout_megatron.add_args`` gives ``--scout-config``
-  and ``--scout-<key>`` flags; ``scout_megatron.attach(model, optimizer, args)``;
-* a script that calls megatron-core directly:
-  ``session = scout_megatron.attach(model_chunks, optimizer, config)``.
-
-SCOUT then replays sampled layers of the chunks at the inner optimizers' step
-boundary and compares each rank with the data-parallel replicas holding the same
-weights and TP shard; the hang observer watches progress out of band; checkpoints
-saved through :func:`save_checkpoint` are certified by the checkpoint gate
-(:func:`load_checkpoint`, :func:`recover`).
+Three ways to switch SCOUT on, one per way of running Megatron: Megatron-Bridge's
+``callbacks=scout_megatron.callbacks_from(cfg)``, Megatron-LM's
+``extra_args_provider=scout_megatron.add_args`` with :func:`attach`, or :func:`attach` from
+a script that calls megatron-core directly. Checkpoints saved through
+:func:`save_checkpoint` are certified by the checkpoint gate (:func:`load_checkpoint`,
+:func:`recover`). Docs: docs/megatron.md.
 """
 
 from __future__ import annotations

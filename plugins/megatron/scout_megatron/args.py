@@ -1,33 +1,13 @@
 """SCOUT's settings as Megatron-LM command-line flags.
 
-Megatron-LM builds one ``argparse`` parser and lets a training script add to it:
-``pretrain(..., extra_args_provider=scout_megatron.add_args)`` (0.16 / 0.17) or
-``parse_args(extra_args_provider=...)``. :func:`add_args` adds, in a "SCOUT" group:
-
-* ``--scout-config PATH``: a TOML or JSON file of SCOUT keys (top level or a
-  ``[scout]`` table), as ``scout_core.Config.from_file`` reads it;
-* ``--scout-<key>`` for every field of :class:`scout_core.Config`, the key with ``_``
-  spelled ``-`` (``--scout-replay-interval 10``, ``--scout-recipes hidden,lm_head``,
-  ``--scout-stage-timeout-s none``). Values are written as in ``SCOUT_<KEY>``
-  environment variables (bools ``true``/``false``/``1``/``0``..., lists comma
-  separated, ``none`` for an unset optional); a bool flag alone means true
-  (``--scout-enabled``). The flags are derived from ``dataclasses.fields(Config)``,
-  so a new config field gets its flag with no change here.
-
-argparse keeps the values as text and leaves absent flags out of the namespace
-(Megatron-LM saves its ``args`` into checkpoints; nothing of SCOUT's is added unless
-asked for). :func:`section_from_args` turns them into a mapping of typed values,
-validated key by key through ``Config``'s own parsing, ready for
-``Config.from_mapping``; a bad value raises :class:`~scout_core.ConfigError` naming
-the flag and the key. An unknown ``--scout-*`` flag is refused by argparse itself
-(Megatron-LM's parser is built with ``allow_abbrev=False``).
-
-Precedence, lowest first: SCOUT's defaults, the ``--scout-config`` file, the
-``--scout-<key>`` flags, then ``SCOUT_<KEY>`` environment variables (the core's rule
-for a framework's SCOUT section, applied by :func:`config_from_args`). Any SCOUT flag
-switches SCOUT on (unless ``--scout-enabled false``), as a framework's SCOUT section
-does; without one the environment decides (off unless ``SCOUT_CONFIG`` or
-``SCOUT_ENABLED`` says otherwise).
+Contract: :func:`add_args` (Megatron-LM's ``extra_args_provider``) adds a "SCOUT" group:
+``--scout-config PATH`` and ``--scout-<key>`` for every field of
+:class:`scout_core.Config`, values written as in ``SCOUT_<KEY>`` variables; absent flags
+stay out of the namespace. :func:`section_from_args` types and validates them (a bad
+value raises :class:`~scout_core.ConfigError` naming flag and key);
+:func:`config_from_args` applies the precedence (defaults, file, flags, then ``SCOUT_*``
+variables), and any SCOUT flag switches SCOUT on. Docs: docs/megatron.md, "Switching it
+on".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """Megatron-Bridge's callback API (``megatron.bridge.training.callbacks``), loadable on CPU.
 
-Bridge's callback system is the one real "Megatron callback": ``pretrain(config,
-forward_step_func, callbacks=[...])`` fires the events of each ``Callback`` through a
-``CallbackManager``. In Bridge 0.3.1 (the newest release for Python 3.11):
-
-* events (``VALID_EVENTS``): ``on_train_start``, ``on_train_step_start``,
-  ``on_train_step_end``, ``on_train_end`` and the ``eval`` and ``test`` variants of
-  each; every ``Callback`` method takes one ``CallbackContext`` and returns None.
-  There is **no** ``on_checkpoint_save`` in 0.3.1 (it arrives in a later release).
-* ``CallbackContext`` fields: ``state`` (Bridge's ``GlobalState``; ``state.train_state.
-  step`` counts completed iterations), ``model`` (list of model chunks), ``user_state``
-  (the manager's dict), ``optimizer`` (``MegatronOptimizer``), ``scheduler``,
-  ``loss_dict``, ``grad_norm``, ``skipped_iter`` (the last three in
-  ``on_train_step_end``), ``total_loss_dict`` (eval / test end).
-* ``CallbackManager``: ``add(callback | [callbacks])`` registers the methods a
-  subclass overrides, ``register(event, fn)``, ``fire(event, context)``, ``user_state``,
-  ``has_callbacks(event)``; ``normalize_callbacks`` turns ``pretrain``'s argument into
-  a manager.
-* In ``train()`` a new context is built for each event; ``on_train_step_start`` and
-  ``on_train_step_end`` of iteration ``k`` (0-based) both see ``train_state.step == k``
-  (the counter is incremented after ``on_train_step_end``), and interval checkpoints
-  are saved after the increment.
-
-Bridge's package ``__init__`` imports its model bridges (``transformers``, Transformer
-Engine), so ``import megatron.bridge...`` fails on a CPU host; ``callbacks.py`` itself
-imports only the standard library. :func:`bridge_callbacks` returns the module Bridge
-uses when it is already imported (a real Bridge job), and otherwise loads the
-installed file by path under a private module name.
+Contract: :func:`bridge_callbacks` returns the callbacks module Bridge uses when it is
+already imported (a real Bridge job), and otherwise loads the installed ``callbacks.py``
+(standard library only) by path under a private module name, since Bridge's package
+``__init__`` imports Transformer Engine. The API facts the plugin relies on (events,
+context fields, when ``train_state.step`` moves): docs/megatron.md, "Switching it on".
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Bridge's saves and loads through SCOUT's checkpoint gate: :class:`ScoutCheckpointManager`.
 
 Megatron-Bridge 0.4 and later build their checkpoint manager from
-``CheckpointConfig.custom_manager_class`` (a dotted class name, constructed with the
-``CheckpointConfig``; ``train()`` saves through ``manager.save(CheckpointSaveContext,
-callback_manager)`` and ``pretrain`` loads through ``manager.load(CheckpointLoadContext)``,
-which returns ``(iteration, flops)``). Setting::
-
-    cfg.checkpoint.custom_manager_class = "scout_megatron.bridge_checkpoint.ScoutCheckpointManager"
-
-puts the gate between Bridge and its own :class:`DefaultCheckpointManager` (or the
-``inner`` manager given): a save while an SDC awaits recovery is refused (nothing is
-written, a warning and a record say so), other saves are certified in the sidecar as
-for Megatron-LM; a load without ``ckpt_step`` restores the newest *verified* tag (the
-gate agrees on it job-wide, then sets ``ckpt_step`` for Bridge's loader). Without an
-enabled SCOUT session on the model chunks both go straight to the inner manager.
-Bridge's tags are Megatron-LM's (``iter_NNNNNNN`` under ``checkpoint.save``), listed
-and read by :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`.
+``CheckpointConfig.custom_manager_class``; setting it to
+``"scout_megatron.bridge_checkpoint.ScoutCheckpointManager"`` puts the gate between Bridge
+and its own ``DefaultCheckpointManager`` (or the ``inner`` manager given). Contract: a
+save while an SDC awaits recovery writes nothing; other saves are certified in the
+sidecar; a load without ``ckpt_step`` restores the newest verified tag, agreed job-wide;
+without an enabled session both go straight to the inner manager. Docs: docs/megatron.md,
+"Checkpoints through the gate".
 """
 
 from __future__ import annotations

@@ -1,39 +1,15 @@
 """SCOUT as a Megatron-Bridge callback: :class:`ScoutCallback` and :func:`callbacks_from`.
 
-Bridge's ``pretrain(config, forward_step_func, callbacks=[...])`` fires the events of
-each ``Callback`` (:mod:`scout_megatron.bridge` describes the 0.3.1 API). The user's
-whole change is one argument::
+The user's whole change is one argument::
 
     pretrain(cfg, forward_step, callbacks=scout_megatron.callbacks_from(cfg))
 
-:func:`callbacks_from` returns ``[ScoutCallback(...)]`` when SCOUT is switched on and
-``[]`` when it is off, so the line can stay in a script for good. It is switched on
-by an explicit :class:`~scout_core.Config` (or a TOML/JSON path), or by the
-environment: ``SCOUT_CONFIG`` (a file), ``SCOUT_ENABLED`` and the other ``SCOUT_*``
-variables. A Bridge config that carries ``env_vars`` (a mapping; Bridge applies it
-to the environment with ``os.environ.setdefault`` when it finalises the config) has
-its ``SCOUT_*`` entries applied the same way first, so the YAML line
-``env_vars: {SCOUT_CONFIG: /path/scout.toml}`` switches SCOUT on. (Bridge 0.3.1's
-``ConfigContainer`` has no ``env_vars`` field: set the variables in the launcher's
-environment, e.g. NeMo-Run's ``executor.env_vars``.)
-
-What :class:`ScoutCallback` does on each event:
-
-* ``on_train_start``: attaches SCOUT to ``context.model`` (the chunks) and
-  ``context.optimizer`` through :func:`scout_megatron.attach` (collective: every rank
-  fires it at the same point), keeping the session in ``context.user_state["scout"]``;
-* ``on_train_step_start`` / ``on_train_step_end``: the iteration's boundaries as
-  Bridge counts them (``state.train_state.step``). SCOUT's own step clock runs on the
-  inner optimizers' steps; the callback keeps the offset between the two
-  (:attr:`ScoutCallback.offset`: Bridge's iteration when SCOUT attached, plus every
-  iteration Megatron skipped without an optimizer step, ``skipped_iter``), so
-  checkpoint tags and SCOUT steps stay comparable, and logs when they part;
-* ``on_train_end``: closes the session (hooks, groups' users and the observer);
-* ``on_checkpoint_save`` (Bridge releases that have it, 0.5 on; not fired by 0.3.1):
-  records the checkpoint Bridge has just written in the checkpoint gate's ledger
-  (:func:`scout_megatron.gating.record_save`), so recovery can select it once two clean
-  recipe cycles vouch for it. Bridge 0.3.1 has no seam to gate its saves
-  (``CheckpointConfig.custom_manager_class`` arrives in 0.4).
+Contract: :func:`callbacks_from` returns ``[ScoutCallback(...)]`` when SCOUT is switched on
+(an explicit config or path, ``SCOUT_*`` variables, or the config's ``env_vars``) and
+``[]`` when it is off. :class:`ScoutCallback` attaches on ``on_train_start`` (collective),
+keeps Bridge's iteration and SCOUT's step clock comparable (:attr:`ScoutCallback.offset`),
+closes on ``on_train_end`` and records saves on ``on_checkpoint_save`` where Bridge fires
+it. The events, one by one: docs/megatron.md, "Switching it on".
 """
 
 from __future__ import annotations

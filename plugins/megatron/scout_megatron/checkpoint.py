@@ -1,52 +1,12 @@
 """Megatron checkpoints through ``megatron.core.dist_checkpointing``, in the CheckpointIO shape.
 
-:class:`MegatronCheckpointIO` writes and reads the checkpoints of one Megatron job
-the way Megatron-LM's ``save_checkpoint`` / ``load_checkpoint`` lay them out, so the
-gate can certify and restore them and Megatron-LM can read them:
-
-* one directory per checkpoint, ``<directory>/iter_0000010``, named by Megatron's
-  *iteration*: the number of completed iterations. SCOUT counts 0-based steps, so
-  the checkpoint taken right after SCOUT step ``s`` is ``iter_{s + 1:07d}``
-  (:meth:`~MegatronCheckpointIO.tag_for`);
-* inside it a *distributed* checkpoint (``dist_checkpointing.save`` with its default
-  ``torch_dist`` strategy): the sharded state dict of every model chunk (``model``, or
-  ``model0``, ``model1`` ... with virtual pipeline stages) and of the Megatron
-  optimizer (``optimizer.sharded_state_dict(model_state)``), plus the common values
-  ``iteration`` and ``checkpoint_version``. TP shards are saved once per tensor and
-  DP replicas are deduplicated by the shards' ``replica_id``, so the checkpoint can be
-  reloaded under another parallel layout. ``metadata.json`` is written last: a
-  directory without it is incomplete (``check_is_distributed_checkpoint``);
-* ``latest_checkpointed_iteration.txt`` beside the directories, written by global
-  rank 0 after every rank finished (Megatron-LM's tracker file; rank 0 therefore
-  also writes SCOUT's sidecar, :meth:`~MegatronCheckpointIO.writes_metadata`).
-
-Loading builds the same sharded state dict (the optimizer's with ``is_loading=True``,
-so Megatron's ``init_state_fn`` creates the Adam slots to load into), lets
-``dist_checkpointing.load`` fill it, and hands the result to the chunks'
-``load_state_dict`` and the optimizer's ``load_state_dict``, as Megatron-LM does.
-
-Not saved here (Megatron-LM adds them to its state dict): the ``args`` namespace,
-the learning-rate scheduler (``opt_param_scheduler``), the RNG state (a pickled
-``ShardedObject``), ``num_floating_point_operations_so_far`` and the data iterator
-position. The on-disk formats are megatron-core's and
-torch DCP's (``common.pt`` through ``torch.save``, read back with torch's default
-``weights_only=True``; DCP's ``.metadata``); SCOUT writes nothing of its own in them.
-``dist_checkpointing.save`` validates shard coverage with an ``all_gather_object``
-on the default group, as it does for every Megatron-LM save.
-
-[No process outlives a save]
-Megatron's ``torch_dist`` writer (``FileSystemWriterAsync``) forks one worker per
-write bucket and joins them, but it hands their collected results back through a
-queue served by a ``multiprocessing`` *Manager*: a spawned server process (plus
-Python's resource tracker) that megatron-core keeps in a module global for the
-life of the process and never shuts down. A rank that ends with ``os._exit`` or is
-killed leaves both behind as orphans. In a synchronous save (the only kind this
-class makes) the results are put and taken in the saving process itself, so
-:func:`_in_process_results` makes the writer use a plain in-process queue for the
-duration of the save (``filesystem_async._get_write_results_queue``: no public
-setting exists; the original is put back on exit). A save then leaves no child
-process behind (``tests/test_megatron_checkpoint.py`` checks the children of every
-rank and that none of its processes survives the job).
+Contract: :class:`MegatronCheckpointIO` writes and reads one job's checkpoints the way
+Megatron-LM's ``save_checkpoint`` / ``load_checkpoint`` lay them out (``iter_{s + 1:07d}``
+after SCOUT step ``s``, a ``torch_dist`` sharded checkpoint of every chunk and the
+optimizer, the tracker file written by global rank 0), so the gate can certify and
+restore them and Megatron-LM can read them. It does not save ``args``, the scheduler, the
+RNG state, the FLOP count or the data position, and a save leaves no process behind. The
+layout, loading and the writer's Manager: docs/megatron.md, "Checkpoints through the gate".
 """
 
 from __future__ import annotations
@@ -242,7 +202,8 @@ def _model(chunk: nn.Module) -> nn.Module:
 def _in_process_results() -> Iterator[None]:
     """Inside: megatron-core's ``torch_dist`` writer collects its results in a plain queue
     of this process instead of a ``multiprocessing`` Manager it never shuts down (see
-    the module docstring). Does nothing where that writer has no such function."""
+    docs/megatron.md, "Checkpoints through the gate"). Does nothing where that writer has
+    no such function."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     # ``_get_write_results_queue()`` in 0.16, ``get_write_results_queue(mp_mode)`` from 0.17.

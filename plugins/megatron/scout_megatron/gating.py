@@ -1,30 +1,13 @@
 """Megatron checkpoints through SCOUT's checkpoint gate: save, load, recover.
 
-The core's :class:`~scout_core.plugin_api.FrameworkGate` certifies a framework's own
-checkpoints with the replay evidence (roles ``latest`` / ``candidate`` / ``verified``
-in a sidecar next to the tags, refusal of saves after SDC, Algorithm 3's retrieval).
-For Megatron the checkpoint IO is :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`
-(``iter_NNNNNNN`` directories of ``dist_checkpointing``, Megatron-LM's tracker file),
-and these functions are the seam a script uses instead of calling
-``dist_checkpointing`` itself. Each takes the IO, whose model chunks name the SCOUT
-session; without an enabled session (SCOUT off, or no gate) they act on the IO
-directly, so a script keeps working with SCOUT switched off.
-
-* :func:`save_checkpoint`: the save of Megatron iteration ``iteration`` (tag
-  ``iter_{iteration:07d}``); refused (False, nothing written) while an SDC awaits
-  recovery;
-* :func:`load_checkpoint`: without a tag, the newest *verified* tag of the directory
-  (the tracker file's tag when nothing is verified yet, with a warning); the core then
-  restarts its step clock at the restored iteration;
-* :func:`recover`: the tag the gate trusts after a failure (SDC → verified, straggler
-  → latest, anything else → the full-catalog sweep decides), loaded.
-
-A Bridge job whose version fires ``on_checkpoint_save`` (after Bridge wrote the
-checkpoint) records that checkpoint in the ledger with :func:`record_save`; the
-gate cannot stop such a save, but a checkpoint written after an unrecovered SDC is
-recorded as refused and never selected.
-
-Every rank calls these at the same point (the saves and loads are collective).
+Contract: each function takes a :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`,
+whose model chunks name the session, and every rank calls it at the same point (saves
+and loads are collective). :func:`save_checkpoint` is refused (False, nothing written)
+while an SDC awaits recovery; :func:`load_checkpoint` without a tag loads the newest
+verified tag; :func:`recover` loads the tag the gate trusts after a failure;
+:func:`record_save` records a save Bridge or Megatron-LM made itself. Without an enabled
+session they act on the IO directly. Docs: docs/megatron.md, "Checkpoints through the
+gate".
 """
 
 from __future__ import annotations

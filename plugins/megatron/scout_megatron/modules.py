@@ -1,23 +1,11 @@
 """Where the replayable blocks of Megatron model chunks are.
 
-A Megatron job hands over a *list* of model chunks (one per virtual pipeline stage),
-each possibly wrapped: Megatron's ``DistributedDataParallel``, torch DDP,
-``Float16Module``. All of them keep the wrapped module in ``.module``, which is what
-``megatron.core.utils.get_attr_wrapped_model`` follows; :func:`unwrap_chunk` does the
-same without importing megatron-core. :func:`unwrap_wrappers` strips exactly the
-wrappers (``megatron.core.utils.unwrap_model`` plus torch DDP), for checkpoints.
-
-In an unwrapped ``GPTModel`` (and the other ``LanguageModule`` s):
-
-* ``decoder.layers``: the ``ModuleList`` of ``TransformerLayer`` s of this chunk.
-  Each layer carries ``layer_number``, 1-based and global across pipeline stages and
-  virtual chunks, so it names the same layer on every rank that holds it;
-* ``embedding``: ``LanguageModelEmbedding`` (word and position embeddings), only on
-  the first pipeline stage (``pre_process``);
-* ``output_layer``: the LM head, a ``ColumnParallelLinear``, only on the last stage
-  (``post_process``). With ``share_embeddings_and_output_weights`` it allocates no
-  weight (``output_layer.weight is None``) and forward passes it the embedding's
-  ``word_embeddings.weight``: replaying it needs that weight passed in.
+Contract: :func:`unwrap_chunk` follows ``.module`` through every wrapper (Megatron's DDP,
+torch DDP, ``Float16Module``) without importing megatron-core, and :func:`unwrap_wrappers`
+strips exactly the wrappers, for checkpoints. In an unwrapped ``GPTModel`` the blocks are
+``decoder.layers`` (named by their global ``layer_number``), ``embedding`` on the first
+stage and ``output_layer`` on the last, which with tied embeddings needs the embedding's
+weight passed in. Docs: docs/megatron.md, "What attaches where".
 """
 
 from __future__ import annotations

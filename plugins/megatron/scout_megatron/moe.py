@@ -1,33 +1,11 @@
 """megatron-core ``MoELayer`` s as the core's ``router:<i>`` / ``experts:<i>`` parts.
 
-The core replays an MoE layer in two recipes (``docs/moe.md``): its **router** is
-captured and replayed like a layer, and its **local experts** run at the shape
-catalog's representatives on synthetic inputs drawn from a broadcast seed, on every
-expert-data-parallel peer. Megatron's ``MoELayer`` (``megatron.core.transformer.moe``,
-the ``mlp`` of an MoE ``TransformerLayer``) has the parts, but not in the shape the
-core's discovery looks for, so this module maps them:
-
-* ``MoELayer.router`` (``TopKRouter``): ``router:<i>``, path
-  ``decoder.layers.<j>.mlp.router``. Its forward returns ``(probs, routing_map)``: the
-  router round compares the routing weights and the boolean routing map apart;
-* ``MoELayer.experts`` as a ``SequentialMLP``: its ``local_experts`` ``ModuleList``
-  of ``MLP`` s is ``experts:<i>``, reported under ``decoder.layers.<j>.mlp.experts``.
-  So the catalog names the layer ``decoder.layers.<j>.mlp`` (projections ``.up`` /
-  ``.down`` in ``scout catalog discover --model``);
-* ``GroupedMLP`` / ``TEGroupedMLP`` run every local expert in one grouped GEMM and
-  hold no module per expert, so there is no expert to run on its own: such a layer's
-  experts are **not replayed** (logged once per layer, with the class), while its
-  router is.
-
-Two Megatron conventions differ from what the core expects of a part, and
-:func:`call_part` bridges them inside the adapter's ``call``:
-
-* an expert ``MLP`` returns ``(output, output_bias)``; the expert recipe wants one
-  tensor: the output, plus the bias when Megatron returns one apart;
-* a router forward with an auxiliary or z-loss adds that loss into Megatron's MoE
-  logging tracker (``get_moe_layer_wise_logging_tracker``), which training logs and
-  then clears. A replayed router must not count there: the tracker's values are
-  restored after the replayed forward.
+Contract: :func:`moe_parts` maps each ``MoELayer``'s ``TopKRouter`` to ``router:<i>``
+(``decoder.layers.<j>.mlp.router``) and a ``SequentialMLP``'s ``local_experts`` to
+``experts:<i>`` (``decoder.layers.<j>.mlp.experts``); grouped-GEMM experts hold no module
+per expert and are not replayed (logged once per layer). :func:`call_part` returns an
+expert's output (plus its bias when returned apart) and restores Megatron's MoE loss
+tracker after a replayed router. Details: docs/megatron.md, "MoE layers".
 """
 
 from __future__ import annotations

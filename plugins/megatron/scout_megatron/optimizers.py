@@ -1,38 +1,11 @@
 """The torch optimizers inside a Megatron optimizer, and what each of them sees.
 
-``MegatronOptimizer`` (``megatron.core.optimizer.optimizer``) is not a
-``torch.optim.Optimizer``; SCOUT hooks the torch optimizer(s) it drives:
-
-* ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params`` and
-  ``DistributedOptimizer`` hold one in ``.optimizer`` (torch ``AdamW``/``Adam``/``SGD``
-  here, TE or Apex ``FusedAdam`` on GPU hosts; all ``torch.optim.Optimizer``
-  subclasses, so ``register_step_pre_hook``/``register_step_post_hook`` work);
-* ``ChainedOptimizer`` (what ``get_megatron_optimizer`` returns in 0.16, even for one
-  optimizer) holds them in ``.chained_optimizers``: dense and, with MoE, expert
-  parameters. Its ``.optimizer`` property asserts there is exactly one, so it is
-  never read here;
-* a *stub* optimizer (``is_stub_optimizer``: a rank with no trainable parameters)
-  has ``.optimizer = None`` and contributes nothing.
-
-What the inner optimizer sees differs (:class:`InnerOptimizer.sharded`):
-
-* ``FP32Optimizer``: the model's own fp32 parameters, replicated on every
-  data-parallel rank, with gradients already averaged by DDP;
-* ``Float16OptimizerWithFloat16Params``: fp32 master copies of the bf16/fp16
-  parameters (``fp32_from_float16_groups``), replicated likewise;
-* ``DistributedOptimizer``: fp32 *shards* (``shard_fp32_from_float16_groups`` /
-  ``shard_fp32_groups``): each data-parallel rank of a distributed-optimizer
-  instance owns a different contiguous range of the grad buffer, so its param
-  groups hold different tensors of different sizes than its replicas'. The updated
-  shards reach the model parameters only after ``step_with_ready_grads`` copies them
-  back and all-gathers them (``start_param_sync``, or the next forward's pre-hooks
-  with ``overlap_param_gather``), so a step post-hook sees updated shards but not yet
-  updated model parameters. Optimizer replay can therefore cover the *update of this
-  rank's shard* (element-wise: exact), compared with the ranks that hold the same
-  shard: the same-position ranks of the other distributed-optimizer instances
-  (``num_distributed_optimizer_instances`` > 1). With one instance no other rank
-  holds the same optimizer state, so there is nothing to compare the shard with;
-  the copy back to bf16 and the all-gather are never covered.
+Contract: :func:`inner_optimizers` returns the ``torch.optim.Optimizer`` s a
+``MegatronOptimizer`` drives (``.optimizer`` of ``FP32Optimizer``,
+``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``; each member of a
+``ChainedOptimizer``; none for a stub), each marked :attr:`InnerOptimizer.sharded` when
+it steps on this rank's ``DistributedOptimizer`` shard, which no replica peer holds. What
+optimizer replay covers for each kind: docs/megatron.md, "Optimizers".
 """
 
 from __future__ import annotations

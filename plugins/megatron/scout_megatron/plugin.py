@@ -1,31 +1,12 @@
 """Switching SCOUT on for a Megatron job: the plugin, :func:`attach`, :func:`session_of`.
 
-:class:`MegatronPlugin` is a :class:`~scout_core.plugin_api.FrameworkPlugin`; the core
-owns the version check, idempotence, config resolution and the session registry, and
-this module states the Megatron facts:
-
-* which objects are Megatron's: model chunks whose class comes from ``megatron.``
-  (``GPTModel``, Megatron's ``DistributedDataParallel``, ``Float16Module``), alone or
-  as the list Megatron passes around (one chunk per virtual pipeline stage). Chunks
-  wrapped in torch's DDP (the CPU recipe) are not recognised by ``scout.enable``:
-  call :func:`attach`, which hands them to the plugin directly;
-* the installed megatron-core version, also for a Megatron-LM source checkout
-  (:mod:`scout_megatron.versions`), checked against :data:`~scout_megatron.versions.SUPPORTED`,
-  and the megatron-core internals the plugin uses, probed before the adapter is built
-  (:mod:`scout_megatron.probes`);
-* how to build the adapter (:class:`~scout_megatron.adapter.MegatronAdapter`), from
-  the chunks, the ``MegatronOptimizer`` and Megatron's rank ``order``;
-* checkpoints: ``gates_checkpoints`` makes the core put a
-  :class:`~scout_core.plugin_api.FrameworkGate` in ``session.checkpoints``.
-  megatron-core has no checkpoint entry point of its own to wrap (Megatron-LM and
-  Bridge call ``dist_checkpointing`` from their own ``save_checkpoint``), so
-  nothing is patched: saves and loads reach the gate through
-  :mod:`scout_megatron.gating`.
-
-Megatron has no SCOUT section in its own config. SCOUT is switched on by an explicit
-:class:`~scout_core.Config` or file, by Megatron-LM's ``--scout-*`` flags
-(:mod:`scout_megatron.args`), or by the environment (``SCOUT_CONFIG``,
-``SCOUT_ENABLED``, ``SCOUT_*``), which is how a Bridge YAML's ``env_vars`` reach it.
+Contract: :class:`MegatronPlugin` states the Megatron facts (which objects are Megatron's,
+the installed megatron-core version and probes, how to build the adapter from the chunks,
+the ``MegatronOptimizer`` and the rank ``order``, and ``gates_checkpoints``); the core
+owns the version check, idempotence, config resolution and the session registry. Chunks
+wrapped in torch DDP are not recognised by ``scout.enable``: :func:`attach` takes them
+directly. Nothing is patched; saves and loads reach the gate through
+:mod:`scout_megatron.gating`. Docs: docs/megatron.md, "Switching it on".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The megatron-core internals the plugin uses, probed at activation.
 
-Beyond its version range (:mod:`scout_megatron.versions`) the plugin relies on names
-megatron-core does not promise to keep: ``parallel_state``'s getters and their
-keyword arguments, its ``RankGenerator``, ``ProcessGroupCollection``, the RNG
-tracker, ``dist_checkpointing``'s entry points, the MoE layer and its logging
-tracker. :data:`PROBES` lists each one with what the plugin needs it for, and
-:func:`require` (called by :meth:`~scout_megatron.plugin.MegatronPlugin.build_adapter`
-before anything is hooked) checks them all on the installed megatron-core: a release
-that moved one is refused with an :class:`~scout_core.UnsupportedSetupError` that names
-every missing piece, instead of an ``AttributeError`` in the middle of training.
-
-Attributes that only exist on live objects (a layer's ``tp_group`` /
-``pg_collection``, an optimizer's ``.optimizer`` / ``.chained_optimizers``) cannot be
-probed before the model is built; the adapter checks those when it walks the chunks
-and refuses with a named reason there.
+Contract: :data:`PROBES` lists each name megatron-core does not promise to keep, with what
+the plugin needs it for; :func:`require` (called before anything is hooked) checks them
+all and raises one :class:`~scout_core.UnsupportedSetupError` naming every missing piece,
+never an ``AttributeError`` mid-training. Attributes of live objects are checked by the
+adapter instead. Docs: docs/megatron.md (the version table).
 """
 
 from __future__ import annotations

@@ -1,49 +1,12 @@
 """Replaying a tensor-parallel Megatron layer without talking on Megatron's process groups.
 
-A ``TransformerLayer`` of a TP > 1 model communicates inside its own forward and
-backward: ``RowParallelLinear`` all-reduces its output, ``ColumnParallelLinear``
-all-reduces its input gradient, sequence parallelism gathers and reduce-scatters.
-SCOUT replays such a layer on every TP partner at once, and its traffic must never
-use Megatron's training communicator.
-
-[Where 0.16 layers find their group]
-Not in ``parallel_state`` at call time: each module received its groups when it was
-built and keeps them as attributes. ``ColumnParallelLinear`` / ``RowParallelLinear``
-/ ``VocabParallelEmbedding`` / ``MLP`` / ``LanguageModelEmbedding`` hold ``tp_group``;
-``TransformerLayer``, ``Attention``, ``DotProductAttention``, ``TransformerBlock`` and
-``GPTModel`` hold ``pg_collection`` (a ``ProcessGroupCollection`` dataclass whose
-fields ``tp``, ``cp``, ``tp_cp``, ``ep``, ``expt_tp`` ... are groups; one instance is
-shared by many modules) and some also ``tp_group`` / ``cp_group``. The tensor-parallel
-mappings (``copy_to_`` / ``reduce_from_`` / ``gather_from_tensor_model_parallel_region``,
-``linear_with_grad_accumulation_and_async_allreduce``) take the group as an argument
-from those attributes and store it on the autograd context, so the *backward* runs on
-the group the forward was given. ``parallel_state`` getters are read at call time
-only on paths a dense layer does not take (``group=None`` fallbacks, MoE partial CUDA
-graphs, a q/k-layernorm debug check); the multi-rank test checks the traffic of a
-real TP=2 layer.
-
-[What :meth:`Regrouper.repointed` does]
-For the duration of the block, every attribute (of every module under the given
-one) that holds a process group of more than one rank is replaced:
-
-* by SCOUT's substitute group with the *same global ranks in the same order*, when
-  the regrouper has one (a Gloo group SCOUT created, e.g. for every TP group of the
-  layout), or by the substitute named for those ranks explicitly (``by_ranks``: the
-  adapter's replay uses a SCOUT group of this rank alone for its TP group); every
-  reference to that group, in ``tp_group`` and inside ``pg_collection`` alike, gets
-  the substitute;
-* otherwise by a :class:`Forbidden` stand-in that still answers ``rank()`` and
-  ``size()`` (local queries some forwards make) and nothing else, so a collective
-  the regrouper did not plan for fails the replay loudly instead of reaching a
-  training group: ``torch.distributed`` refuses the unknown group with a
-  ``ValueError`` naming ``Forbidden(ranks=[...])``, and any other use of it raises
-  :class:`ForbiddenGroupError`.
-
-A ``pg_collection`` is replaced by a re-pointed shallow copy (one per original, so
-modules that shared it still share the copy); the original object is never mutated.
-On exit every attribute is put back, also when the block raises. Autograd contexts
-created inside keep the substitute, so a backward run after the block still talks on
-SCOUT's group. Single-rank groups carry no traffic and are left alone.
+Contract: inside :meth:`Regrouper.repointed`, every multi-rank process group held by a
+module under the given one (``tp_group``, ``pg_collection``) is SCOUT's substitute over
+the same ranks, or a :class:`Forbidden` stand-in that refuses traffic
+(:class:`ForbiddenGroupError`); shared ``pg_collection`` objects are copied, never
+mutated, and every attribute is put back on exit, also on error. Where megatron-core
+keeps its groups and what is re-pointed: docs/megatron.md, "Replaying tensor-parallel
+layers".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """Megatron's RNG streams as (name, get, set), and how activation recompute is recognised.
 
-[Streams]
-Replay must draw the same random numbers on every peer and leave training's streams
-as they were. Besides torch's CPU generator and the current CUDA generator (the
-core's default streams), Megatron keeps named streams in
-``tensor_parallel.get_cuda_rng_tracker()``: ``model-parallel-rng`` (seed + 2718 +
-TP rank: different across TP ranks, equal across DP replicas; attention dropout
-forks it), ``data-parallel-rng`` (seed) and ``expert-parallel-rng`` (seed + 1024 +
-100 x EP rank + expert-TP rank). They are exactly the set Megatron-LM checkpoints
-(``get_rng_state``) and ``RerunStateMachine`` restores.
-
-A plain ``CudaRNGStatesTracker`` holds each state as a CPU ``uint8`` tensor and
-*replaces* it when a ``fork()`` ends; the graph-safe and TE trackers hold
-``torch.Generator`` objects that advance in place. :func:`tracker_streams` reads
-and writes through ``get_states()`` / ``set_states()`` either way and always hands
-out a CPU ``uint8`` copy, so a captured state never aliases the live one.
-
-[Activation recompute]
-With ``recompute_granularity='full'`` the transformer block runs layers through
-``tensor_parallel.checkpoint`` (``CheckpointFunction``): once in forward under
-``torch.no_grad()``, and again during backward, with grad enabled, to rebuild the
-activations. Both runs fire the layer's forward hooks, and Megatron's
-``is_checkpointing()`` is True in both. The *second* firing is recognised by
-:func:`in_recompute`: inside ``is_checkpointing()`` with grad enabled, or whenever
-the autograd engine is running a backward pass (the recompute of
-``CheckpointWithoutOutput`` and TE's checkpoint do not set Megatron's flag but do
-run inside backward). Selective recompute (``core_attn``, ``mlp``, ``layernorm`` ...)
-re-runs submodules only, so hooks on whole layers fire once.
+Contract: :func:`tracker_streams` gives every stream of Megatron's CUDA RNG tracker as a
+:class:`TrackerStream` whose getter always returns a CPU ``uint8`` copy, for plain and
+generator-backed trackers alike; :func:`in_recompute` is true on the second (backward)
+firing of a layer under full activation recompute. The streams and the recompute rule:
+docs/megatron.md, "RNG and activation recompute".
 """
 
 from __future__ import annotations

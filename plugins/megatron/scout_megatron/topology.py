@@ -1,41 +1,13 @@
 """The mesh layout of a Megatron job, derived from its parallel sizes and checked against Megatron.
 
-SCOUT compares a rank with the ranks that hold the same weights and run the same
-work. Megatron-core places ranks with two ``RankGenerator`` s over one order string
-(default ``"tp-cp-ep-dp-pp"``, first token fastest):
-
-* the *dense* generator ``tp, cp, dp, pp`` (its ``ep`` is 1; ``dp`` = world /
-  (tp x cp x pp)) places attention and dense MLP weights;
-* the *expert* generator ``etp, ep, edp, pp`` (its ``cp`` is 1; ``edp`` = world /
-  (etp x ep x pp)) places MoE expert weights.
-
-:func:`megatron_layout` turns the sizes into one :class:`~scout_core.MeshLayout` with
-``t`` = TP, ``c`` = CP, ``e`` = EP, ``d`` = DP / EP and ``p`` = PP, axes in Megatron's
-order (``tp``/``cp``/``ep``/``dp``/``pp`` become ``t``/``c``/``e``/``d``/``p``). Then
-
-* dense weights are identical over ``d x e x c`` (Megatron's ``dp_cp`` group: its
-  gradients are all-reduced there);
-* expert weights are identical over ``d x c`` with ``e`` fixed (Megatron's
-  ``expt_dp`` group, into which the expert generator folds CP);
-* SCOUT's replica peers vary ``d`` only, a subset of both, so peers always hold the
-  same dense *and* the same expert weights and see the same sequence shard.
-
-One layout can express both generators only when the expert tensor-parallel size
-equals TP and EP and CP are not both > 1 (the expert generator would put EP on the
-ranks the dense one uses for CP). Whatever the order, the layout is *verified*
-against Megatron's own ``RankGenerator`` (pure arithmetic, no process group): every
-TP, CP, DP, DP-CP, PP, EP and expert-DP group it implies must be one Megatron builds.
-A mismatch raises :class:`~scout_core.UnsupportedSetupError`.
-
-Virtual pipeline stages are model chunks on one rank, not a mesh axis: ``p`` is the
-pipeline rank; :attr:`ParallelSizes.vpp` records the chunk count. Partial
-distributed-optimizer instances (``num_distributed_optimizer_instances`` = k > 1)
-split each DP-CP group into k contiguous blocks; weights stay replicated over the
-whole group, so they do not change the layout. :func:`peer_sets` reports the blocks.
-
-The order is not recorded by ``parallel_state``: callers pass it (Megatron-LM's
-``--use-tp-pp-dp-mapping`` means ``"tp-cp-ep-pp-dp"``); :func:`check_live_groups`
-compares the layout with the groups ``initialize_model_parallel`` actually built.
+Contract: :func:`megatron_layout` turns the sizes and Megatron's order string into one
+:class:`~scout_core.MeshLayout` (``t`` = TP, ``c`` = CP, ``e`` = EP, ``d`` = DP / EP,
+``p`` = PP, in Megatron's order) whose replica peers hold the same dense and expert
+weights, and verifies it against Megatron's ``RankGenerator``; :func:`check_live_groups`
+compares it with the groups ``initialize_model_parallel`` built; :func:`peer_sets` reports
+partial distributed-optimizer blocks. A layout Megatron would not build raises
+:class:`~scout_core.UnsupportedSetupError`. Why this layout fits both of Megatron's
+generators: docs/megatron.md, "Peers from ``parallel_state``".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The megatron-core releases this plugin supports, and how the installed one is read.
 
-The plugin relies on megatron-core details that are not a stable API: the attributes
-layers keep their process groups in (``tp_group``, ``pg_collection``), the rank
-generators of ``parallel_state``, the RNG tracker's states, the optimizer wrappers'
-``.optimizer`` / ``.chained_optimizers``, ``dist_checkpointing``'s layout. The supported range is
-every release from 0.16 to 0.19 (tested: :data:`TESTED`); activation refuses another
-with both versions named, and :mod:`scout_megatron.probes` checks at activation that
-each internal the plugin uses is still there, so a release in the range that moved
-one is refused naming it. megatron-core 0.17 and later require Python 3.12.
-
-The version comes from the ``megatron-core`` distribution's metadata. A Megatron-LM
-source checkout on ``PYTHONPATH`` has no distribution metadata; its version is then
-read from ``megatron/core/package_info.py`` (``MAJOR`` / ``MINOR`` / ``PATCH`` /
-``PRE_RELEASE``), parsed as text so nothing of megatron-core is imported. The plugin
-hands that version to the core's check (``FrameworkPlugin.framework_version``), which
-compares it with :data:`SUPPORTED` at activation.
+Contract: :data:`SUPPORTED` is every release from 0.16 to 0.19 (tested: :data:`TESTED`);
+the installed version comes from the ``megatron-core`` distribution's metadata, or, for a
+Megatron-LM source checkout, from ``megatron/core/package_info.py`` parsed as text so
+nothing of megatron-core is imported. The core compares it with :data:`SUPPORTED` at
+activation; :mod:`scout_megatron.probes` checks the internals. Docs: docs/megatron.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """The TorchTitan adapter: a ``Trainer``'s facts in the shape of the core's adapter protocol.
 
-TorchTitan 0.3 parallelises with DTensors (FSDP2 on every parameter, TP and SP as
-sharded parameters, buffers and activations), so the adapter builds on the core's
-plain-PyTorch :class:`~scout_core.plugin_api.TorchAdapter`, which gathers DTensor
-parameters, buffers and activations on SCOUT's own groups. What TorchTitan adds:
-
-* **layout** from ``ParallelDims`` (:func:`~scout_torchtitan.layout.titan_layout`,
-  checked against every mesh TorchTitan built): replicas over ``dp_replicate``, TP /
-  PP / CP coordinates;
-* **modules** of every model part (:func:`~scout_torchtitan.modules.titan_modules`):
-  the ``layers`` ModuleDict seen through activation-checkpoint wrappers, the first
-  stage's embedding, the last stage's LM head;
-* **optimizers**: the inner optimizer of every model part (and optimizer name); the
-  ``OptimizersContainer`` steps each once per iteration, so the core's step clock
-  makes one boundary of them and optimizer replay rotates its slice over all
-  (:mod:`scout_torchtitan.optimizers`);
-* **the twin**: TorchTitan replaces each parallelised module's instance ``forward``
-  with a redistributing closure; the replay twin drops those
-  (:func:`~scout_torchtitan.replay.detach_titan_parallelism`) so it computes the
-  plain function of the full tensors it is given, with no collective;
-* **training groups**: every enabled one-dimensional mesh, by TorchTitan's name.
-
-RNG streams are the core's defaults: ``set_determinism`` seeds the CPU generator and
-DTensor's tracker draws from the device generator (no state of its own).
-
-[What is refused]
-Expert parallelism (``ep > 1``): the expert replicas (``dp_replicate`` x ``efsdp``)
-overlap the dense axes, which the core's ``MeshLayout`` cannot express, and a
-replayed MoE block would dispatch tokens over the training EP group. The refusal
-names both; dense layouts (DDP, TP, FSDP, PP, CP) are accepted.
+Contract: TorchTitan parallelises with DTensors, so :class:`TitanAdapter` builds on the
+core's :class:`~scout_core.plugin_api.TorchAdapter` and adds the layout from
+``ParallelDims`` (:mod:`.layout`, checked against every mesh), every model part's modules
+(:mod:`.modules`) and inner optimizers (:mod:`.optimizers`), a twin without TorchTitan's
+redistributing ``forward`` closures (:mod:`.replay`), and every enabled 1-D mesh as a
+training group. RNG streams are the core's defaults. Expert parallelism (``ep > 1``) is
+refused: its replicas overlap the dense axes and a replayed MoE block would dispatch over
+the training EP group. Docs: docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

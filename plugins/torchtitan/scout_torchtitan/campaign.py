@@ -1,19 +1,12 @@
 """The rank body of a ``scout campaign`` trial under TorchTitan (``dp_replicate`` x TP on CPU).
 
-The ``scout.campaign_setups`` entry point ``torchtitan`` (:data:`SETUPS`) names this
-body for the ``torchtitan`` setup; ``scout campaign`` runs it on every rank of a trial
-(without initialising the process group: TorchTitan does that itself). It builds
-TorchTitan's real ``Trainer`` (:mod:`scout_torchtitan.testing`: CPU shims, generated
-assets, the shrunk llama3 debug model) with SCOUT switched on the documented way, the
-``scout_torchtitan.overrides.scout`` override carrying the trial's settings, and lets
-``trainer.train()`` run its own loop.
-
-The trial's fault (:class:`scout_core.testing.TrialFault`) is driven from public
-hooks, since the loop is TorchTitan's: the first forward of each step calls
-``before_step``, the optimizer container's post-step hook ``after_step``, and the
-trainer's ``dataloader`` is replaced by the trial's watched loader wrapped around it
-(the victim's fetch at the injection step stalls). Block paths are where
-TorchTitan's wrappers leave the blocks (``scout_torchtitan.testing.faults.block_paths``).
+Contract: the ``torchtitan`` setup (:data:`SETUPS`, entry point ``scout.campaign_setups``)
+runs this body on every rank of a trial, without initialising the process group
+(TorchTitan does that itself): it builds TorchTitan's real ``Trainer`` with SCOUT
+switched on through the override, and drives the trial's fault from public hooks (the
+first forward of each step calls ``before_step``, the optimizer container's post-step hook
+``after_step``, the trial's watched loader wraps the dataloader), while ``trainer.train()``
+runs its own loop. Docs: docs/campaign.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
-"""TorchTitan's own checkpoints in the shape of the core's ``CheckpointIO`` (PLUGIN_API.md).
+"""TorchTitan's own checkpoints in the shape of the core's ``CheckpointIO``.
 
-TorchTitan 0.3's ``CheckpointManager`` writes one DCP checkpoint per saved step
-into ``<dump_folder>/<checkpoint.folder>/step-<N>`` (``.metadata`` plus one
-``__<rank>_0.distcp`` per rank), where ``N`` is the trainer's 1-based step. A
-checkpoint holds the flattened model state dict (canonical FQNs, DTensor shards),
-the optimizer (FQN-flattened, ``OptimizersContainer.state_dict``), the LR
-schedulers, the dataloader and ``train_state`` (the trainer's ``step`` and
-``ntokens_seen``); loading restores all of them, the step included. A folder is a
-*complete* checkpoint once its ``.metadata`` exists (DCP's coordinator, global rank
-0, writes it last); ``keep_latest_k`` purges old folders from rank 0.
-
-[Steps and tags]
-SCOUT counts 0-based iterations whose optimizer step has completed; TorchTitan's
-``trainer.step`` is that number plus one when ``checkpointer.save`` runs. So SCOUT
-step ``s`` is TorchTitan's ``step-{s+1}``: :meth:`TitanCheckpointIO.tag_for`.
-
-[What it calls]
-``save`` writes synchronously through the manager's own machinery
-(``dcp_save`` of its flattened states into its ``step-N`` path, then its purge), not
-through ``manager.save``, whose interval policy would skip the write: the caller
-(SCOUT's gate, deciding at TorchTitan's own save points) has already decided.
-Those helpers are ``CheckpointManager`` methods of TorchTitan 0.3
-(``_flattened_model_states_sd``, ``_create_checkpoint_id``,
-``_purge_stale_checkpoints``), stable within the supported 0.3.x range.
-``load`` is ``manager.load(step)``, TorchTitan's public entry point, unless the
-caller passes the load to use (SCOUT's gate wiring passes the manager's own ``_load``,
-which its gated ``load`` would otherwise re-enter). Before a load that restores the
-optimizer, each inner optimizer without state gets it quietly
-(:func:`~scout_torchtitan.optimizers.materialize_state_quietly`), so TorchTitan's
-zero-lr state creation does not look like a training step to SCOUT's clock.
+Contract: :class:`TitanCheckpointIO` names TorchTitan 0.3's DCP checkpoints in
+``<dump_folder>/<checkpoint.folder>/step-<N>`` (``N`` the trainer's 1-based step, so SCOUT
+step ``s`` is ``step-{s+1}``: :meth:`TitanCheckpointIO.tag_for`), complete once their
+``.metadata`` exists. ``save`` writes synchronously through the manager's own machinery,
+since the gate has already decided; ``load`` is ``manager.load(step)`` (or the raw load
+it is given), after :func:`~scout_torchtitan.optimizers.materialize_state_quietly`. Docs:
+docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """TorchTitan's own checkpoints, gated by the core: save, load and recover.
 
-The core's :class:`~scout_core.plugin_api.FrameworkGate` certifies a framework's
-checkpoints with the replay evidence (roles latest / candidate / verified, the
-sidecar ledger ``scout-certification.json`` next to the ``step-N`` folders,
-``scout.checkpoint/1`` records, refusal after SDC, recovery). This module routes
-TorchTitan's two checkpoint hooks through it:
-
-* **save** (``_save(curr_step, last_step)``, called by the base class's ``save``
-  only when ``--checkpoint.enable``): TorchTitan's own policy decides *whether*
-  (``_should_save``: interval, last step, ``load_only``); SCOUT's gate then writes
-  ``step-<curr_step>`` through :class:`~scout_torchtitan.checkpoint_io.TitanCheckpointIO`
-  (synchronously: certification needs the data durable before the sidecar, so
-  ``async_mode`` is ignored while SCOUT gates) or refuses while an SDC awaits
-  recovery. Two saves are not training checkpoints and go to TorchTitan's own
-  ``_save`` uncertified: the step-0 seed checkpoint and the model-only export of the
-  last step (``last_save_model_only``); the export is refused while an SDC awaits
-  recovery.
-* **load** (``_load(step)``; ``Trainer.train`` calls ``load`` once at start): with
-  ``step == -1`` the gate loads the newest *verified* tag (falling back to
-  TorchTitan's latest, with a warning), an explicit ``load_step`` is honoured (with
-  a warning if not verified). A folder with no complete checkpoint, or a step-0 seed,
-  goes to TorchTitan's own ``_load`` (fresh start, ``initial_load_path``).
-
-Two ways in, one behaviour: SCOUT's checkpoint manager
-(:class:`~scout_torchtitan.manager.ScoutManagerMixin`) overrides the hooks and asks
-:func:`gated_save` / :func:`gated_load` while a gate is wired; a stock
-``CheckpointManager`` reached through ``scout.enable(trainer)`` gets instance
-attributes ``_save`` / ``_load`` that do the same (TorchTitan has no other seam
-around checkpoint I/O; the class is untouched and the undo deletes them).
+Contract: :func:`gated_save` and :func:`gated_load` route TorchTitan's ``_save`` /
+``_load`` hooks through the core's :class:`~scout_core.plugin_api.FrameworkGate`:
+TorchTitan's policy decides whether to save, the gate writes synchronously or refuses
+while an SDC awaits recovery, and a load of ``-1`` picks the newest verified tag; the
+step-0 seed and the model-only export go to TorchTitan uncertified. SCOUT's manager
+overrides the hooks; :func:`wire` gives a stock ``CheckpointManager`` instance attributes
+that do the same, and its undo deletes them. Docs: docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """The job's mesh layout and peer groups, read off TorchTitan's ``ParallelDims``.
 
-TorchTitan 0.3 builds every mesh by unflattening one 1-D world mesh, always in the
-same row-major order (``ParallelDims.build_mesh``): the dense view is
-``pp, dp_replicate, dp_shard, cp, tp`` (``tp`` fastest), the data view
-``pp, batch, cp, tp`` with ``batch = dp_replicate x dp_shard``, and the expert view
-``pp, dp_replicate, efsdp, ep`` with ``efsdp = dp_shard x cp x tp / ep``. So the
-SCOUT layout is::
-
-    MeshLayout.from_order("tp-cp-dp_shard-dp_replicate-pp", ...)
-    # t = tp, c = cp, s = dp_shard, d = dp_replicate, p = pp, e = 1
-
-and the peers SCOUT compares are:
-
-* **dense replicas**: ranks with the same full dense weights, TorchTitan's ``loss``
-  mesh (``batch x cp``): same ``tp`` and ``pp`` coordinate. Their *local* shards are
-  equal only over ``dp_replicate`` (the layout's replica group ``G_rep``).
-* **expert replicas**: ranks with the same experts, ``dp_replicate`` x ``efsdp`` at
-  a fixed ``ep`` and ``pp`` coordinate. Expert parallelism borrows its degree from
-  ``dp_shard x cp x tp``, so it is not a seventh independent axis and
-  ``MeshLayout`` (whose axis sizes multiply to the world size) cannot hold it: the
-  expert groups are returned as explicit rank tuples.
-
-Mesh names differ by ``spmd_backend``: ``spmd_types`` has ``dp`` and ``dp_shard``,
-``partial_dtensor`` a flattened ``fsdp`` (``dp_shard x cp``) instead, ``full_dtensor``
-``dp_shard``; all have ``pp, batch, loss, dp_replicate, cp, tp, ep, efsdp``.
-
-The arithmetic is not trusted blindly: :func:`titan_layout` checks every enabled
-mesh of this rank (its member ranks and ``get_local_rank()``) against the layout and
-raises :class:`~scout_core.UnsupportedSetupError` on any difference, so a future
-TorchTitan that reorders its unflatten fails loudly here. The check is local (no
-collective); every rank derives the same layout from the same ``ParallelDims``.
+Contract: TorchTitan 0.3 unflattens one world mesh in the fixed order ``pp, dp_replicate,
+dp_shard, cp, tp`` (``tp`` fastest), so the layout is
+``MeshLayout.from_order("tp-cp-dp_shard-dp_replicate-pp", ...)`` (``e`` = 1) and replay
+compares ranks across ``dp_replicate``. :func:`titan_layout` checks every enabled mesh of
+this rank (members and ``get_local_rank()``) against it, locally, and raises
+:class:`~scout_core.UnsupportedSetupError` on any difference; expert replica groups
+overlap the dense axes and come back as explicit rank tuples
+(:func:`expert_replica_groups`). Docs: docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

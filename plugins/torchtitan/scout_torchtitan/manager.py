@@ -1,27 +1,12 @@
 """``ScoutCheckpointManager``: TorchTitan's checkpoint manager, built with the Trainer in hand.
 
-[Why the checkpoint manager is the seam]
-TorchTitan 0.3 builds every component from its config inside ``Trainer.__init__``
-and offers one way to swap a component without editing the job's config function:
-``--override.imports`` (see :mod:`scout_torchtitan.overrides`). Of all components,
-only the checkpoint manager is built with the whole trainer: the Trainer passes
-``states={"train_state": self}``, and by then the trainer has ``parallel_dims``
-(meshes built), ``model_parts`` (parallelized, initialised), ``optimizers``,
-``lr_schedulers``, ``dataloader`` and ``step``. Every save and load of the job also
-goes through this object (``Trainer.train`` calls ``save`` every step and ``load``
-once at start), which is where SCOUT's checkpoint gate belongs.
-
-This file: TorchTitan's own ``CheckpointManager`` (or the TorchFT subclass,
-:mod:`scout_torchtitan.torchft`) plus :class:`ScoutManagerMixin`, which, once the base
-manager is built, attaches SCOUT to the trainer through the plugin
-(:meth:`~scout_torchtitan.plugin.TitanPlugin.enable`: version check, adapter,
-replay, observer, checkpoint gate) with the settings the override validated, and
-overrides TorchTitan's ``_save`` / ``_load`` hooks to go through the gate
-(:mod:`scout_torchtitan.gating`). The session does not depend on
-``--checkpoint.enable``: without it TorchTitan never saves or loads and SCOUT still
-replays and observes. ``close`` (called by ``Trainer.close``) closes the session.
-What was attached is recorded as :class:`ScoutSeen` (logged, on
-``manager.scout_seen`` and in :func:`built`).
+Only the checkpoint manager is built with the whole trainer (``states={"train_state":
+trainer}``), and every save and load goes through it, so it is SCOUT's seam. Contract:
+:class:`ScoutManagerMixin`, once the base manager is built, enables SCOUT on the trainer
+through the plugin with the settings the override validated, routes ``_save`` / ``_load``
+through the gate (:mod:`.gating`) and closes the session on ``close``; what it attached is
+a :class:`ScoutSeen` (logged, on ``manager.scout_seen`` and in :func:`built`). It does not
+need ``--checkpoint.enable``. Docs: docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """Where a TorchTitan model keeps what SCOUT replays: blocks, embedding, LM head.
 
-TorchTitan 0.3 decoders (``torchtitan.models.common.decoder.Decoder``: llama3,
-qwen3, deepseek_v3, ...) keep their transformer blocks in ``model.layers``, a
-TorchTitan ``ModuleDict`` keyed ``"0"``, ``"1"``, ... (not an ``nn.ModuleList``),
-the token embedding in ``tok_embeddings`` and the output projection in
-``lm_head``. After ``parallelize_fn`` each block is usually wrapped twice:
-
-* activation checkpointing (``--activation_checkpoint`` selective or full, on by
-  default) swaps ``layers[k]`` for a ``CheckpointWrapper`` holding the block as
-  ``_checkpoint_wrapped_module``;
-* ``fully_shard`` (always applied, even for pure DDP) swaps that wrapper's class
-  for ``FSDPCheckpointWrapper`` and registers the FSDP pre/post-forward hooks on
-  it.
-
-The core's discovery (``scout_core.plugin_api.discover_modules``) handles exactly
-this: a ``ModuleDict`` of same-class blocks, looked up through the wrappers, each
-layer with two handles (the block replay runs, the wrapper capture hooks), named
-by TorchTitan's canonical FQN (``layers.3``: wrapper segments stripped, as its
-checkpoints do). This module only says where to look on each model part.
-
-Under pipeline parallelism each model part holds a slice of ``layers`` with the
-original keys (stage 1 may hold ``layers.2`` and ``layers.3``); only the first
-stage has ``tok_embeddings`` and only the last has ``lm_head`` (the others keep
-the attribute as ``None``). With ``ChunkedLossWrapper`` the model skips
-``lm_head`` in forward and the loss calls it once per sequence chunk; replay
-captures its first grad-enabled call of the iteration (chunk 0).
+Contract: :func:`titan_modules` looks in each model part for ``layers`` (a ``ModuleDict``
+of wrapped blocks, which the core's discovery sees through), ``tok_embeddings`` (first
+stage only) and ``lm_head`` (last stage only), naming layers by TorchTitan's canonical
+FQN. Docs: docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """TorchTitan's optimizers as SCOUT sees them: one container, one optimizer per model part.
 
-``trainer.optimizers`` is an ``OptimizersContainer``: a real
-``torch.optim.Optimizer`` (its ``_post_init`` calls ``Optimizer.__init__`` over all
-parameters, so ``register_step_pre_hook`` / ``register_step_post_hook`` work on it)
-whose ``step()`` steps every inner optimizer in turn. TorchTitan builds one inner
-optimizer per model part and optimizer name (``ParamGroupConfig.optimizer_name``),
-so under pipeline parallelism with several stages per rank, or with two optimizer
-families, there are several; each is a plain ``torch.optim`` optimizer over one
-part's parameters.
-
-Where to hook, and why:
-
-* the **container**'s post-step hook fires once per training iteration, after every
-  inner optimizer stepped: that is SCOUT's step boundary;
-* the **inner** optimizers are what optimizer replay re-runs (their ``param_groups``
-  hold the parameters and hyper-parameters, their ``state`` the moments). Do not
-  count steps on them: ``init_optim_state`` (called by the container's
-  ``state_dict``/``load_state_dict``, i.e. by checkpoint saves and loads on a fresh
-  optimizer) runs a zero-lr ``step()`` on each inner optimizer, which fires their
-  hooks but not the container's.
-
-[The zero-lr step and SCOUT's step clock]
-The core's step clock hooks the inner optimizers (optimizer replay needs them), so a
-fresh process that loads a checkpoint would see TorchTitan's zero-lr step as a
-training iteration. :func:`materialize_state_quietly` runs the very same
-``init_optim_state`` *before* the load with the optimizer's own step hooks set aside
-for that one call (torch keeps them in ``_optimizer_step_pre_hooks`` /
-``_optimizer_step_post_hooks``; they are put back unchanged), so TorchTitan's own
-call finds the state and does nothing. Only done right before a load that restores
-the optimizer, which overwrites that state: training is unchanged.
+Contract: :func:`titan_optimizers` lists the inner optimizer of every model part (and
+optimizer name) inside ``trainer.optimizers``, an ``OptimizersContainer`` whose ``step()``
+steps each once per iteration: they are what optimizer replay re-runs and what the core's
+step clock hooks. :func:`materialize_state_quietly` runs TorchTitan's zero-lr
+``init_optim_state`` before a load that restores the optimizer, with the optimizers' step
+hooks set aside for that one call, so it is not counted as a training step. Docs:
+docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """The switch: ``--override.imports 'scout_torchtitan.overrides.scout={"replay_interval": 20}'``.
 
-TorchTitan 0.3 imports ``scout_torchtitan.overrides`` (the module part of the
-target), finds the ``@override`` factory :func:`scout` and, inside
-``Trainer.__init__`` after the meshes exist and before any component is built,
-replaces the job's checkpoint-manager config with what the factory returns. The
-JSON object after ``=`` holds SCOUT settings with exactly the keys of
-:class:`scout_core.Config` (``replay_interval``, ``report_dir``, ``hang_timeout_s``
-...), validated here by ``Config.from_mapping``: an unknown key or a wrong type
-fails the job at start-up with a :class:`~scout_core.ConfigError` naming the key.
-The same entry works from a config function:
-``override=OverrideConfig(imports=[("scout_torchtitan.overrides.scout", {...})])``.
-
-[Why not ``exact=True``]
-``@override(target=CheckpointManager.Config, exact=True)`` would claim only the
-stock manager and skip subclasses *silently* (TorchTitan merely logs that the
-override "produced no replacements"): a TorchFT job would run without SCOUT while
-its user believes SCOUT is on. The factory is therefore registered for every
-checkpoint-manager config (``BaseCheckpointManager.Config``, subclasses included)
-and dispatches on the concrete class:
-
-* TorchTitan's ``CheckpointManager.Config`` → :class:`ScoutCheckpointManager.Config`;
-* TorchFT's ``TorchFTCheckpointManager.Config`` →
-  :class:`~scout_torchtitan.torchft.ScoutTorchFTCheckpointManager.Config` (keeps the
-  fault-tolerance behaviour);
-* an already-SCOUT config → the same class with the new settings;
-* any other manager → :class:`~scout_core.UnsupportedSetupError` naming its class,
-  before anything is built. Replacing it with the stock manager would silently drop
-  what the subclass does.
+Contract: :func:`scout`, an ``@override`` factory registered for every checkpoint-manager
+config (``BaseCheckpointManager.Config``, subclasses included, since ``exact=True`` would
+skip subclasses silently), validates the settings with ``Config.from_mapping`` and
+replaces the job's checkpoint-manager config by class: TorchTitan's → SCOUT's, TorchFT's
+→ SCOUT's TorchFT subclass, an already-SCOUT config → the new settings, any other →
+:class:`~scout_core.UnsupportedSetupError` naming its class, before anything is built.
+Docs: docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The ``scout.plugins`` entry point ``torchtitan``: TorchTitan facts on the core's plugin base.
 
-:class:`TitanPlugin` is a :class:`~scout_core.plugin_api.FrameworkPlugin`; the core
-owns the lifecycle (idempotent enable, config resolution, the session registry,
-replay, the observer, the checkpoint gate). It attaches to TorchTitan's ``Trainer``,
-which is where every fact lives (``parallel_dims``, ``model_parts``, ``optimizers``,
-``checkpointer``). Three ways reach it:
-
-* ``--override.imports 'scout_torchtitan.overrides.scout={...}'``: SCOUT's checkpoint
-  manager calls :meth:`TitanPlugin.enable` from inside ``Trainer.__init__`` with the
-  validated settings (:mod:`scout_torchtitan.manager`); the usual switch;
-* ``ScoutTrainer`` with ``--scout.enabled`` (:mod:`scout_torchtitan.trainer`): the
-  same manager;
-* ``scout.enable(trainer)`` on a built trainer, before ``train()``: the settings come
-  from the trainer's config (a ``ScoutTrainer``'s ``scout`` section, or SCOUT's
-  checkpoint config), else ``SCOUT_CONFIG`` / ``SCOUT_ENABLED``.
-
-Importing this module imports no TorchTitan module (the CPU shims of the tests must
-come first).
+Contract: :class:`TitanPlugin` attaches to TorchTitan's ``Trainer``, where every fact
+lives (``parallel_dims``, ``model_parts``, ``optimizers``, ``checkpointer``); the core owns
+the lifecycle. It is reached through SCOUT's checkpoint manager (the override or
+``ScoutTrainer``) or ``scout.enable(trainer)`` on a built trainer. Importing this module
+imports no TorchTitan module. Docs: docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations

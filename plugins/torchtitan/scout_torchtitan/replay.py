@@ -1,22 +1,10 @@
 """What replay must undo on a TorchTitan block so it runs locally under tensor parallelism.
 
-TorchTitan 0.3 does not implement TP (nor SP) with ``parallelize_module``'s
-forward hooks. ``Module.parallelize`` (``torchtitan/protocols/module.py``) shards
-each module's parameters and buffers into DTensors, then *replaces the instance's
-``forward``* with a closure, ``forward_with_redistribution``, that redistributes
-the inputs, calls the original bound ``forward`` (optionally inside ``local_map``)
-and redistributes the outputs, all on the training TP group. The vocab-parallel
-``Embedding`` also keeps the training TP group as ``tp_group`` and all-reduces in
-its plain ``forward``.
-
-The core's ``hook_free_twin`` copies a module's ``__dict__``, so its twin inherits
-those closures: calling the twin would talk on the training TP group and run the
-*live* module's bound ``forward`` with the live DTensor parameters, ignoring the
-tensors ``functional_call`` binds on the twin. :func:`detach_titan_parallelism`
-removes exactly those closures from a twin (the class ``forward`` is then used) and
-clears its ``tp_group``, so the twin computes the plain, unsharded function of
-whatever full tensors it is given. It never touches the live module: pass it the
-twin.
+Contract: :func:`detach_titan_parallelism` removes from a replay twin the redistributing
+``forward`` closures TorchTitan's ``Module.parallelize`` installs on instances and clears
+its ``tp_group``, so the twin computes the plain, unsharded function of the full tensors
+it is given and never talks on the training TP group. It never touches the live module:
+pass it the twin. Why: docs/torchtitan.md, "Replay under TP".
 """
 
 from __future__ import annotations

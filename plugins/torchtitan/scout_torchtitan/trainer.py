@@ -1,24 +1,12 @@
 """``ScoutTrainer``: TorchTitan's ``Trainer`` with a ``scout`` config section (``--scout.*``).
 
-The override (:mod:`scout_torchtitan.overrides`) switches SCOUT on for any job
-without touching its config function; its settings travel as one JSON object.
-This optional trainer gives SCOUT first-class flags instead, the way TorchTitan's
-own ``FaultTolerantTrainer`` adds ``fault_tolerance``::
-
-    torchrun ... -m torchtitan.train --module scout_torchtitan --config llama3_debugmodel \\
-        --scout.enabled --scout.replay_interval 20 --scout.report_dir runs/scout
-
-``ScoutTrainer.Config.scout`` *is* :class:`scout_core.Config` (tyro builds one flag
-per field and runs its validation, so a bad value fails at parse time naming the
-key, and an unknown ``--scout.<key>`` is an unrecognized argument). It defaults to
-disabled; with ``--scout.enabled`` the trainer swaps its checkpoint-manager config
-for SCOUT's (:func:`~scout_torchtitan.overrides.scout_checkpoint_config`) before
-``Trainer.__init__`` builds anything, so both switches end in the same manager.
-
-Config functions are served from :mod:`scout_torchtitan.config_registry`
-(``--module scout_torchtitan``); :func:`with_scout` turns any stock
-``Trainer.Config`` into a ``ScoutTrainer.Config``. Not for TorchFT jobs (they need
-``FaultTolerantTrainer``): use the override there.
+Contract: ``ScoutTrainer.Config.scout`` is :class:`scout_core.Config` (one flag per field,
+validated at parse time), disabled by default; with ``--scout.enabled`` the trainer swaps
+its checkpoint-manager config for SCOUT's before ``Trainer.__init__`` builds anything, so
+it ends in the same manager as the override. :func:`with_scout` turns a stock
+``Trainer.Config`` into a ``ScoutTrainer.Config``; config functions are served from
+:mod:`scout_torchtitan.config_registry`. Not for TorchFT jobs: use the override there.
+Docs: docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations

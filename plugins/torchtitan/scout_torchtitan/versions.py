@@ -1,18 +1,11 @@
 """The TorchTitan releases this plugin supports, and how older ones are told apart.
 
-scout-torchtitan is written against TorchTitan 0.3: components are ``Configurable``
-dataclasses, jobs are chosen with ``--module``/``--config`` from a
-``config_registry``, and SCOUT plugs in through ``torchtitan.config.override``
-(``--override.imports``). TorchTitan 0.2.x and older is a different design (TOML
-job files, ``JobConfig``, ``TrainSpec``, ``[experimental] custom_import``), with
-none of those seams, so it is refused with a message that says so instead of
-failing on a missing import.
-
-The installed version comes from the distribution metadata. A source checkout can
-report a placeholder version (TorchTitan logs "0.0.0 means __version__ is not
-defined correctly"), so a version that is not a real release falls back to the API
-itself: the 0.3 override module present means 0.3, the 0.2 ``train_spec`` /
-``job_config`` modules present mean 0.2 or older.
+Contract: the plugin supports TorchTitan 0.3 (``Configurable`` components,
+``config_registry``, ``torchtitan.config.override``); 0.2.x and older is a different
+design and is refused with a message that says so. The version comes from the
+distribution metadata; a placeholder version from a source checkout falls back to the API
+itself (the 0.3 override module means 0.3, the 0.2 ``train_spec`` / ``job_config`` modules
+mean 0.2 or older). Docs: docs/torchtitan.md.
 """
 
 from __future__ import annotations

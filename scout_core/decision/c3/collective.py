@@ -1,54 +1,12 @@
 """The C3 collective: one AllGather of fixed-size evidence, then the rule on every peer.
 
-Each peer packs all of its *surfaces* (the things compared in one round: a layer's
-output signature, a timing, a progress coordinate ...) into one int64 tensor of a
-fixed size, the group runs exactly one single-tensor AllGather
-(``all_gather_single``, formerly ``all_gather_into_tensor``) on a diagnostic
-group, and every peer decodes the same ``N x W`` table and applies
-:mod:`scout_core.decision.c3.rule` locally. Since the input to the rule is identical
-everywhere and the rule is deterministic, every peer returns the identical
-:class:`C3Result` per surface, with no coordinator.
-
-[The wire format]
-One row of :data:`ROW_WORDS` int64 words per peer, whatever the layout::
-
-    word 0            layout hash: blake2b-64 of the surface names, modes and
-                      widths, kappa and the ordered peer list
-    words 1 .. S      presence: 1 if the peer supplied a value for surface i, else 0
-    words S+1 ..      the values, surface by surface, ``width`` words each
-                      (zeros for a missing value), then zero padding
-
-The row size is a constant, not a function of the layout, on purpose: Gloo
-*aborts the process* (``gloo::EnforceNotMet``, "Received data size doesn't
-match expected size") when peers gather different sizes, so a layout mismatch
-that changed the row size would kill the trainer instead of raising. With a
-fixed row every mismatch reaches the header check. A layout that needs more
-than ``ROW_WORDS`` words is refused locally with ``ValueError``. The padding
-costs nothing measurable: the collective is latency-bound at this size.
-
-Exact values are 64-bit words: ints in ``[-2**63, 2**64)`` travel as their
-two's-complement int64 pattern and come back as the *unsigned* 64-bit pattern
-(a signature ``2**64 - 1`` reads back unchanged, a negative ``-k`` reads back as
-``2**64 - k``); a surface of ``width`` > 1 carries a fixed-width word sequence (a
-fingerprint) and reads back as a tuple. Statistical values are float64 seconds
-whose bit pattern rides in an int64 word, so the tensor has a single dtype and
-NaN/inf survive the trip (the rule turns them into *inconclusive*).
-
-[Why the layout hash includes kappa and the peer order]
-Peers that disagree on the layout would decode each other's words as the wrong
-surfaces; peers that disagree on kappa or on the peer order would derive
-different results from the same table. Either breaks "identical result on every
-peer", so all of it goes into the header word and any mismatch raises
-:class:`~scout_core.errors.ProtocolError`. Every peer sees the same gathered
-headers, so every peer raises. The hash is blake2b, stable across processes
-(Python's ``hash`` of a str is salted per process), and cached per layout so the
-healthy path does not re-hash.
-
-[What fails before the collective]
-Argument errors (a ``WORLD`` group, a caller outside ``ranks``, a malformed
-surface) raise ``ValueError`` locally *before* the AllGather, as programming
-errors; a peer whose evidence is merely unavailable passes ``value=None`` and
-takes part, which makes that surface inconclusive everywhere (fail closed).
+Contract: each peer packs its surfaces into one int64 row of :data:`ROW_WORDS` words, the
+group runs one single-tensor AllGather on a diagnostic group, and every peer applies
+:mod:`scout_core.decision.c3.rule` to the same table, so every peer returns the identical
+:class:`C3Result` per surface. A layout, kappa or peer-order mismatch raises
+:class:`~scout_core.errors.ProtocolError` on every peer; argument errors raise
+``ValueError`` before the collective; ``value=None`` makes a surface inconclusive. The
+wire format and why the row size is constant: docs/internals.md, "The C3 wire format".
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The C3 decision rule (paper §5, Algorithm 1) as pure functions.
 
-Every peer of a C3 group ends up holding the same gathered evidence vector; each
-then applies the functions here *locally*. Because they are pure and
-deterministic, every peer derives the same ``(status, bitmap)`` without a
-coordinator, and the rule can be tested without a process group.
-
-Two modes:
-
-* **Exact** (:func:`decide_exact`) for values whose healthy copies are
-  identical: numerical signatures, progress coordinates, collective
-  fingerprints. The most frequent value wins only with a *strict* majority;
-  otherwise the result is inconclusive with an all-zero bitmap, so a 2-rank
-  split or a 2-vs-2 tie never names an arbitrary culprit.
-* **Statistical** (:func:`decide_statistical`) for timings. A peer is an
-  outlier iff ``|τ_j - m| > κ·d`` around the median ``m`` with the robust scale
-  ``d`` of :func:`robust_scale`. A fleet-wide slowdown moves the median with
-  everyone and is deliberately not flagged.
-
-[Why the MAD is unscaled]
-The paper defines the scale as ``median|τ_i - m|`` itself, not the
-``1.4826·MAD`` that estimates a Gaussian standard deviation. SCOUT keeps the
-paper's unscaled form, so ``κ`` counts raw MADs; :func:`robust_scale` is the one
-place any module computes it, and nothing rescales it elsewhere.
+Contract: every peer applies these functions locally to the same gathered evidence, and
+because they are pure and deterministic every peer derives the same ``(status, bitmap)``
+without a coordinator. :func:`decide_exact` needs a *strict* majority (else inconclusive,
+all-zero bitmap); :func:`decide_statistical` flags ``|τ_j - m| > κ·d`` with ``d`` from
+:func:`robust_scale`, the paper's unscaled MAD. The modes: docs/concepts.md, "C3".
 """
 
 from __future__ import annotations
@@ -95,26 +78,14 @@ def _median_sorted(xs: Sequence[float]) -> float:
 def robust_scale(values: Sequence[float]) -> float:
     """The robust dispersion ``d`` of statistical C3: MAD, then IQR, then scaled range.
 
-    1. **MAD**, unscaled as in the paper: ``median_i |τ_i - m|`` with ``m`` the
-       median (the mean of the middle pair for even N).
-    2. If the MAD is 0 (at least half the peers tie with the median), the
-       **inner IQR** ``q3 - q1`` with ``q1 = x[ceil(0.25·(N-1))]`` and
-       ``q3 = x[floor(0.75·(N-1))]`` on the sorted values (0-based; numpy's
-       ``quantile(method="higher")`` for q1 and ``method="lower"`` for q3; 0 when
-       N ≤ 2, where the indices cross). Both quartiles are observed values from
-       inside the central half, so unlike linear interpolation an extreme value
-       beside a quartile position cannot leak into the scale: for ``[1, 1, 1, 9]``
-       interpolation would report an IQR of 2 and hide the outlier behind its
-       own weight.
-    3. If that is 0 too (the central half is tied), ``(max - min) / (2·N)``. The
-       healthy bulk has no measurable spread, so the range only supplies a
-       nonzero unit. Dividing by ``2N`` keeps it small enough that, with the
-       default ``κ = 5``, a lone deviant from a tied bulk is flagged in any group
-       of three or more (its deviation is the whole range), while a value only
-       slightly off the bulk, relative to the other deviants, is not.
+    1. the unscaled MAD, ``median_i |τ_i - m|`` (``m`` the median, the mean of the
+       middle pair for even N);
+    2. if that is 0, the inner IQR ``x[floor(0.75·(N-1))] - x[ceil(0.25·(N-1))]`` of the
+       sorted values (0 when N ≤ 2);
+    3. if that is 0 too, ``(max - min) / (2·N)``.
 
-    The result is 0 only when every value is equal. Raises ``ValueError`` for an
-    empty sequence or a non-finite value.
+    The result is 0 only when every value is equal. Raises ``ValueError`` for an empty
+    sequence or a non-finite value. Why these fallbacks: docs/concepts.md, "C3".
     """
     n = len(values)
     if n == 0:
