@@ -73,19 +73,8 @@ def data_rank(setup: str, rank: int) -> int:
     return rank // 2 if setup == "dptp" else rank
 
 
-def _report_dir(case: str) -> str:
-    """This job's report directory; a case of :func:`cases` gets its own inside it."""
-    report = os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report")
-    return os.path.join(report, case) if case else report
-
-
 def scenario(
-    setup: str,
-    faults: list[dict[str, Any]],
-    steps: int,
-    cfg: dict[str, Any],
-    *,
-    case: str = "",
+    setup: str, faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any]
 ) -> dict[str, Any]:
     """Train ``steps`` iterations with SCOUT and the faults; return the verdicts seen."""
     from scout_core.config import Config
@@ -95,7 +84,7 @@ def scenario(
     wrapped, _, mesh = build(setup)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
     inj = _faults(faults).attach(wrapped, opt)
-    report = _report_dir(case)
+    report = os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report")
     base: dict[str, Any] = {
         "report_dir": report,
         "run_id": "test",
@@ -113,7 +102,9 @@ def scenario(
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
         verdicts = [r.to_dict() for r in session.verdicts]
-    inj.detach()  # its taps (collective delays, capture vetoes) are process-wide
+    # Its taps (collective delays, capture vetoes) are process-wide: a shared job's next
+    # case (scout_core.testing.shared_jobs) must not inherit them.
+    inj.detach()
     return {"verdicts": verdicts, **log.summary(), "fired": inj.fired(), "rank": rank}
 
 
@@ -140,7 +131,7 @@ def _state_signature(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, 
     }
 
 
-def bitwise(setup: str, steps: int, *, case: str = "") -> dict[str, Any]:
+def bitwise(setup: str, steps: int) -> dict[str, Any]:
     """Train twice from the same seed, SCOUT off then on; return both state signatures."""
     from scout_core.config import Config
     from scout_core.plugin.torch_plugin import enable_torch
@@ -154,8 +145,9 @@ def bitwise(setup: str, steps: int, *, case: str = "") -> dict[str, Any]:
         torch.manual_seed(1)
         session = None
         if label == "on":
+            report = os.path.join(os.environ["SCOUT_TEST_RANK_DIR"], "report")
             cfg = Config(
-                report_dir=_report_dir(case),
+                report_dir=report,
                 run_id="test",
                 replay_interval=1,
                 embedding_interval=1,
@@ -173,21 +165,6 @@ def bitwise(setup: str, steps: int, *, case: str = "") -> dict[str, Any]:
             out.update(log.summary())
             out["verdicts"] = [r.to_dict() for r in session.verdicts]
             session.close()
-    return out
-
-
-def cases(setup: str, specs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several runs of ``setup`` in one job, one after another: each spec is ``{"case":
-    name, "body": "scenario" or "bitwise", "args": [...]}`` (the body's arguments after
-    ``setup``); returns each case's result by name. Every case builds its own model,
-    optimizer, faults and session (closed before the next starts) and writes to its own
-    report directory, so a case sees what it would see alone in a job of its own, and
-    the job pays the rank start-up once."""
-    bodies = {"scenario": scenario, "bitwise": bitwise}
-    out: dict[str, Any] = {}
-    for spec in specs:
-        dist.barrier()  # the ranks start each case together
-        out[spec["case"]] = bodies[spec["body"]](setup, *spec["args"], case=spec["case"])
     return out
 
 

@@ -5,55 +5,38 @@ replay at every step; the model has 4 layers, so layer ``k`` is sampled at steps
 ``k, k+4, ...``.
 
 The cases share one setup (DDP on 4 ranks), so they run in one job, one after another
-(``replay_scenarios.cases``: each with its own model, optimizer, faults, session and
-report directory), and each test asserts on its own case's results. The job runs the
-cases of the tests selected in this module, once per module (fixture ``ddp``).
+(``scout_core.testing.shared_jobs``: each with its own model, optimizer, faults, session
+and report directory), and each test asserts on its own case's results. The job runs
+the cases of the tests selected in this module, once per module (fixture ``ddp``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from replay_scenarios import bitwise, scenario
 
 from scout_core.testing import ran_every_due_round
-from scout_core.testing.harness import run_ranks
+from scout_core.testing.shared_jobs import CaseResults, SharedJob, selected_cases
 
-# The first test to ask for the job waits for all of it: the limit covers every case.
+# The first test to ask for the job waits for all of it (and, if it failed, for its own
+# case alone): the limit covers both.
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
-WORLD = 4
-ENV = {"OMP_NUM_THREADS": "1"}
-CASES: dict[str, dict[str, Any]] = {}
-"""Each case's spec for ``replay_scenarios.cases``, by case name (the test's name)."""
-
-
-def case(body: str, *args: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register the decorated test's run (``body`` of ``replay_scenarios``, its arguments
-    after the setup) under the test's name."""
-
-    def register(test: Callable[..., None]) -> Callable[..., None]:
-        CASES[test.__name__] = {"case": test.__name__, "body": body, "args": list(args)}
-        return test
-
-    return register
+JOB = SharedJob(4, timeout_s=600, case_timeout_s=200, env={"OMP_NUM_THREADS": "1"})
 
 
 def run(faults: list[dict[str, Any]], steps: int, cfg: dict[str, Any] | None = None) -> Any:
-    """A ``scenario`` case: train ``steps`` with ``faults``, config ``cfg``."""
-    return case("scenario", faults, steps, cfg or {})
+    """The decorated test's case: ``scenario`` trains ``steps`` with ``faults``, config
+    ``cfg``."""
+    return JOB.case(scenario, "ddp", faults, steps, cfg or {})
 
 
 @pytest.fixture(scope="module")
-def ddp(request: pytest.FixtureRequest) -> dict[str, list[Any]]:
+def ddp(request: pytest.FixtureRequest) -> CaseResults:
     """Every selected test's case, run in one 4-rank job: the ranks' results by case."""
-    from replay_scenarios import cases
-
-    selected = {item.name for item in request.session.items if item.module is request.module}
-    specs = [spec for name, spec in CASES.items() if name in selected]
-    results = run_ranks(cases, WORLD, args=("ddp", specs), timeout_s=800, env=ENV)
-    return {spec["case"]: [res[spec["case"]] for res in results] for spec in specs}
+    return JOB.run(selected_cases(request.session.items, request.module))
 
 
 def _verdicts(results: list[Any]) -> list[dict[str, Any]]:
@@ -84,7 +67,7 @@ def _param_fault(bit: int) -> list[dict[str, Any]]:
     4,
     {"recipes": ["hidden"]},
 )
-def test_output_bitflip_names_the_rank(ddp: dict[str, list[Any]]) -> None:
+def test_output_bitflip_names_the_rank(ddp: CaseResults) -> None:
     results = ddp["test_output_bitflip_names_the_rank"]
     verdicts = _verdicts(results)
     assert [
@@ -94,7 +77,7 @@ def test_output_bitflip_names_the_rank(ddp: dict[str, list[Any]]) -> None:
 
 
 @run(_param_fault(0), 8)
-def test_parameter_sdc_found_within_one_rotation(ddp: dict[str, list[Any]]) -> None:
+def test_parameter_sdc_found_within_one_rotation(ddp: CaseResults) -> None:
     # The lowest mantissa bit: the parameter's own signature always changes, so
     # ``params`` names rank 3 when layer 1 is sampled. Whether the forward output
     # changes too is a matter of rounding, not of SCOUT: this weight (|w| ~ 0.055)
@@ -112,7 +95,7 @@ def test_parameter_sdc_found_within_one_rotation(ddp: dict[str, list[Any]]) -> N
 
 @run(_param_fault(22), 6)
 def test_parameter_sdc_that_changes_the_arithmetic_shows_in_every_layer_surface(
-    ddp: dict[str, list[Any]],
+    ddp: CaseResults,
 ) -> None:
     # The highest mantissa bit moves the weight by up to half its value: the forward
     # output and both gradients change on any CPU, and each names rank 3.
@@ -140,7 +123,7 @@ def test_parameter_sdc_that_changes_the_arithmetic_shows_in_every_layer_surface(
     4,
     {"recipes": ["optimizer"]},
 )
-def test_optimizer_state_corruption_on_the_optimizer_surface(ddp: dict[str, list[Any]]) -> None:
+def test_optimizer_state_corruption_on_the_optimizer_surface(ddp: CaseResults) -> None:
     verdicts = _verdicts(ddp["test_optimizer_state_corruption_on_the_optimizer_surface"])
     assert verdicts
     assert min(v["step"] for v in verdicts) == 2
@@ -157,7 +140,7 @@ def test_optimizer_state_corruption_on_the_optimizer_surface(ddp: dict[str, list
     6,
     {"recipes": ["hidden"]},
 )
-def test_compute_straggler_after_two_rounds_and_no_sdc(ddp: dict[str, list[Any]]) -> None:
+def test_compute_straggler_after_two_rounds_and_no_sdc(ddp: CaseResults) -> None:
     verdicts = _verdicts(ddp["test_compute_straggler_after_two_rounds_and_no_sdc"])
     assert [(v["step"], v["failure"], v["outliers"]) for v in verdicts] == [
         (3, "straggler", [3]),
@@ -177,7 +160,7 @@ def test_compute_straggler_after_two_rounds_and_no_sdc(ddp: dict[str, list[Any]]
     {"recipes": ["hidden"]},
 )
 def test_collective_delay_is_group_scoped_without_straggler_or_sdc(
-    ddp: dict[str, list[Any]],
+    ddp: CaseResults,
 ) -> None:
     results = ddp["test_collective_delay_is_group_scoped_without_straggler_or_sdc"]
     assert results[2]["fired"] == [["collective", "replica", s] for s in (2, 3, 4)]
@@ -190,7 +173,7 @@ def test_collective_delay_is_group_scoped_without_straggler_or_sdc(
 
 
 @run([{"rank": 1, "step": 2, "kind": "skip"}], 5)
-def test_skipped_capture_is_inconclusive_and_training_goes_on(ddp: dict[str, list[Any]]) -> None:
+def test_skipped_capture_is_inconclusive_and_training_goes_on(ddp: CaseResults) -> None:
     results = ddp["test_skipped_capture_is_inconclusive_and_training_goes_on"]
     verdicts = _verdicts(results)
     assert verdicts
@@ -205,14 +188,14 @@ def test_skipped_capture_is_inconclusive_and_training_goes_on(ddp: dict[str, lis
 
 
 @run([], 30)
-def test_clean_run_of_30_steps_reports_nothing(ddp: dict[str, list[Any]]) -> None:
+def test_clean_run_of_30_steps_reports_nothing(ddp: CaseResults) -> None:
     results = ddp["test_clean_run_of_30_steps_reports_nothing"]
     assert _verdicts(results) == []
     assert all(ran_every_due_round(r, 30) for r in results)
 
 
-@case("bitwise", 6)
-def test_training_is_bitwise_identical_with_scout_on(ddp: dict[str, list[Any]]) -> None:
+@JOB.case(bitwise, "ddp", 6)
+def test_training_is_bitwise_identical_with_scout_on(ddp: CaseResults) -> None:
     for res in ddp["test_training_is_bitwise_identical_with_scout_on"]:
         assert ran_every_due_round(res, 6)
         assert res["verdicts"] == []
@@ -245,7 +228,7 @@ DEFAULT = {
     9,
     DEFAULT,
 )
-def test_hidden_layer_straggler_with_the_default_config(ddp: dict[str, list[Any]]) -> None:
+def test_hidden_layer_straggler_with_the_default_config(ddp: CaseResults) -> None:
     verdicts = _verdicts(ddp["test_hidden_layer_straggler_with_the_default_config"])
     assert [(v["step"], v["failure"], v["outliers"]) for v in verdicts] == [
         (5, "straggler", [3]),  # after exactly straggler_rounds = 2 hidden rounds
@@ -266,7 +249,7 @@ def test_hidden_layer_straggler_with_the_default_config(ddp: dict[str, list[Any]
     DEFAULT,
 )
 def test_one_slow_step_across_recipes_is_no_straggler_with_the_default_config(
-    ddp: dict[str, list[Any]],
+    ddp: CaseResults,
 ) -> None:
     results = ddp["test_one_slow_step_across_recipes_is_no_straggler_with_the_default_config"]
     assert _verdicts(results) == []
@@ -282,7 +265,7 @@ def test_one_slow_step_across_recipes_is_no_straggler_with_the_default_config(
     10,
     DEFAULT,
 )
-def test_collective_delay_with_the_default_config(ddp: dict[str, list[Any]]) -> None:
+def test_collective_delay_with_the_default_config(ddp: CaseResults) -> None:
     verdicts = _verdicts(ddp["test_collective_delay_with_the_default_config"])
     assert {(v["step"], v["failure"], v["scope"]) for v in verdicts} == {
         (7, "comm_straggler", "group"),
