@@ -1,9 +1,10 @@
 """Pre-imported parents (zygotes) that fork the ranks of :func:`run_ranks`.
 
-A fresh interpreter spends 3-4 CPU-seconds in ``import torch`` (Megatron-Core adds
-about 11) before a rank does any work; on a 2-core machine that was most of a
-multi-rank test. A zygote pays it once: it is started with the harness's environment
-and the ranks' import-time variables, imports torch, and forks each rank from there
+A fresh interpreter spends 3-4 CPU-seconds in ``import torch`` (DTensor and SCOUT's
+own modules about 3 more, Megatron-Core about 11) before a rank does any work; on a
+2-core machine that was most of a multi-rank test. A zygote pays it once: it is started
+with the harness's environment and the ranks' import-time variables, imports torch and
+SCOUT's modules (from the harness's own ``scout_core``), and forks each rank from there
 (``_zygote.py``). A forked rank still
 runs in its own process and session, with its own environment, working directory,
 log file, parent-death signal and exit code, and starts with no torch state: the

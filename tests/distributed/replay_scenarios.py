@@ -102,6 +102,9 @@ def scenario(
         for step in range(steps):
             train_step(wrapped, opt, step, data_rank(setup, rank))
         verdicts = [r.to_dict() for r in session.verdicts]
+    # Its taps (collective delays, capture vetoes) are process-wide: a shared job's next
+    # case (scout_core.testing.shared_jobs) must not inherit them.
+    inj.detach()
     return {"verdicts": verdicts, **log.summary(), "fired": inj.fired(), "rank": rank}
 
 

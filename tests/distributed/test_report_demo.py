@@ -1,7 +1,8 @@
 """``scout report --html --png`` on the evidence of a real faulty run (the ``scout demo`` job).
 
 Four Gloo ranks train the demo model under SCOUT with a 1-bit SDC on rank 1 and a
-compute straggler on rank 2 (:func:`scout_core.cli.demo.run_demo_rank`). The report of
+compute straggler on rank 2 (:func:`scout_core.cli.demo.run_demo_rank`): the README's
+demo command, whose one run in the session the README's transcript shares. The report of
 that directory must produce the HTML page and the PNG pictures; the page, parsed with
 ``html.parser``, must show the verdicts (and an incident, once one is in the directory)
 and fetch nothing; each PNG must be a valid image of the documented size; and a damaged
@@ -17,13 +18,15 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from sandbox import DemoRuns
 
-from scout_core.cli.demo import run_demo_rank
 from scout_core.cli.main import main
 from scout_core.records.evidence import load_report
 from scout_core.report.figures import SIZES
-from scout_core.testing import run_ranks
 from scout_core.vocabulary import Failure
+
+README_DEMO = "bash scripts/demo.sh"
+"""The README's demo command: 4 ranks, SDC on rank 1 at step 3, rank 2 slow at 6-8."""
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
 
@@ -71,17 +74,14 @@ class Page(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    report = tmp_path_factory.mktemp("demo") / "scout-report"
-    results = run_ranks(
-        run_demo_rank,
-        4,
-        args=(str(report), 1, 2),
-        timeout_s=300,
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    assert len(results) == 4
-    return report
+def demo_dir(demo_runs: DemoRuns) -> Path:
+    """The evidence of the README's demo command, run once for the session and shared
+    with the README's transcript (``tests/sandbox.py``). Tests only read it (the damaged
+    copy is a copy)."""
+    run = demo_runs.get(README_DEMO, timeout_s=300)
+    # The demo prints where its evidence went once every rank has returned.
+    assert "evidence records: scout-demo-report" in run.output, run.output
+    return run.sandbox / "scout-demo-report"
 
 
 def test_html_and_png_from_a_real_faulty_run(demo_dir: Path, tmp_path: Path) -> None:

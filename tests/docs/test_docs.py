@@ -4,13 +4,14 @@ A block is either run here or carries the visible marker ``*Illustration, not ru
 (``tests/docs/docs_blocks.py`` has the rules). Blocks run in a scratch directory that
 links the repository's top-level entries (not those git ignores), so relative paths in the docs
 (``examples/...``, ``.venv/bin/python``) work and what a block writes stays out of the
-checkout. ``scout`` and ``python`` resolve to this interpreter's environment.
+checkout. ``scout`` and ``python`` resolve to this interpreter's environment
+(``tests/sandbox.py``). A demo command in a transcript runs once per session, shared with
+the other transcripts and tests that show the same command line (``sandbox.DemoRuns``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -28,6 +29,7 @@ from docs_blocks import (
     extract,
     output_matches,
 )
+from sandbox import DemoRuns, command_env, elide, make_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted(
@@ -70,45 +72,9 @@ def _params(langs: frozenset[str]) -> list[object]:
     ]
 
 
-def _ignored(names: list[str]) -> set[str]:
-    """The top-level names git ignores (.venv, scout-demo-report, runs ...): outputs that
-    a block must write into its scratch directory, never through a link into the checkout."""
-    try:
-        res = subprocess.run(
-            ["git", "-C", str(ROOT), "check-ignore", "--stdin"],
-            input="\n".join(names),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return set(res.stdout.split())
-
-
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    names = sorted(e.name for e in ROOT.iterdir() if e.name != ".git")
-    for name in sorted(set(names) - _ignored(names)):
-        (tmp_path / name).symlink_to(ROOT / name)
-    if not (tmp_path / ".venv").exists():  # the docs' .venv is this interpreter's
-        (tmp_path / ".venv").symlink_to(Path(sys.prefix))
-    return tmp_path
-
-
-def _env(workdir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCOUT_")}
-    paths = [str(ROOT), *(str(p) for p in sorted((ROOT / "plugins").iterdir()) if p.is_dir())]
-    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    env["HOME"] = str(workdir)
-    # Python writes stdout in blocks to a pipe but line by line to a terminal: unbuffered,
-    # a transcript's stdout and stderr lines interleave as the reader sees them.
-    env["PYTHONUNBUFFERED"] = "1"
-    env["SCOUT_BOOTSTRAP_NO_INSTALL"] = "1"  # scripts/*.sh: use this environment as it is
-    return env
+    return make_sandbox(tmp_path)
 
 
 def _run(args: list[str], block: Block, workdir: Path) -> subprocess.CompletedProcess[str]:
@@ -117,7 +83,7 @@ def _run(args: list[str], block: Block, workdir: Path) -> subprocess.CompletedPr
             args,
             check=False,
             cwd=workdir,
-            env=_env(workdir),
+            env=command_env(workdir),
             capture_output=True,
             text=True,
             timeout=block.timeout_s,
@@ -153,22 +119,20 @@ def test_shell_block(block: Block, workdir: Path) -> None:
     assert res.returncode == 0, f"{block.id} failed:\n{res.stdout}\n{res.stderr}"
 
 
-def _elide(output: str, workdir: Path) -> str:
-    """The run's output with the scratch directory written ``...``, as the docs write the
-    reader's own working directory (``evidence records: .../scout-demo-report``)."""
-    for path in sorted({str(workdir.resolve()), str(workdir)}, key=len, reverse=True):
-        output = output.replace(path, "...")
-    return output
-
-
 @pytest.mark.parametrize("block", _params(frozenset({"console"})))
-def test_console_block(block: Block, workdir: Path) -> None:
+def test_console_block(block: Block, workdir: Path, demo_runs: DemoRuns) -> None:
     steps = commands(block.text)
     assert steps, f"{block.id}: a console block shows `$ ` commands (or use ```text)"
     script = []
     for step in steps:
+        # A demo command is run once per session, shared by every transcript that shows
+        # it (and by the report tests): here its output, code and files are replayed.
+        try:
+            line = demo_runs.replay(step.line, block.timeout_s) or step.line
+        except TimeoutError as exc:
+            pytest.fail(f"{block.id}: {exc}")
         script += [
-            f"{step.line}",
+            line,
             "__rc=$?",
             f"echo {shlex.quote(_END)} $__rc",
             "(exit $__rc)",
@@ -178,7 +142,7 @@ def test_console_block(block: Block, workdir: Path) -> None:
     assert len(parts) == len(steps) + 1, f"{block.id}: the transcript stopped early:\n{res.stderr}"
     for i, step in enumerate(steps):
         output = parts[i] if i == 0 else parts[i].split("\n", 1)[1] if "\n" in parts[i] else ""
-        output = _elide(output, workdir)
+        output = elide(output, workdir)
         rc = int(parts[i + 1].split("\n", 1)[0].split()[0])
         try:
             documented = expected_exit_code(steps, i)

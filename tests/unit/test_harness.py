@@ -14,6 +14,7 @@ from scout_core.testing.harness import RankFailedError, RankProcess, RanksTimeou
 from scout_core.testing.zygotes import ForkedRank
 
 FORKED = {"OMP_NUM_THREADS": "1"}
+PRELOADED = "scout_core.plugin.torch_plugin"
 FRESH = {"SCOUT_TEST_FRESH_RANKS": "1"}
 
 
@@ -51,6 +52,8 @@ def rank_facts() -> dict[str, object]:
         "call": os.environ.get("SCOUT_HARNESS_CALL"),
         "cwd": os.getcwd(),
         "draw": int(numpy.random.randint(2**31)),
+        # Already imported when the rank starts: preloaded by its zygote (or None).
+        "torch_plugin": getattr(sys.modules.get(PRELOADED), "__file__", None),
     }
 
 
@@ -171,6 +174,10 @@ def test_ranks_fork_from_one_zygote_with_their_own_environment(
     assert {r["cwd"] for r in first + again} == {str(tmp_path)}
     # A fresh interpreter seeds numpy's global generator from the OS; so does a fork.
     assert len({r["draw"] for r in first + again}) == 6
+    # The zygote preloaded SCOUT's modules, from this harness's own scout_core.
+    from scout_core.plugin import torch_plugin
+
+    assert {r["torch_plugin"] for r in first + again} == {torch_plugin.__file__}
 
 
 @pytest.mark.distributed
