@@ -76,7 +76,7 @@ def test_killing_rank_0_observer_in_a_healthy_run_attributes_nothing(tmp_path: P
 
 @pytest.mark.timeout(240)
 def test_dead_observer_then_a_real_stall_names_the_stalled_rank(tmp_path: Path) -> None:
-    results = run_ranks(killed_observer, WORLD, args=(str(tmp_path), 2, 1, 10), timeout_s=200)
+    results = run_ranks(killed_observer, WORLD, args=(str(tmp_path), 2, 1, 60), timeout_s=200)
     verdicts = _verdicts(tmp_path)
     assert len(verdicts) == 1, [_brief(v) for v in verdicts]
     v = verdicts[0]
