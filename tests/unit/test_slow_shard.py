@@ -6,6 +6,7 @@ as scripts/test.sh does.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -76,14 +77,132 @@ def test_tests_not_marked_slow_are_left_to_m(tmp_path: Path) -> None:
     assert len(ids) == 1 + kept < 14
 
 
-def test_the_seed_of_the_day_does_not_move_a_test(tmp_path: Path) -> None:
+def _plugin():  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(ROOT))
     try:
-        from scripts.slow_shard import shard_of
+        from scripts import slow_shard
     finally:
         sys.path.remove(str(ROOT))
-    a = shard_of("tests/x.py::test[a-seed2026339]", 10)
-    assert a == shard_of("tests/x.py::test[a-seed2026340]", 10)
+    return slow_shard
+
+
+def test_the_seed_of_the_day_does_not_move_a_test() -> None:
+    plugin = _plugin()
+    names = [f"tests/x.py::test[{c}]" for c in "abcdefgh"]
+    today = plugin.deal([*names, "tests/x.py::test[z-seed2026339]"], 3, {})
+    tomorrow = plugin.deal([*names, plugin.key("tests/x.py::test[z-seed2026340]")], 3, {})
+    assert plugin.key("tests/x.py::test[z-seed2026339]") == "tests/x.py::test[z]"
+    assert today.pop("tests/x.py::test[z-seed2026339]") == tomorrow.pop("tests/x.py::test[z]")
+    assert today == tomorrow
+
+
+def test_long_tests_are_dealt_to_different_shards(tmp_path: Path) -> None:
+    # Three 100 s tests and ten 1 s ones over three shards: one long test each, and no
+    # shard's recorded total more than one short test above another's.
+    ids = [f"test_slow[{n}]" for n in range(12)] + ["test_seeded[one-seed2026339]"]
+    long = {"test_slow[3]", "test_slow[7]", "test_slow[8]"}
+    durations = {
+        f"test_suite.py::{name}".replace("-seed2026339", ""): (100.0 if name in long else 1.0)
+        for name in ids
+    }
+    file = tmp_path / "durations.json"
+    file.write_text(json.dumps(durations))
+    totals = []
+    for k in (1, 2, 3):
+        run = _collect(
+            tmp_path, "-m", "slow", "--slow-shard", f"{k}/3", "--slow-durations", str(file)
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        kept = _ids(run.stdout)
+        assert len(long & set(kept)) == 1, (k, kept)
+        totals.append(sum(100.0 if name in long else 1.0 for name in kept))
+        assert re.search(
+            rf"slow shard {k}/3: {len(kept)} slow test\(s\) kept, \d+ s recorded \(0 without",
+            run.stdout,
+        )
+    assert max(totals) - min(totals) <= 1.0, totals
+
+
+def test_a_test_without_a_recorded_time_counts_as_the_median() -> None:
+    plugin = _plugin()
+    shard = plugin.deal(["a", "b", "c", "new"], 2, {"a": 10.0, "b": 1.0, "c": 1.0})
+    # median 1.0: a alone in shard 1; b, c and the new test in shard 2.
+    assert shard == {"a": 1, "b": 2, "c": 2, "new": 2}
+
+
+def test_record_merges_the_times_of_passed_slow_tests_only(tmp_path: Path) -> None:
+    (tmp_path / "test_rec.py").write_text(
+        "import time, pytest\n"
+        "def test_fast():\n    pass\n"
+        "@pytest.mark.slow\ndef test_ok():\n    time.sleep(0.3)\n"
+        "@pytest.mark.slow\ndef test_bad():\n    assert False\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    record = tmp_path / "rec.json"
+    record.write_text(json.dumps({"earlier::test": 5.0}))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "scripts.slow_shard",
+            "-q",
+            "--slow-record",
+            str(record),
+            str(tmp_path / "test_rec.py"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    data = json.loads(record.read_text())
+    assert set(data) == {
+        "earlier::test",
+        next(k for k in data if k.endswith("test_rec.py::test_ok")),
+    }
+    ok = next(v for k, v in data.items() if k.endswith("::test_ok"))
+    assert 0.3 <= ok < 5.0
+
+
+def test_a_bad_durations_file_is_refused_naming_it(tmp_path: Path) -> None:
+    file = tmp_path / "durations.json"
+    file.write_text(json.dumps({"t::x": "slow"}))
+    run = _collect(tmp_path, "--slow-shard", "1/2", "--slow-durations", str(file))
+    assert run.returncode == 4
+    assert str(file) in run.stderr and "'t::x'" in run.stderr
+
+
+def test_the_recorded_times_name_slow_tests_that_exist() -> None:
+    # A renamed or deleted test leaves a stale entry: it would weigh on no shard, but the
+    # file would stop saying what the shards hold.
+    plugin = _plugin()
+    recorded = plugin.load_durations(plugin.DEFAULT_DURATIONS)
+    assert len(recorded) >= 5
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--collect-only",
+            "-m",
+            "slow and not gpu",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    slow = {plugin.key(line) for line in run.stdout.splitlines() if "::" in line}
+    assert sorted(set(recorded) - slow) == []
 
 
 @pytest.mark.parametrize("bad", ["3", "0/4", "5/4", "a/b"])
