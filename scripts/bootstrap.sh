@@ -1,37 +1,74 @@
 #!/usr/bin/env bash
-# Create .venv (once) with the pinned CPU torch, the core, the plugins and the test
-# tools. Safe to run again: it only installs what is missing. Progress goes to stderr,
-# so a first run (a few minutes) never looks stuck.
+# Create .venv (once) with torch 2.13.0, the core, the plugins, DeepSpeed, megatron-core,
+# TorchTitan and the test tools. Safe to run again: it only installs what is missing.
+# Progress goes to stderr, so a first run (a few minutes) never looks stuck.
+#
+# Python: $PYTHON if set, else python3.12 (on PATH or in pyenv's versions), the Python of
+# NVIDIA's containers and of current megatron-core (0.17 and later install only on 3.12):
+# megatron-core 0.19.2 and Megatron-Bridge 0.6.2. Without a Python 3.12 it falls back to
+# python3 with megatron-core 0.16.1 and Bridge 0.3.1, and says so. On 3.12, torch 2.13.0
+# is the index's default build (about 530 MB plus its CUDA libraries; it runs on CPU),
+# installed with uv where uv can be had; on 3.11 pip takes the CPU wheel on this disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# shellcheck source=scripts/pyenv_lib.sh
+. scripts/pyenv_lib.sh
 say() { echo "scout bootstrap: $*" >&2; }
-if [ ! -x .venv/bin/python ]; then
-  say "creating .venv with $("$PY" --version 2>&1)"
-  "$PY" -m venv .venv
-fi
+
 if [ -n "${SCOUT_BOOTSTRAP_NO_INSTALL:-}" ] && [ -x .venv/bin/python ]; then
   # Set by the docs test, which runs documented commands inside the environment it
   # is testing with: it must never reinstall that environment.
   exit 0
 fi
+if [ -n "${PYTHON:-}" ]; then
+  PY=$PYTHON
+  why="PYTHON=$PYTHON"
+elif PY=$(find_python 3.12); then
+  why="Python 3.12 found: megatron-core 0.19.2 and Megatron-Bridge 0.6.2"
+else
+  PY=python3
+  why="no Python 3.12 here, so python3 with megatron-core 0.16.1 and Megatron-Bridge 0.3.1 (0.17 and later need 3.12)"
+fi
+version=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$version" = 3.12 ] || [ "$version" \> 3.12 ]; then
+  megatron=(megatron-core==0.19.2) bridge=megatron-bridge==0.6.2
+else
+  megatron=(megatron-core==0.16.1) bridge=megatron-bridge==0.3.1
+fi
+if [ -x .venv/bin/python ]; then
+  have=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+  if [ "$have" != "$version" ]; then
+    say ".venv has Python $have, this run uses $version: recreating it"
+    rm -rf .venv
+  fi
+fi
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version 2>&1) ($why)"
+  "$PY" -m venv .venv
+fi
 stamp=.venv/.scout-bootstrap
-want="$(cat pyproject.toml plugins/*/pyproject.toml scripts/bootstrap.sh scripts/constraints-dev.txt | sha256sum | cut -c1-16)"
+want="$version $(cat pyproject.toml plugins/*/pyproject.toml scripts/bootstrap.sh scripts/pyenv_lib.sh scripts/constraints-dev.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  pip=(.venv/bin/pip install -q --disable-pip-version-check)
+  if [ "$version" \< 3.12 ]; then
+    SCOUT_BOOTSTRAP_PIP=1 installer .venv # pip takes the CPU wheel on this disk; uv would not
+  else
+    installer .venv
+  fi
   # The core was distributed as "scout" before it became "scout-core"; the two would
   # share the scout_core package and the scout script.
-  .venv/bin/pip uninstall -q -y scout >/dev/null 2>&1 || true
-  # torch is pinned to the CPU wheel: an unpinned torch pulls several GB of CUDA.
-  say "installing torch==2.13.0 (CPU build; about a minute the first time)"
-  "${pip[@]}" "torch==2.13.0"
-  say "installing scout-core, its three plugins, DeepSpeed, Megatron-Core, TorchTitan and the test tools"
-  "${pip[@]}" "torch==2.13.0" \
-    -c scripts/constraints-dev.txt -e ".[dev]" -e plugins/deepspeed -e plugins/megatron -e plugins/torchtitan
-  # Megatron-Bridge's callback API is tested from its installed callbacks.py, which
-  # needs nothing else; Bridge's own dependencies (Transformer Engine ...) need CUDA.
-  say "installing megatron-bridge==0.3.1 (callbacks only, no dependencies)"
-  "${pip[@]}" --no-deps "megatron-bridge==0.3.1"
-  echo "$want" > "$stamp"
-  say "ready"
+  .venv/bin/python -m pip uninstall -q -y scout >/dev/null 2>&1 || true
+  say "installing torch==2.13.0, scout-core, its three plugins, DeepSpeed, ${megatron[*]}, TorchTitan and the test tools with ${install[0]##*/} ($why; the first time takes minutes)"
+  "${install[@]}" "torch==2.13.0" psutil -c scripts/constraints-dev.txt "${megatron[@]}" \
+    -e ".[dev]" -e plugins/deepspeed -e plugins/megatron -e plugins/torchtitan
+  # Megatron-Bridge's callback API is tested from its installed package; Bridge's own
+  # dependencies (Transformer Engine ...) need CUDA, so it comes without them.
+  say "installing $bridge (without its dependencies)"
+  "${install[@]}" --no-deps "$bridge"
+  # DeepSpeed compiles its CPU communication op on first use, in whichever rank gets there
+  # first while the others wait on a lock file: build it once here instead.
+  say "building DeepSpeed's CPU communication op (once per Python and torch)"
+  .venv/bin/python -c 'from deepspeed.ops.op_builder import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)' \
+    >/dev/null 2>&1 || say "could not prebuild it; DeepSpeed builds it on first use"
+  echo "$want" >"$stamp"
+  say "ready: $(.venv/bin/python --version), $(du -sh .venv | cut -f1) in .venv"
 fi

@@ -52,7 +52,7 @@ class TorchPlugin(FrameworkPlugin):
     name: ClassVar[str] = "torch"
     distribution: ClassVar[str] = "scout"
     framework: ClassVar[str] = "torch"
-    supported: ClassVar[str] = ">=2.4"
+    supported: ClassVar[str] = ">=2.11"
     prefixes: ClassVar[tuple[str, ...]] = ("torch.",)
     section_name: ClassVar[str] = "scout.enable config"
     enabled_by_default: ClassVar[bool] = True
