@@ -9,6 +9,14 @@ or, the same launcher as a module::
     python -m torch.distributed.run --standalone --nproc_per_node 6 \
         examples/megatron/train.py --inject straggler:rank=3,step=4
 
+Both run on either supported range of megatron-core, with that environment's Python
+and torchrun first on PATH: 0.19.2 on Python 3.12 (the project's ``.venv``, made by
+``scripts/bootstrap.sh``) or 0.16.1 on Python 3.11 (``.venv-mcore016``, made by
+``scripts/test_megatron016.sh``)::
+
+    PATH=$PWD/.venv/bin:$PATH            # megatron-core 0.19.2
+    PATH=$PWD/.venv-mcore016/bin:$PATH   # megatron-core 0.16.1
+
 The SCOUT-specific lines of an ordinary megatron-core script are one call after the
 model and optimizer exist, ``scout_megatron.attach(model_chunks, optimizer, config)``,
 with the settings in ``scout.toml`` beside this file (a Megatron-Bridge job passes

@@ -47,29 +47,30 @@ def _run(tmp_path: Path, inject: str, steps: int) -> list[str]:
 
 @pytest.mark.timeout(480)
 def test_example_localizes_an_injected_sdc(tmp_path: Path) -> None:
-    verdicts = _run(tmp_path, "sdc:rank=4,step=3", steps=6)
+    # A rank and step the docs do not use (they show rank 4 at step 3): TP position 1.
+    verdicts = _run(tmp_path, "sdc:rank=1,step=4", steps=7)
     assert verdicts, "no verdict printed"
-    assert verdicts[0].startswith("SCOUT verdict: step 3 sdc on rank 4 (rank, surface layer/")
-    assert all(" sdc on rank 4 (rank, " in line for line in verdicts), verdicts
-    assert all(line.endswith("peers [0, 2, 4])") for line in verdicts), verdicts
+    assert verdicts[0].startswith("SCOUT verdict: step 4 sdc on rank 1 (rank, surface layer/")
+    assert all(" sdc on rank 1 (rank, " in line for line in verdicts), verdicts
+    assert all(line.endswith("peers [1, 3, 5])") for line in verdicts), verdicts
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_example_localizes_a_straggler(tmp_path: Path) -> None:
-    verdicts = _run(tmp_path, "straggler:rank=3,step=4", steps=10)
+    verdicts = _run(tmp_path, "straggler:rank=4,step=3", steps=9)  # the docs: rank 3, step 4
     assert verdicts, "no verdict printed"
-    assert all(" straggler on rank 3 (rank, " in line for line in verdicts), verdicts
+    assert all(" straggler on rank 4 (rank, " in line for line in verdicts), verdicts
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_example_localizes_a_hang(tmp_path: Path) -> None:
-    verdicts = _run(tmp_path, "hang:rank=3,step=4", steps=7)
+    verdicts = _run(tmp_path, "hang:rank=0,step=3", steps=6)  # the docs: rank 3, step 4
     assert len(verdicts) == 1, verdicts
-    # the frozen rank is idle; its TP partner (2) waits for it in their all-reduce
-    assert verdicts[0].startswith("SCOUT verdict: step 4 hang on rank ")
-    assert verdicts[0].endswith("rank 3 idle)") and "rank 3" in verdicts[0], verdicts
+    # the frozen rank is idle; its TP partner (1) waits for it in their all-reduce
+    assert verdicts[0].startswith("SCOUT verdict: step 3 hang on rank ")
+    assert verdicts[0].endswith("rank 0 idle)") and "rank 0" in verdicts[0], verdicts
 
 
 @pytest.mark.slow
