@@ -69,6 +69,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "building DeepSpeed's CPU communication op (once per Python and torch)"
   .venv/bin/python -c 'from deepspeed.ops.op_builder import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)' \
     >/dev/null 2>&1 || say "could not prebuild it; DeepSpeed builds it on first use"
+  # uv installs no bytecode, and where PYTHONDONTWRITEBYTECODE is set nothing writes it
+  # later: every process (each rank, observer and launched example) would compile torch
+  # from source, 3.3 s an import of torch here instead of 1.7 s.
+  say "compiling bytecode"
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  .venv/bin/python -m compileall -q -j 0 "$site" scout_core plugins >/dev/null 2>&1 || true
   echo "$want" >"$stamp"
   say "ready: $(.venv/bin/python --version), $(du -sh .venv | cut -f1) in .venv"
 fi
