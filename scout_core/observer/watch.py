@@ -29,15 +29,20 @@ class SilenceWatch(ObserverBase):
     """The watch loop: the observer process's main thread."""
 
     def _starting(self, snap: Snapshot) -> bool:
-        """Idle at the step this rank first published: the job has not begun training.
+        """Still in the step this rank first published, outside a collective and I/O.
 
-        A job-wide wait there (every rank idle, no one in a collective, the DataLoader or
-        checkpoint I/O) is the framework's own start-up between attaching SCOUT and the
-        first forward, not a stall; it is never rung for (docs/observer.md, "Start-up").
+        Idle there, the job has not begun training; computing there, it is warming up
+        (lazy initialisation, compilation, first-touch allocation). A job-wide wait in
+        either (no one in a collective, the DataLoader or checkpoint I/O) is the
+        framework's own start-up, not a stall; it is never rung for. A rank stuck there
+        is still named through a peer that waits for it in a collective
+        (docs/observer.md, "Start-up").
         """
         if self.start_step is None:
             self.start_step = snap.step
-        return snap.stage == Stage.IDLE and snap.step == self.start_step
+        if snap.step != self.start_step:
+            return False
+        return snap.stage != Stage.COLLECTIVE and snap.stage not in _STALL_STAGES
 
     def watch(self) -> None:
         s = self.spec
@@ -60,10 +65,10 @@ class SilenceWatch(ObserverBase):
             threshold = s.stage_timeout_s if snap.stage in _STALL_STAGES else s.hang_timeout_s
             due = quiet_since + threshold
             if snap.op_id == 0 or self._starting(snap):
-                # Nothing published yet, or idle before the first step: the trainer is
-                # still building its model and groups, compiling or loading, which may
-                # take any time. The clock starts at first progress, and a peer that is
-                # already waiting in a collective still rings for a rank stuck before it.
+                # Nothing published yet, or idle or computing in the first step: the
+                # trainer is still building its model and groups, compiling or warming
+                # up, which may take any time. The clock starts at first progress, and a
+                # peer already waiting in a collective still rings for a rank stuck there.
                 self.rec.wait_for_progress(threshold)
                 continue
             if now >= due:

@@ -176,6 +176,7 @@ def _checkpoint_stall(r: _Rank) -> None:
 
 _FAULTS = {
     "slow_start": _Rank.step,
+    "slow_first_step": _Rank.step,
     "sigstop": _sigstop,
     "late": _late,
     "gil": _gil,
@@ -223,6 +224,15 @@ def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) ->
         # A framework's start-up after SCOUT attached: one published collective, then
         # every rank idle for 3x the hang timeout before its first step.
         dist.all_reduce(r.x, group=r.train)
+        time.sleep(3 * HANG_S)
+    if name == "slow_first_step":
+        # Warm-up: one published collective, then every rank computing in its first
+        # step (a layer's forward: lazy initialisation, compilation) for 3x the timeout.
+        dist.all_reduce(r.x, group=r.train)
+        if handle is not None:
+            from scout_core.observer.record import Stage
+
+            handle.publisher.publish(Stage.LAYER)
         time.sleep(3 * HANG_S)
     for _ in range(3):
         r.step()

@@ -202,7 +202,9 @@ def test_the_recorded_times_name_slow_tests_that_exist() -> None:
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     slow = {plugin.key(line) for line in run.stdout.splitlines() if "::" in line}
-    assert sorted(set(recorded) - slow) == []
+    stale = sorted(set(recorded) - slow)
+    # A docs edit above a slow docs block moves its line number, so its id: rename the key.
+    assert stale == [], f"scripts/slow_durations.json names tests that do not exist: {stale}"
 
 
 @pytest.mark.parametrize("bad", ["3", "0/4", "5/4", "a/b"])
