@@ -29,14 +29,15 @@ else
   PY=python3
   why="no Python 3.12 here, so python3 with megatron-core 0.16.1 and Megatron-Bridge 0.3.1 (0.17 and later need 3.12)"
 fi
-version=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+version=$(pyver "$PY")
 if [ "$version" = 3.12 ] || [ "$version" \> 3.12 ]; then
-  megatron=(megatron-core==0.19.2) bridge=megatron-bridge==0.6.2
+  megatron=megatron-core==0.19.2 bridge=megatron-bridge==0.6.2 mode=uv
 else
-  megatron=(megatron-core==0.16.1) bridge=megatron-bridge==0.3.1
+  # pip takes the CPU wheel of torch on this disk; uv would not
+  megatron=megatron-core==0.16.1 bridge=megatron-bridge==0.3.1 mode=pip
 fi
 if [ -x .venv/bin/python ]; then
-  have=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+  have=$(pyver .venv/bin/python 2>/dev/null || echo none)
   if [ "$have" != "$version" ]; then
     say ".venv has Python $have, this run uses $version: recreating it"
     rm -rf .venv
@@ -49,16 +50,12 @@ fi
 stamp=.venv/.scout-bootstrap
 want="$version $(cat pyproject.toml plugins/*/pyproject.toml scripts/bootstrap.sh scripts/pyenv_lib.sh scripts/constraints-dev.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  if [ "$version" \< 3.12 ]; then
-    SCOUT_BOOTSTRAP_PIP=1 installer .venv # pip takes the CPU wheel on this disk; uv would not
-  else
-    installer .venv
-  fi
+  installer .venv "$mode"
   # The core was distributed as "scout" before it became "scout-core"; the two would
   # share the scout_core package and the scout script.
   .venv/bin/python -m pip uninstall -q -y scout >/dev/null 2>&1 || true
-  say "installing torch==2.13.0, scout-core, its three plugins, DeepSpeed, ${megatron[*]}, TorchTitan and the test tools with ${install[0]##*/} ($why; the first time takes minutes)"
-  "${install[@]}" "torch==2.13.0" psutil -c scripts/constraints-dev.txt "${megatron[@]}" \
+  say "installing torch==2.13.0, scout-core, its three plugins, DeepSpeed, $megatron, TorchTitan and the test tools with ${install[0]##*/} ($why; the first time takes minutes)"
+  "${install[@]}" "torch==2.13.0" psutil -c scripts/constraints-dev.txt "$megatron" \
     -e ".[dev]" -e plugins/deepspeed -e plugins/megatron -e plugins/torchtitan
   # Megatron-Bridge's callback API is tested from its installed package; Bridge's own
   # dependencies (Transformer Engine ...) need CUDA, so it comes without them.

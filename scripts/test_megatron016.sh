@@ -18,7 +18,7 @@ if ! PY=$(find_python 3.11); then
   say "no Python 3.11 here: the megatron-core 0.16 smoke set is not run"
   exit 0
 fi
-if [ -x .venv/bin/python ] && [ "$(.venv/bin/python -c 'import sys; print(sys.version_info[:2] < (3, 12))')" = True ]; then
+if [ -x .venv/bin/python ] && [ "$(pyver .venv/bin/python)" \< 3.12 ]; then
   say ".venv is on Python < 3.12 with megatron-core 0.16.1: its full suite covers this set"
   exit 0
 fi
@@ -29,7 +29,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   rm -rf "$env_dir"
   say "creating $env_dir with $("$PY" --version 2>&1) ($PY)"
   "$PY" -m venv "$env_dir"
-  SCOUT_BOOTSTRAP_PIP=1 installer "$env_dir" # pip takes the CPU torch wheel on this disk
+  installer "$env_dir" pip # pip takes the CPU torch wheel on this disk
   say "installing torch==2.13.0 (CPU), megatron-core 0.16.1, Megatron-Bridge 0.3.1"
   "${install[@]}" "torch==2.13.0" psutil -c scripts/constraints-dev.txt \
     -e ".[dev]" -e plugins/megatron "megatron-core==0.16.1"
