@@ -5,10 +5,13 @@ repository root. The collected slow tests (not marked ``gpu``) are dealt to N sh
 longest first, each to the shard with the least time so far (ties to the lower shard),
 by the times recorded in ``--slow-durations`` (default ``scripts/slow_durations.json``,
 seconds by node id). A test with no recorded time counts as the median of the recorded
-ones. Node ids lose their ``-seedNNN`` part, which changes from day to day, so the same
-checkout deals the same shards on every machine, and shards ``1/N`` to ``N/N`` together
-run every slow test exactly once. Tests not marked ``slow`` are left to ``-m``: CI runs
-``-m "not gpu"`` with today's shard, so every slow test runs in CI within N days.
+ones. Node ids lose their ``-seedNNN`` part, which changes from day to day, and a docs
+block's id loses its line number (``[docs/x.md:213]`` -> ``[docs/x.md]``), which moves
+with any edit above it; the blocks of one page share that name, so they share a shard and
+their times add up. The same checkout deals the same shards on every machine, and shards
+``1/N`` to ``N/N`` together run every slow test exactly once. Tests not marked ``slow``
+are left to ``-m``: CI runs ``-m "not gpu"`` with today's shard, so every slow test runs
+in CI within N days.
 
 ``--slow-record PATH`` merges the times (setup + call + teardown) of the slow tests that
 passed into PATH, the file ``--slow-durations`` reads. A run prints its shard, how many
@@ -28,6 +31,7 @@ from pathlib import Path
 import pytest
 
 _SEED = re.compile(r"-seed\d+")
+_DOCS_LINE = re.compile(r"(\[[^\[\]]+\.md):\d+\]")
 DEFAULT_DURATIONS = Path(__file__).with_name("slow_durations.json")
 
 
@@ -65,8 +69,9 @@ def parse(text: str) -> tuple[int, int]:
 
 
 def key(nodeid: str) -> str:
-    """A node id without its day's seed: the name a test's time is recorded under."""
-    return _SEED.sub("", nodeid)
+    """A node id without its day's seed or its docs block's line number: the name a test's
+    time is recorded under."""
+    return _DOCS_LINE.sub(r"\1]", _SEED.sub("", nodeid))
 
 
 def load_durations(path: str | Path) -> dict[str, float]:
@@ -150,7 +155,11 @@ class _Recorder:
             self.failed.add(report.nodeid)
 
     def pytest_sessionfinish(self) -> None:
-        passed = {key(k): round(v, 1) for k, v in self.seconds.items() if k not in self.failed}
+        failed = {key(nodeid) for nodeid in self.failed}
+        passed: dict[str, float] = {}
+        for nodeid, seconds in self.seconds.items():
+            if key(nodeid) not in failed:
+                passed[key(nodeid)] = round(passed.get(key(nodeid), 0.0) + seconds, 1)
         if not passed:
             return
         merged = {**load_durations(self.path), **passed}

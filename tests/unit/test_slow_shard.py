@@ -96,6 +96,18 @@ def test_the_seed_of_the_day_does_not_move_a_test() -> None:
     assert today == tomorrow
 
 
+def test_an_edit_above_a_docs_block_does_not_move_it() -> None:
+    # A docs block's id carries its line number; its recorded name must not.
+    plugin = _plugin()
+    before = "tests/docs/test_docs.py::test_shell_block[docs/development.md:213]"
+    after = "tests/docs/test_docs.py::test_shell_block[docs/development.md:219]"
+    assert plugin.key(before) == plugin.key(after)
+    assert plugin.key(after) == "tests/docs/test_docs.py::test_shell_block[docs/development.md]"
+    other = "tests/docs/test_docs.py::test_shell_block[docs/deepspeed.md:213]"
+    assert plugin.key(other) != plugin.key(before)
+    assert plugin.key("tests/x.py::test[a.md-3]") == "tests/x.py::test[a.md-3]"
+
+
 def test_long_tests_are_dealt_to_different_shards(tmp_path: Path) -> None:
     # Three 100 s tests and ten 1 s ones over three shards: one long test each, and no
     # shard's recorded total more than one short test above another's.
@@ -136,6 +148,8 @@ def test_record_merges_the_times_of_passed_slow_tests_only(tmp_path: Path) -> No
         "def test_fast():\n    pass\n"
         "@pytest.mark.slow\ndef test_ok():\n    time.sleep(0.3)\n"
         "@pytest.mark.slow\ndef test_bad():\n    assert False\n"
+        "@pytest.mark.slow\n@pytest.mark.parametrize('b', ['docs/p.md:3', 'docs/p.md:9'])\n"
+        "def test_block(b):\n    time.sleep(0.3)\n"
     )
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
     record = tmp_path / "rec.json"
@@ -163,9 +177,13 @@ def test_record_merges_the_times_of_passed_slow_tests_only(tmp_path: Path) -> No
     assert set(data) == {
         "earlier::test",
         next(k for k in data if k.endswith("test_rec.py::test_ok")),
+        next(k for k in data if k.endswith("test_rec.py::test_block[docs/p.md]")),
     }
     ok = next(v for k, v in data.items() if k.endswith("::test_ok"))
     assert 0.3 <= ok < 5.0
+    # The two blocks of one page share a name, and their times add up.
+    blocks = next(v for k, v in data.items() if k.endswith("::test_block[docs/p.md]"))
+    assert 0.6 <= blocks < 5.0
 
 
 def test_a_bad_durations_file_is_refused_naming_it(tmp_path: Path) -> None:
@@ -203,7 +221,6 @@ def test_the_recorded_times_name_slow_tests_that_exist() -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     slow = {plugin.key(line) for line in run.stdout.splitlines() if "::" in line}
     stale = sorted(set(recorded) - slow)
-    # A docs edit above a slow docs block moves its line number, so its id: rename the key.
     assert stale == [], f"scripts/slow_durations.json names tests that do not exist: {stale}"
 
 
