@@ -24,6 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from scout_core.decision.c3 import Surface, exchange
+from scout_core.observer import spawn
 from scout_core.observer.core import ObserverBase
 from scout_core.observer.escalation import VERDICT_MARGIN_S, escalate
 from scout_core.observer.record import ROUNDS, Snapshot, Stage
@@ -321,7 +322,7 @@ class DiagnosisRound(ObserverBase):
             return
         s = self.spec
         time.sleep(1.0)  # a job torn down at once takes this observer's trainer too
-        if os.getppid() != s.trainer_pid:
+        if not spawn.parent_alive(s.trainer_pid):
             os._exit(0)
         with self.lock:
             under_verdict = self.episode_verdict

@@ -32,7 +32,7 @@ from scout_core.observer.record import (
     ProgressRecord,
     Publisher,
 )
-from scout_core.observer.spawn import spawn, spec_fd
+from scout_core.observer.spawn import Helper, spawn, spec_fd
 from scout_core.observer.spec import ObserverSpec
 from scout_core.observer.store_host import StoreHost
 from scout_core.records.evidence import Record
@@ -85,7 +85,7 @@ class ObserverHandle:
         self._lock = threading.Lock()
         self._closed = False
         self._running = False
-        self.proc: subprocess.Popen[bytes]
+        self.proc: Helper
         self._listener: ControlListener
         self._launch()
         atexit.register(self.close)
@@ -110,7 +110,7 @@ class ObserverHandle:
             control_r, self._callbacks, self._verdicts, on_exit=lambda: self._on_exit(proc)
         )
 
-    def _on_exit(self, proc: subprocess.Popen[bytes]) -> None:
+    def _on_exit(self, proc: Helper) -> None:
         """``proc``'s control pipe closed: it exited. Restart it unless closing."""
         try:
             code = proc.wait(timeout=5.0)

@@ -4,7 +4,9 @@ Contract: :func:`spawn` starts every helper on one daemon thread of this module,
 parent-death signal (``PR_SET_PDEATHSIG``), which Linux ties to the thread that created
 the child, fires only when the trainer process ends, even when ``scout.enable`` was called
 from a setup thread that returns. A helper's spec travels as JSON in an inherited
-``memfd``, not on the command line. Docs: docs/observer.md, "The observer process".
+``memfd``, not on the command line. :data:`start` makes the process; the test harness
+replaces it in ranks its zygotes fork (``scout_core/testing/_helpers.py``). Docs:
+docs/observer.md, "The observer process".
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["die_with_parent", "read_spec_fd", "spawn", "spec_fd"]
+__all__ = [
+    "Helper",
+    "die_with_parent",
+    "parent_alive",
+    "read_spec_fd",
+    "spawn",
+    "spec_fd",
+    "start",
+]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -56,18 +66,31 @@ def _on_spawner_thread(fn: Callable[[], Any]) -> Any:
     return future.result()
 
 
-def spawn(args: Sequence[str], pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+class Helper(Protocol):
+    """A started helper: the part of :class:`subprocess.Popen` SCOUT uses."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+def _popen(argv: Sequence[str], pass_fds: Sequence[int]) -> Helper:
+    return subprocess.Popen(
+        list(argv), pass_fds=tuple(pass_fds), stdin=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+start: Callable[[Sequence[str], Sequence[int]], Helper] = _popen
+"""Make the process for ``argv``, passing ``pass_fds``, in its own session (module note)."""
+
+
+def spawn(args: Sequence[str], pass_fds: Sequence[int]) -> Helper:
     """``python <args>`` in its own session, started on the spawner thread (module note)."""
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [sys.executable, *args],
-            pass_fds=tuple(pass_fds),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    proc: subprocess.Popen[bytes] = _on_spawner_thread(start)
+    argv = [sys.executable, *args]
+    proc: Helper = _on_spawner_thread(lambda: start(argv, pass_fds))
     return proc
 
 
@@ -104,5 +127,12 @@ def die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    if not parent_alive(parent_pid):  # the parent died before prctl took effect
         os._exit(1)
+
+
+def parent_alive(parent_pid: int) -> bool:
+    """The child's side: whether ``parent_pid``, the trainer that started this helper, is
+    still its parent (a helper whose parent died has been re-parented). The test harness
+    replaces it where a forker, which dies with the trainer, is the parent instead."""
+    return os.getppid() == parent_pid

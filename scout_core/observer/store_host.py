@@ -24,7 +24,7 @@ from datetime import timedelta
 from torch._C._distributed_c10d import TCPStore
 
 from scout_core.errors import ScoutError
-from scout_core.observer.spawn import die_with_parent, read_spec_fd, spawn, spec_fd
+from scout_core.observer.spawn import Helper, die_with_parent, read_spec_fd, spawn, spec_fd
 
 __all__ = ["LINGER_S", "SHUTDOWN", "StoreHost", "first_unrung_bell", "ring", "serve"]
 
@@ -60,7 +60,7 @@ class _HostSpec:
 class StoreHost:
     """The trainer's handle on the store host process."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, stop_w: int) -> None:
+    def __init__(self, proc: Helper, port: int, stop_w: int) -> None:
         self.proc = proc
         self.port = port
         self._stop_w = stop_w

@@ -27,6 +27,7 @@ import traceback
 from typing import Any
 
 _worker: Any = importlib.import_module("_worker")  # beside this script, as ranks run it
+_helpers: Any = importlib.import_module("_helpers")  # forked observers (its module note)
 PRELOAD_ENV = "SCOUT_TEST_PRELOAD"  # zygotes.PRELOAD_ENV: this script imports no package
 SCOUT_MODULES = (
     "torch.distributed.tensor",
@@ -62,6 +63,7 @@ def _become_rank(request: dict[str, Any], zygote_pid: int, replies: int) -> None
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        _helpers.install(os.getpid())  # while this child still holds one thread
         sys.argv = [os.path.join(os.path.dirname(__file__), "_worker.py"), request["spec"]]
         numpy = sys.modules.get("numpy")
         if numpy is not None:  # a fresh process seeds it from the OS; forks share it

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -316,3 +319,98 @@ def test_a_port_clash_is_retried_and_anything_else_raised_at_once() -> None:
     assert len(calls) == 1
     assert port_clash("OSError: [Errno 98] Address already in use")
     assert not port_clash("ConnectionRefusedError")
+
+
+def rank_starts_helpers(folder: str) -> dict[str, object]:
+    """Start two helpers the way SCOUT starts its observer, and report what they saw."""
+    from scout_core.observer import spawn
+
+    rank = os.environ["RANK"]
+    here = str(Path(__file__).parent)
+    # Set after the rank started: a helper gets the environment and directory of its start.
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    os.environ["SCOUT_PROBE_VALUE"] = f"rank {rank}"
+    os.chdir(folder)
+    out = Path(folder, f"probe-{rank}.json")
+    r, w = os.pipe()
+    helper = spawn.spawn(["-m", "helper_probe", str(out), str(w), "7"], (w,))
+    os.close(w)
+    code = helper.wait(timeout=60)
+    said = os.read(r, 64).decode()
+    sleeper = spawn.spawn(["-m", "helper_probe", "sleep"], ())
+    running = sleeper.poll()
+    sleeper.kill()
+    return {
+        "kind": type(helper).__name__,
+        "pid": helper.pid,
+        "code": code,
+        "returncode": helper.returncode,
+        "said": said,
+        "w": w,
+        "seen": json.loads(out.read_text()),
+        "sleeper_running": running,
+        "killed": sleeper.wait(timeout=30),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh"])
+def test_a_ranks_helpers_start_as_popen_would(tmp_path: Path, fresh: bool) -> None:
+    # Forked helpers (scout_core/testing/_helpers.py) against the real Popen start.
+    env = {**FORKED, "SCOUT_TEST_FRESH_HELPERS": "1"} if fresh else FORKED
+    results = run_ranks(rank_starts_helpers, 2, args=(str(tmp_path),), env=env, timeout_s=120)
+    for rank, got in enumerate(results):
+        assert got["kind"] == ("Popen" if fresh else "ForkedHelper")
+        seen = got["seen"]
+        assert seen["pid"] == got["pid"] and seen["sid"] == got["pid"]  # its own session
+        assert seen["value"] == f"rank {rank}" and seen["cwd"] == str(tmp_path)
+        assert seen["fds"] == [0, 1, 2, got["w"]] and seen["stdin"] == os.devnull
+        assert got["said"] == "hello"
+        assert got["code"] == got["returncode"] == 7
+        assert got["sleeper_running"] is None and got["killed"] == -9
+
+
+def rank_helper_then_sleeps(folder: str) -> None:
+    from scout_core.observer import spawn
+
+    here = str(Path(__file__).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    helper = spawn.spawn(["-m", "helper_probe", "sleep"], ())
+    Path(folder, f"helper-{os.environ['RANK']}").write_text(f"{os.getpid()} {helper.pid}")
+    time.sleep(3600)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_forked_helper_dies_with_its_rank(tmp_path: Path) -> None:
+    found: dict[int, int] = {}
+
+    def kill_rank_zero(ranks: list[RankProcess]) -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("helper-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for f in tmp_path.glob("helper-*"):
+            rank_pid, helper_pid = map(int, f.read_text().split())
+            found[rank_pid] = helper_pid
+        os.kill(ranks[0].proc.pid, signal.SIGKILL)
+
+    def start() -> None:
+        with pytest.raises(RankFailedError):
+            run_ranks(
+                rank_helper_then_sleeps,
+                2,
+                args=(str(tmp_path),),
+                env=FORKED,
+                timeout_s=90,
+                on_start=lambda ranks: threading.Thread(
+                    target=kill_rank_zero, args=(ranks,), daemon=True
+                ).start(),
+            )
+
+    start()
+    assert len(found) == 2
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in found.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in found.values())
