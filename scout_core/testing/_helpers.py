@@ -24,8 +24,8 @@ forker), and the helper starts with the zygote's imports. ``SCOUT_TEST_FRESH_HEL
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
+import importlib
 import json
 import os
 import runpy
@@ -37,11 +37,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+_worker: Any = importlib.import_module("_worker")  # beside this script, as _zygote.py
 FRESH_ENV = "SCOUT_TEST_FRESH_HELPERS"
-_PR_SET_PDEATHSIG = 1
 _MAX_FDS = 64
 _PRELOAD = ("scout_core.observer.process",)
 """What every helper runs: imported once in the forker, so a helper starts at once."""
@@ -49,14 +49,6 @@ _PID_TIMEOUT_S = 30.0
 _KILLED = -int(signal.SIGKILL)
 """The exit code reported when the forker went away before it could tell the real one
 (it takes its helpers with it: they die with it)."""
-
-
-def _die_with(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def install(rank_pid: int) -> None:
@@ -158,7 +150,7 @@ def _forker(sock: socket.socket, rank_pid: int) -> None:
     code = 0
     try:
         os.setsid()  # out of the rank's process group, as a helper started by Popen is
-        _die_with(rank_pid)
+        _worker._die_with_parent(rank_pid)
         for name in _PRELOAD:
             with contextlib.suppress(Exception):  # the helper imports it and fails loudly
                 __import__(name)
@@ -186,18 +178,24 @@ def _forker(sock: socket.socket, rank_pid: int) -> None:
         os._exit(code)
 
 
-def _reap(replies: dict[int, int]) -> None:
-    while replies:
+def reaped() -> Iterator[tuple[int, int]]:
+    """The children that ended since the last call, as ``(pid, Popen-style exit code)``."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, os.waitstatus_to_exitcode(status)
+
+
+def _reap(replies: dict[int, int]) -> None:
+    for pid, code in reaped():
         fd = replies.pop(pid, None)
         if fd is not None:
             with contextlib.suppress(OSError):
-                os.write(fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                os.write(fd, f"{code}\n".encode())
             os.close(fd)
 
 
@@ -206,7 +204,7 @@ def _helper(request: dict[str, Any], received: list[int], forker_pid: int) -> No
     code = 1
     try:
         os.setsid()
-        _die_with(forker_pid)
+        _worker._die_with_parent(forker_pid)
         targets = [int(fd) for fd in request["fds"]]
         # Move what arrived out of the way, then put each at the number the rank passed.
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in received]

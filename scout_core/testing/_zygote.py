@@ -78,14 +78,8 @@ def _become_rank(request: dict[str, Any], zygote_pid: int, replies: int) -> None
 
 
 def _reap(replies: int) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(replies, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+    for pid, code in _helpers.reaped():
+        _send(replies, {"exit": pid, "code": code})
 
 
 def _threads() -> int:

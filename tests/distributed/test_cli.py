@@ -105,12 +105,17 @@ def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
     assert main(["report", str(tmp_path / "rank-2.jsonl")]) == 2  # nothing readable
 
 
-def test_help_texts_carry_no_markup() -> None:
+def test_help_texts_carry_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    from scout_core.cli.main import main
+
+    # The module entry once in a fresh interpreter, then each command's help in-process.
+    out = subprocess.run(
+        [sys.executable, "-m", "scout_core", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "usage: scout" in out and "``" not in out and ":class:" not in out, out
     for argv in ([], ["demo"], ["report"], ["catalog"], ["simulate"], ["c3-round"], ["campaign"]):
-        out = subprocess.run(
-            [sys.executable, "-m", "scout_core", *argv, "--help"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv, "--help"])
+        out = capsys.readouterr().out
+        assert exit_info.value.code == 0 and "usage: scout" in out, (argv, out)
         assert "``" not in out and ":class:" not in out, (argv, out)
