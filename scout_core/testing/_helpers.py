@@ -16,7 +16,8 @@ the rank's environment and working directory at the time of the start, exactly t
 passed descriptors at their numbers, and ``Popen.returncode``'s convention. What differs:
 the helper's parent is the forker, so the parent-death chain is rank -> forker -> helper
 (each dies with the one before it: the helper's ``die_with_parent`` is pointed at the
-forker), and the helper starts with the zygote's imports. ``SCOUT_TEST_FRESH_HELPERS=1``
+forker), the helper starts with the zygote's imports, and the rank has one more child,
+the forker, whose pid it finds in ``SCOUT_TEST_HELPER_FORKER``. ``SCOUT_TEST_FRESH_HELPERS=1``
 (or ``SCOUT_TEST_FRESH_RANKS=1``) starts fresh interpreters instead. A command that is not
 ``python -m <module> ...``, or a forker that is gone, also gets a fresh interpreter.
 """
@@ -42,6 +43,8 @@ from typing import Any
 
 _worker: Any = importlib.import_module("_worker")  # beside this script, as _zygote.py
 FRESH_ENV = "SCOUT_TEST_FRESH_HELPERS"
+FORKER_ENV = "SCOUT_TEST_HELPER_FORKER"
+"""Set in a rank to its forker's pid: a child of the rank that the harness started."""
 _MAX_FDS = 64
 _PRELOAD = ("scout_core.observer.process",)
 """What every helper runs: imported once in the forker, so a helper starts at once."""
@@ -62,6 +65,7 @@ def install(rank_pid: int) -> None:
         mine.close()
         _forker(theirs, rank_pid)  # never returns
     theirs.close()
+    os.environ[FORKER_ENV] = str(pid)  # for a test that counts the rank's own children
     try:
         import scout_core.observer.spawn as spawn_module
     except ImportError:  # a rank that cannot import SCOUT starts nothing through it

@@ -10,10 +10,14 @@ SPEC_STEPS = (3, 2)
 
 
 def children() -> list[str]:
-    """Command lines of this process's live child processes (Linux ``/proc``)."""
+    """Command lines of this process's live child processes (Linux ``/proc``), but the
+    test harness's own helper forker (scout_core/testing/_helpers.py)."""
     found: list[str] = []
+    harness = os.environ.get("SCOUT_TEST_HELPER_FORKER")
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         for pid in (task / "children").read_text().split():
+            if pid == harness:
+                continue
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
