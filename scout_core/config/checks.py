@@ -84,6 +84,7 @@ RANGES: Mapping[str, tuple[float, float, bool]] = {
     "all_to_all_interval": (1, 1_000_000, False),
     "optimizer_slice": (1, 1 << 26, False),
     "custody_slices": (0, 1_000_000, False),
+    "custody_every": (1, 1_000_000, False),
     "referee_timeout_s": (1, 3600, False),
     "kappa": (0, 100, True),
     "straggler_rounds": (1, 1000, False),

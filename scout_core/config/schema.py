@@ -114,11 +114,20 @@ class Config:
     """Elements in one optimizer-replay slice; the slice rotates over the parameters
     (1..67,108,864)."""
 
-    custody_slices: int = 0
-    """Parameter custody's rotation length (0..1,000,000; 0, the default, is off): after each
-    optimizer step a rank signs 1/``custody_slices`` of its local parameters and checks
-    them before the next step, so every local parameter is checked once in this many
-    steps. 1 checks every parameter every step, at two reads of them per step."""
+    custody_slices: int = 256
+    """Parameter custody's rotation length (0..1,000,000; 0 is off): a rank signs its
+    local parameters right after the optimizer step writes them and checks them before
+    the next step, 1/``custody_slices`` of them per step on average, so every local
+    parameter is checked once in this many steps. 1 checks every parameter every step,
+    at two reads of them per step."""
+
+    custody_every: int = 16
+    """Parameter custody works at every this many optimizer steps (1..1,000,000; at most
+    ``custody_slices``, a larger value acts as ``custody_slices``): it signs
+    ``custody_every / custody_slices`` of the local parameters then, and nothing in
+    between. The rotation and the chance of seeing a one-time change stay those of
+    ``custody_slices``; the per-step fixed part of custody's cost is paid once in this
+    many steps."""
 
     referee_timeout_s: float = 60.0
     """How long a rank waits for its part of a referee exchange (1..3,600 s): where two

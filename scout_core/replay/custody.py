@@ -30,13 +30,19 @@ swapped-in sub-groups) join the rotation the first time a step writes them.
 
 [The rotation]
 The local elements of every tensor custody has seen are laid end to end in a fixed
-order (the order they were first seen) and cut into ``slices`` equal ranges; at
-iteration ``t`` the step signs range ``t mod slices`` of each tensor it writes. Every
-element is therefore signed, and checked at the next step, once in every ``slices``
-iterations: a fault that keeps coming back after the writes (a cell that does not
-hold what the optimizer writes) is named within one rotation. The cost per step is
-two folds of ``1 / slices`` of the local parameters (one read each) plus a few
-microseconds per tensor the slice touches.
+order (the order they were first seen) and cut into ``windows = slices // every``
+equal ranges (``every`` is at most ``slices``). Custody works at every ``every``-th
+iteration only: at iteration ``t`` with ``t mod every == 0`` the step signs range
+``(t // every) mod windows`` of each tensor it writes, and the next step checks it.
+Every element is therefore signed, and checked at the next step, once in every
+``windows * every <= slices`` iterations: a fault that keeps coming back after the
+writes (a cell that does not hold what the optimizer writes) is named within one
+rotation. A one-time change is seen when it falls between the step that signed its
+element and the next one: once in a rotation, whatever ``every`` is. ``every`` only
+spreads the cost: a working iteration costs two folds of ``1 / windows`` of the local
+parameters (one read each) plus a fixed part (tens of microseconds per tensor piece
+the range touches, and the hooks' own Python), and the other ``every - 1`` iterations
+cost an empty check in each hook, so the fixed part is paid once in ``every`` steps.
 
 [The check point, and why not the forward]
 The check runs before the next *write*, which every framework exposes the same way
@@ -58,10 +64,14 @@ is never certified.
   memory traffic of reading all local parameters once per step.
 * A fault in the write itself (the optimizer computes or stores a wrong value) is
   signed as written: that is the optimizer replay's surface, not custody's.
-* Anything else that writes parameters between steps (a ``load_state_dict`` that
-  SCOUT does not run, an EMA swap, weight clamping outside the optimizer) reads as a
-  custody violation. SCOUT's own restores call :meth:`Custody.forget`; so must such
-  code (``session.replay.custody.forget()``), or it runs with ``custody_slices = 0``.
+* Anything else that writes parameters between steps reads as a custody violation.
+  Checkpoint loads do not: SCOUT's own restores call :meth:`Custody.forget`, and so does
+  the ``load_state_dict`` of every optimizer custody holds (a load-state-dict post-hook),
+  which the three frameworks' checkpoint loads run whenever they load optimizer state
+  (DCP's ``set_state_dict``, TorchTitan's optimizer container, DeepSpeed's and
+  Megatron's ``load_checkpoint``). A write with no optimizer load (a model-only load in
+  the middle of a run, an EMA swap, weight clamping outside the optimizer) must call
+  ``session.replay.custody.forget()``, or run with ``custody_slices = 0``.
 * The fault injector that tests use (:meth:`scout_core.testing.Trigger.flip_param_after_step`)
   must register its step post-hook after SCOUT's, i.e. attach after ``scout.enable``:
   torch runs an optimizer's post-hooks in registration order.
@@ -153,7 +163,7 @@ class Violation:
     found: int
     dtype: torch.dtype
 
-    def detail(self, slices: int) -> dict[str, Any]:
+    def detail(self, slices: int, every: int) -> dict[str, Any]:
         oi, gi, pos = self.held.where
         return {
             "recipe": "custody",
@@ -163,6 +173,7 @@ class Violation:
             "checked_step": self.step,
             "slice": self.seal.slice,
             "slices": slices,
+            "every": every,
             "optimizer": oi,
             "param_group": gi,
             "param": pos,
@@ -173,8 +184,9 @@ class Violation:
 
 
 class Custody:
-    """Signs a rotating slice of the local parameters after each optimizer step and
-    checks it before the next one (module doc). ``slices = 0`` is off: no hook at all.
+    """Signs a rotating range of the local parameters after every ``every``-th optimizer
+    step and checks it before the next step (module doc). ``slices = 0`` is off: no hook
+    at all.
 
     ``step`` returns the current iteration (the replay driver's step clock)."""
 
@@ -184,11 +196,18 @@ class Custody:
         *,
         slices: int,
         step: Callable[[], int],
+        every: int = 1,
     ) -> None:
         if slices < 0:
             raise ValueError(f"slices must be >= 0, got {slices}")
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
         self.optimizers = list(optimizers)
         self.slices = slices
+        self.every = min(every, max(1, slices))
+        """Custody signs at every this many iterations (``every``, at most ``slices``)."""
+        self.windows = max(1, slices // self.every)
+        """Ranges the rotation is cut into: one is signed at each working iteration."""
         self._step = step
         self._held: dict[int, _Held] = {}
         self._total = 0
@@ -205,6 +224,8 @@ class Custody:
         for oi, opt in enumerate(self.optimizers):
             self._handles.append(opt.register_step_pre_hook(self._pre(oi)))
             self._handles.append(opt.register_step_post_hook(self._post(oi)))
+            # A checkpoint load writes the parameters outside a step (module doc, Limits).
+            self._handles.append(opt.register_load_state_dict_post_hook(self._loaded))
 
     @property
     def enabled(self) -> bool:
@@ -216,11 +237,11 @@ class Custody:
         return self._total
 
     def width(self) -> int:
-        """Elements of one slice: the rotation's length cut into ``slices`` ranges."""
-        return max(1, -(-self._total // max(1, self.slices)))
+        """Elements of one range: the rotation's length cut into ``windows`` ranges."""
+        return max(1, -(-self._total // self.windows))
 
     def span(self, held_offset: int, numel: int, index: int) -> tuple[int, int] | None:
-        """The local range ``[lo, hi)`` of slice ``index`` inside a tensor whose elements
+        """The local range ``[lo, hi)`` of range ``index`` inside a tensor whose elements
         start at ``held_offset`` of the rotation; None when the slice misses it."""
         w = self.width()
         a, b = index * w, (index + 1) * w
@@ -291,9 +312,11 @@ class Custody:
 
     def _post(self, oi: int) -> Callable[[torch.optim.Optimizer, Any, Any], None]:
         def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            view = self._view(oi, opt)
             step = self._step()
-            index = step % self.slices
+            if step % self.every:
+                return
+            view = self._view(oi, opt)
+            index = (step // self.every) % self.windows
             w = self.width()
             a, b = index * w, (index + 1) * w
             # The tensors whose elements meet [a, b): from the last one starting at or
@@ -311,6 +334,9 @@ class Custody:
                     self._seals[id(held.tensor)] = _Seal(lo, hi, words, step, index)
 
         return hook
+
+    def _loaded(self, opt: torch.optim.Optimizer) -> None:
+        self.forget()
 
     # -- results --------------------------------------------------------------------------
 
@@ -358,7 +384,7 @@ class Custody:
                 outliers=(rank,),
                 scope=Scope.RANK,
                 hosts=(hosts.get(rank, "?"),),
-                detail=v.detail(self.slices),
+                detail=v.detail(self.slices, self.every),
             )
             for v in found
         ]

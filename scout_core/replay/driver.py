@@ -224,7 +224,10 @@ class ReplayDriver:
         # Custody's post-hook runs before the clock's: it signs what iteration `step`
         # wrote, under that step's number, before the boundary moves the clock on.
         self.custody = Custody(
-            self.optimizers, slices=config.custody_slices, step=lambda: self._step
+            self.optimizers,
+            slices=config.custody_slices,
+            every=config.custody_every,
+            step=lambda: self._step,
         )
         self.clock = StepClock(
             self.optimizers,

@@ -48,6 +48,29 @@ def _arm(spec: dict[str, Any], model: Any, opt: Any) -> Faults | None:
     return faults.attach(model, opt)
 
 
+def _reload_steps(spec: dict[str, Any]) -> tuple[int, int]:
+    """``spec["reload"]``: save a checkpoint after step ``save``, load it back after step
+    ``load`` (a rollback in the middle of the run, through the framework's own load with
+    the gate off); ``(-1, -1)`` when the spec has none."""
+    save, load = spec.get("reload", (-1, -1))
+    return int(save), int(load)
+
+
+def _dcp_reload(model: Any, opt: Any, path: str, *, save: bool) -> None:
+    """What TorchTitan's checkpoint save and load run: DCP over the model's and the
+    optimizer's state dicts (``set_optimizer_state_dict`` loads the optimizer)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    if save:
+        dcp.save(state, checkpoint_id=path)
+        return
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
 def _result(session: Any, faults: Faults | None, trained: int) -> dict[str, Any]:
     gate = getattr(session, "checkpoints", None)
     pending = getattr(gate, "pending", None)
@@ -76,10 +99,13 @@ def torch_body(layout: str, spec: dict[str, Any]) -> dict[str, Any]:
     data_rank = rank // 2 if layout == "dptp" else rank
     with enable_torch(wrapped, opt, Config(**_config(spec))) as session:
         faults = _arm(spec, wrapped, opt)
+        save, load = _reload_steps(spec)
         trained = 0
         for step in range(int(spec["steps"])):
             train_step(wrapped, opt, step, data_rank)
             trained += 1
+            if step in (save, load):
+                _dcp_reload(wrapped, opt, str(spec["ckpt"]), save=step == save)
         out = _result(session, faults, trained)
     if faults is not None:
         faults.detach()
@@ -99,6 +125,7 @@ def deepspeed_body(stage: int, spec: dict[str, Any]) -> dict[str, Any]:
     session = scout_deepspeed.session_of(engine)
     assert session is not None
     faults = _arm(spec, module, inner_optimizer(engine))
+    save, load = _reload_steps(spec)
     trained = 0
     for step in range(int(spec["steps"])):
         tokens = batch(step, data, size=MICRO)
@@ -106,6 +133,10 @@ def deepspeed_body(stage: int, spec: dict[str, Any]) -> dict[str, Any]:
         engine.backward(_lm_loss(logits, tokens[:, 1:]))
         engine.step()
         trained += 1
+        if step == save:
+            engine.save_checkpoint(str(spec["ckpt"]), tag="rollback")
+        if step == load:
+            engine.load_checkpoint(str(spec["ckpt"]), tag="rollback")
     out = _result(session, faults, trained)
     if faults is not None:
         faults.detach()

@@ -12,6 +12,7 @@ from the seed in each test id (printed, so a failure can be replayed).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,8 +100,13 @@ def test_stuck_bit_named_within_one_rotation_ddp2(seed: int) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", [23])
 def test_stuck_bit_named_within_one_rotation_fsdp2x4(seed: int) -> None:
-    spec = _draw(seed, 4, PARAMS)
-    _check_named(_run("torch", "fsdp", 4, spec, 240), spec)
+    # Custody working at every second step (`custody_every`): still within one rotation.
+    spec = {**_draw(seed, 4, PARAMS), "scout": {"custody_every": 2}}
+    results = _run("torch", "fsdp", 4, spec, 240)
+    _check_named(results, spec)
+    named = [v for v in results[spec["victim"]]["verdicts"] if v["surface"] == "params/custody"]
+    assert {v["detail"]["every"] for v in named} == {2}
+    assert all(v["detail"]["signed_step"] % 2 == 0 for v in named), named
 
 
 @pytest.mark.slow
@@ -135,6 +141,26 @@ def test_forty_clean_steps_give_no_record_zero(stage: int) -> None:
     pytest.importorskip("deepspeed")
     spec = {"victim": None, "slices": SLICES, "steps": 40}
     _check_clean(_run("deepspeed", stage, 4, spec, 540))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("body", "arg", "world"),
+    [("torch", "fsdp", 4), pytest.param("deepspeed", 1, 4, marks=pytest.mark.slow)],
+)
+def test_a_checkpoint_load_in_the_middle_of_the_run_is_not_a_violation(
+    tmp_path: Path, body: str, arg: Any, world: int
+) -> None:
+    """The gate off, custody on every element every step: a rollback through the
+    framework's own load (DCP's set_state_dict, as TorchTitan loads; DeepSpeed's
+    load_checkpoint) rewrites the parameters outside a step, and custody is told."""
+    if body == "deepspeed":
+        pytest.importorskip("deepspeed")
+    spec = {"victim": None, "slices": 1, "steps": 8, "reload": [2, 4], "ckpt": str(tmp_path)}
+    results = _run(body, arg, world, spec, 240)
+    _check_clean(results)
+    for res in results:
+        assert res["trained"] == 8
 
 
 @pytest.mark.timeout(300)

@@ -419,8 +419,9 @@ def activation(stage: int, json_path: str) -> dict[str, Any]:
         config=ds_config(stage, scout_section(), world=world),
     )
     session = scout.enable(engine)
-    again = scout.enable(engine)
     opt = inner_optimizer(engine)
+    out["hooks_after_once"] = len(opt._optimizer_step_post_hooks)
+    again = scout.enable(engine)
     out["enabled_forward_hooks"] = sum(
         len(mod._forward_pre_hooks) for mod in engine.module.modules()
     )

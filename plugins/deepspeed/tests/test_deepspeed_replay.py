@@ -140,9 +140,11 @@ def test_activation_conformance_and_bad_sections(tmp_path: Path) -> None:
             assert out[name]["hooks"] == 0
             assert out[name]["forward_hooks"] == out["absent"]["forward_hooks_baseline"]
         assert out["enabled_forward_hooks"] > out["absent"]["forward_hooks_baseline"]
-        # one post hook: the core's step clock (the checkpoint gate subscribes to its
-        # boundary events; adapters count nothing); enabling twice adds none
-        assert out["same_session"] and out["hooks_after_twice"] == 1
+        # two post hooks: the core's step clock (the checkpoint gate subscribes to its
+        # boundary events; adapters count nothing) and parameter custody's signing (on
+        # by default); enabling twice adds none
+        assert out["hooks_after_once"] == 2
+        assert out["same_session"] and out["hooks_after_twice"] == 2
         assert out["hooks_after_close"] == 0
         assert out["ownership"] == "unique"
         assert "sizes=(1, 3, 1, 1, 1, 1)" in out["layout"]  # ZeRO-3: a 3-way shard group
