@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scout_core.config import Config
 from scout_core.decision.c3 import C3Result, Surface, exchange
@@ -33,6 +33,9 @@ from scout_core.records.evidence import EvidenceWriter, Record, Report, load_rep
 from scout_core.topology.mesh import Axis, MeshAddress, MeshLayout
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
+if TYPE_CHECKING:
+    from scout_core.checkpoint import attach_gate, restore_from_disk
+
 __all__ = [
     # entry point
     "enable",
@@ -45,6 +48,9 @@ __all__ = [
     "Report",
     "EvidenceWriter",
     "load_report",
+    # the checkpoint gate (docs/checkpoint_gate.md), imported on first use
+    "attach_gate",
+    "restore_from_disk",
     # vocabulary
     "Axis",
     "MeshAddress",
@@ -64,6 +70,19 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_LAZY = {"attach_gate", "restore_from_disk"}
+"""Public names of :mod:`scout_core.checkpoint`, imported on first use: ``import
+scout_core`` stays light, and the gate's modules (which import the session) load after
+this package."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from scout_core import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'scout_core' has no attribute {name!r}")
 
 
 def _resolve_config(config: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Config:

@@ -46,8 +46,6 @@ def private_imports(source: str, where: str) -> list[str]:
 KNOWN = {
     # Not fixed yet (issue 36): these need public names first (``scout_core.__all__`` is
     # pinned by tests/unit/test_public_api.py). Fixing one means deleting it here.
-    "docs/checkpoint_gate.md:41: from scout_core.checkpoint (not a published module)",
-    "docs/checkpoint_gate.md:276: from scout_core.checkpoint (not a published module)",
     "docs/moe.md:238: from scout_core.integration.discovery (not a published module)",
     "docs/moe.md:238: from scout_core.moe (not a published module)",
     "docs/moe.md:238: from scout_core.replay.experts (not a published module)",

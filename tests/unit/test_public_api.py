@@ -16,6 +16,8 @@ EXPECTED = {
     "Report",
     "EvidenceWriter",
     "load_report",
+    "attach_gate",
+    "restore_from_disk",
     "Axis",
     "MeshAddress",
     "MeshLayout",
@@ -37,6 +39,16 @@ def test_exported_names_are_pinned() -> None:
     assert set(scout_core.__all__) == EXPECTED
     for name in EXPECTED:
         assert getattr(scout_core, name) is not None, name
+
+
+def test_the_gate_functions_are_the_checkpoint_modules_own() -> None:
+    from scout_core import attach_gate, restore_from_disk
+    from scout_core.checkpoint import attach, recovery
+
+    assert attach_gate is attach.attach_gate
+    assert restore_from_disk is recovery.restore_from_disk
+    with pytest.raises(AttributeError, match="no attribute 'attach_gates'"):
+        scout_core.attach_gates  # noqa: B018  # a misspelt name is an AttributeError
 
 
 def test_submodules_are_not_shadowed() -> None:
