@@ -6,7 +6,7 @@
 #
 # With no arguments (CI's run, .ci/run) pytest runs every test not marked slow or gpu,
 # plus today's shard of the slow ones (shard = day of the year mod SCOUT_SLOW_SHARDS,
-# default 20, plus 1: every slow test runs in CI within that many days; the run prints
+# default 30, plus 1: every slow test runs in CI within that many days; the run prints
 # its shard), and it also fails fast and reports:
 #   --maxfail=3             stop at the third failing test;
 #   .ci-reports/junit.xml   JUnit XML of every test that ran;
@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 budget=${SCOUT_CI_BUDGET_S:-4800}
-shards=${SCOUT_SLOW_SHARDS:-20}
+shards=${SCOUT_SLOW_SHARDS:-30}
 read -r -a selection <<<"${SCOUT_CI_TESTS:-}"
 # Not SCOUT_<FIELD> configuration: keep them out of the tests' environment.
 unset SCOUT_CI_BUDGET_S SCOUT_CI_TESTS SCOUT_SLOW_SHARDS

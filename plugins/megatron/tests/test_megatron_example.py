@@ -45,6 +45,10 @@ def _run(tmp_path: Path, inject: str, steps: int) -> list[str]:
     return [line for line in proc.stdout.splitlines() if line.startswith("SCOUT verdict:")]
 
 
+# Slow: fresh ranks import Megatron-Core under torchrun, about 45 s on 2 cores. The
+# slow shards run it, with this example's documented launches (the five-launch tests);
+# DeepSpeed's example SDC runs in every CI.
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_example_localizes_an_injected_sdc(tmp_path: Path) -> None:
     # A rank and step the docs do not use (they show rank 4 at step 3): TP position 1.

@@ -58,6 +58,10 @@ def _verdicts(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("SCOUT verdict:")]
 
 
+# Slow: 6 fresh ranks each import TorchTitan (7.5 CPU-s) under torchrun, about 75 s on
+# 2 cores. The slow shards run it, with this example's documented launches (the
+# five-launch tests); DeepSpeed's example SDC runs in every CI.
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_example_localizes_an_injected_sdc(tmp_path: Path) -> None:
     out = _run(tmp_path, "sdc:rank=2,step=2", steps=4)
