@@ -57,8 +57,9 @@ def _reload_steps(spec: dict[str, Any]) -> tuple[int, int]:
 
 
 def _dcp_reload(model: Any, opt: Any, path: str, *, save: bool) -> None:
-    """What TorchTitan's checkpoint save and load run: DCP over the model's and the
-    optimizer's state dicts (``set_optimizer_state_dict`` loads the optimizer)."""
+    """A DCP checkpoint of the model's and the optimizer's state dicts, loaded back with
+    torch's ``set_state_dict`` (which runs the optimizer's ``load_state_dict``, as
+    TorchTitan's optimizer container does)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

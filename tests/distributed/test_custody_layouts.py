@@ -152,8 +152,8 @@ def test_a_checkpoint_load_in_the_middle_of_the_run_is_not_a_violation(
     tmp_path: Path, body: str, arg: Any, world: int
 ) -> None:
     """The gate off, custody on every element every step: a rollback through the
-    framework's own load (DCP's set_state_dict, as TorchTitan loads; DeepSpeed's
-    load_checkpoint) rewrites the parameters outside a step, and custody is told."""
+    framework's own load (DCP with torch's set_state_dict; DeepSpeed's load_checkpoint)
+    rewrites the parameters outside a step, and custody is told."""
     if body == "deepspeed":
         pytest.importorskip("deepspeed")
     spec = {"victim": None, "slices": 1, "steps": 8, "reload": [2, 4], "ckpt": str(tmp_path)}
