@@ -55,6 +55,21 @@ def _train(
     return found
 
 
+def _setup(
+    *, layers: int, slices: int, every: int = 1, adamw_lr: float | None = None
+) -> tuple[nn.Module, torch.optim.Optimizer, _Clock, Custody]:
+    """TinyLM (dim 8), its optimizer (SGD at 0.1, or AdamW at ``adamw_lr``), the clock
+    and the custody over them."""
+    model = TinyLM(dim=8, layers=layers)
+    opt: torch.optim.Optimizer
+    if adamw_lr is None:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=adamw_lr)
+    clock = _Clock()
+    return model, opt, clock, Custody([opt], slices=slices, every=every, step=clock)
+
+
 def _signed(custody: Custody) -> dict[int, tuple[int, int]]:
     """id(tensor) -> the range its current seal covers."""
     return {pid: (s.lo, s.hi) for pid, s in custody._seals.items()}
@@ -81,10 +96,7 @@ def coverage_gaps(custody: Custody, opt: torch.optim.Optimizer, clock: _Clock) -
 
 @pytest.mark.parametrize("slices", [1, 3, 7, 64, 1000])
 def test_rotation_covers_every_parameter_within_slices_steps(slices: int) -> None:
-    model = TinyLM(dim=8, layers=3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    clock = _Clock()
-    custody = Custody([opt], slices=slices, step=clock)
+    model, opt, clock, custody = _setup(layers=3, slices=slices)
     assert custody.total == sum(p.numel() for p in model.parameters())
     assert coverage_gaps(custody, opt, clock) == []
     # No step signs more than one slice's worth.
@@ -96,10 +108,7 @@ def test_rotation_covers_every_parameter_within_slices_steps(slices: int) -> Non
 def test_custody_every_signs_only_at_its_steps_and_still_covers_the_rotation(
     slices: int, every: int
 ) -> None:
-    model = TinyLM(dim=8, layers=3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    clock = _Clock()
-    custody = Custody([opt], slices=slices, every=every, step=clock)
+    _model, opt, clock, custody = _setup(layers=3, slices=slices, every=every)
     assert custody.every == min(every, slices)  # a larger every acts as slices
     assert custody.windows * custody.every <= slices  # the rotation fits in slices steps
     assert coverage_gaps(custody, opt, clock) == []
@@ -119,10 +128,7 @@ def test_custody_every_signs_only_at_its_steps_and_still_covers_the_rotation(
 
 
 def test_a_planted_skip_in_the_rotation_is_a_coverage_gap(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = TinyLM(dim=8, layers=3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    clock = _Clock()
-    custody = Custody([opt], slices=5, step=clock)
+    _model, opt, clock, custody = _setup(layers=3, slices=5)
     span = custody.span
     # A rotation that never signs slice 2: the coverage check must say so.
     monkeypatch.setattr(
@@ -134,10 +140,7 @@ def test_a_planted_skip_in_the_rotation_is_a_coverage_gap(monkeypatch: pytest.Mo
 
 def test_forty_clean_steps_give_no_violation() -> None:
     torch.manual_seed(0)
-    model = TinyLM(dim=8, layers=2)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    clock = _Clock()
-    custody = Custody([opt], slices=4, step=clock)
+    model, opt, clock, custody = _setup(layers=2, slices=4, adamw_lr=1e-3)
     assert _train(model, opt, custody, clock, 40) == []
     assert custody.checked > 0  # custody compared pieces: the silence is a pass, not a skip
 
@@ -186,10 +189,7 @@ def test_a_flip_after_the_step_is_named_within_one_rotation(seed: int) -> None:
 
 def test_a_one_time_flip_outside_the_signed_slice_is_not_seen() -> None:
     """The documented limit: custody checks only what it signed at the last write."""
-    model = TinyLM(dim=8, layers=2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    clock = _Clock()
-    custody = Custody([opt], slices=4, step=clock)
+    model, opt, clock, custody = _setup(layers=2, slices=4)
     first = next(iter(model.parameters()))  # its elements open the rotation: slice 0
     last = list(model.parameters())[-1]  # the end of the rotation: slice 3
 
@@ -205,10 +205,7 @@ def test_a_one_time_flip_outside_the_signed_slice_is_not_seen() -> None:
 
 
 def test_forget_drops_signatures_so_a_restore_is_not_a_violation() -> None:
-    model = TinyLM(dim=8, layers=2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    clock = _Clock()
-    custody = Custody([opt], slices=1, step=clock)
+    model, opt, clock, custody = _setup(layers=2, slices=1)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
 
     def restore(step: int) -> None:
@@ -232,10 +229,7 @@ def test_a_checkpoint_load_with_optimizer_state_is_not_a_violation() -> None:
     # optimizer's state from an earlier step. The optimizer's load_state_dict clears
     # custody (its post-hook), whichever of the two is loaded first.
     torch.manual_seed(0)
-    model = TinyLM(dim=8, layers=2)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    clock = _Clock()
-    custody = Custody([opt], slices=1, step=clock)
+    model, opt, clock, custody = _setup(layers=2, slices=1, adamw_lr=1e-2)
     assert _train(model, opt, custody, clock, 2) == []
     saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()))
 
@@ -323,10 +317,7 @@ def test_zero_style_group_steps_are_signed_and_checked(swap: bool) -> None:
 
 
 def _custody_record(rank: int, step: int) -> Record:
-    model = TinyLM(dim=8, layers=1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    clock = _Clock()
-    custody = Custody([opt], slices=1, step=clock)
+    model, opt, clock, custody = _setup(layers=1, slices=1)
 
     def flip(s: int) -> None:
         if s == step - 1:
