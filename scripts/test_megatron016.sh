@@ -5,7 +5,9 @@
 # torch 2.13.0's CPU wheel on this disk, megatron-core 0.16.1, Megatron-Bridge 0.3.1 without
 # dependencies, the core and scout-megatron, with pip) and runs the version and probe
 # tests, Bridge 0.3.1's callback contract, the plugin's activation tests and the example's
-# SDC and hang runs. Extra arguments go to pytest. Called by .ci/run after the main tests;
+# SDC and hang runs. Extra arguments go to pytest; `--build-only` builds the environment
+# and runs nothing (.ci/run builds it while the main suite runs). Called by .ci/run after
+# the main tests;
 # prints one line and exits 0 where no Python 3.11 exists, or where .venv is itself on
 # Python 3.11 (bootstrap's fallback, which already runs every test on 0.16.1).
 set -euo pipefail
@@ -35,6 +37,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     -e ".[dev]" -e plugins/megatron "megatron-core==0.16.1"
   "${install[@]}" --no-deps "megatron-bridge==0.3.1"
   echo "$want" >"$stamp"
+fi
+if [ "${1:-}" = "--build-only" ]; then
+  say "$env_dir is ready"
+  exit 0
 fi
 t=plugins/megatron/tests
 say "running the smoke set on $("$env_dir/bin/python" --version 2>&1)"
