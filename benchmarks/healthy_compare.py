@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from healthy_path import median_of  # a sibling script, not a package
+from healthy_summary import median_of  # a sibling script, not a package
 
 _NAME = re.compile(r"^(?P<tree>[A-Za-z0-9_]+)-(?P<layers>\d+)-(?P<n>\d+)\.json$")
 

@@ -29,7 +29,8 @@ from scout_core.errors import (
     ScoutError,
     UnsupportedSetupError,
 )
-from scout_core.records.evidence import EvidenceWriter, Record, Report, load_report
+from scout_core.records.evidence import EvidenceWriter, Report, load_report
+from scout_core.records.record import Record
 from scout_core.topology.mesh import Axis, MeshAddress, MeshLayout
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 

@@ -35,6 +35,7 @@ from scout_core.topology.groups import (
     create_peer_groups,
     diagnostic_group,
     diagnostic_groups,
+    group_ranks,
 )
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "create_peer_groups",
     "diagnostic_group",
     "diagnostic_groups",
+    "group_ranks",
     "all_ok",
     "any_flag",
     "min_max",

@@ -35,7 +35,8 @@ from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
 from scout_core.observer.elastic_error import write_error_file
-from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.record import Record
 from scout_core.records.runs import agree_run_id
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.driver import ReplayDriver

@@ -1,21 +1,13 @@
 """The campaign's plan: which setups and fault kinds exist, and the trials a seed draws.
 
-A trial is one short training job with one fault: a setup, a fault kind, a victim rank
-and an injection step, all drawn from ``random.Random(seed)``, so the same seed always
-gives the same plan, on any machine with the same plugins installed.
-
-[Where setups come from]
-The core's own setups (:data:`CORE_SETUPS`), then those each installed plugin registers
-under the entry-point group ``scout.campaign_setups`` (a sequence of :class:`Setup`), by
-entry-point name. A plugin not installed contributes none; a broken entry is logged and
-skipped. A setup whose framework is not importable is skipped when the trial runs, with
-a line saying so.
-
-[How a plan covers the kinds]
-Fault kinds are dealt like cards: each round shuffles every kind once, so a plan of
-``n`` trials holds each kind ``n // len(kinds)`` or one more times; the setup, the
-victim and the step of each trial are drawn independently. ``--quick`` is one round
-over the core setups; the long campaign deals many rounds over every setup.
+Contract: :func:`draw_plan` draws each trial (a setup, a fault kind, a victim rank and an
+injection step) from ``random.Random(seed)`` alone, so the same seed gives the same plan
+on any machine with the same plugins installed. Kinds are dealt like cards, every kind
+once per shuffled round, so ``n`` trials hold each kind ``n // len(kinds)`` or one more
+times; setup, victim and step are drawn independently. :data:`SETUPS` is
+:data:`CORE_SETUPS`, then the setups installed plugins register under the entry-point
+group ``scout.campaign_setups``, by entry-point name; a broken entry is logged and
+skipped, never fatal. The plan and its setups: docs/campaign.md, "What a trial is".
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ from scout_core.checkpoint.coordinator import (
     GenerationStore,
 )
 from scout_core.checkpoint.dcp_store import DcpCheckpointIO
-from scout_core.checkpoint.durable import DurableStore, Generation, scan
+from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.framework_gate import FrameworkGate
+from scout_core.checkpoint.generations import Generation, scan
 from scout_core.checkpoint.io import CheckpointIO, Recovered
 from scout_core.checkpoint.memory import InMemoryCheckpoints, Snapshot
 from scout_core.checkpoint.recovery import Restored, default_rng_streams, restore_from_disk

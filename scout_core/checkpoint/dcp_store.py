@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.durable import (
-    DurableStore,
+from scout_core.checkpoint.durable import DurableStore
+from scout_core.checkpoint.generations import (
     Generation,
     generation_name,
     generation_step,

@@ -13,14 +13,11 @@ layout and the commit: docs/checkpoint_gate.md, "On disk".
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +35,23 @@ from scout_core.checkpoint.dcp_io import (
     read_json,
     write_json,
 )
-from scout_core.checkpoint.state import flatten, unflatten
+from scout_core.checkpoint.generations import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    ROLES,
+    SHARD,
+    SHARD_FORMAT,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    Generation,
+    generation_name,
+    generation_step,
+    rank_dir,
+    read_manifest,
+    scan,
+    sha256_of,
+)
+from scout_core.checkpoint.skeleton import flatten, unflatten
 from scout_core.checkpoint.storage import STORAGE_ERRORS, describe, error_code
 from scout_core.checkpoint.validate import (
     Spec,
@@ -52,129 +65,14 @@ from scout_core.checkpoint.validate import (
 from scout_core.decision.agreement import all_ok, check_group, min_max, reduce_max
 from scout_core.errors import CheckpointError
 
-__all__ = [
-    "MANIFEST_FORMAT",
-    "SHARD_FORMAT",
-    "ROLES",
-    "Generation",
-    "DurableStore",
-    "generation_name",
-    "generation_step",
-    "scan",
-]
+__all__ = ["DurableStore"]
 
-MANIFEST_FORMAT = "scout.generation/1"
-SHARD_FORMAT = "scout.shard/1"
-ROLES: tuple[str, ...] = ("candidate", "verified", "saved")
-"""``candidate`` / ``verified``: the in-memory gate's generations; ``saved``: a checkpoint
-written through :class:`~scout_core.checkpoint.dcp_store.DcpCheckpointIO` (its gate role
-lives in the certification sidecar)."""
-_MANIFEST = "manifest.json"
-_SHARD = "shard.json"
-_PREFIX = "step-"
-_TMP_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".trash-"
 _FAR = 1 << 62
 _CODE_SPAN = 1 << 16
 """The agreement word keeps a failing rank's errno below this."""
-_DESCRIPTIONS = frozenset({_SHARD, JSON_METADATA, ".metadata"})
+_DESCRIPTIONS = frozenset({SHARD, JSON_METADATA, ".metadata"})
 """Files of a shard that hold no tensor bytes (the bytes on disk exclude them)."""
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """A committed generation as its manifest describes it."""
-
-    step: int
-    role: str
-    run_id: str
-    world_size: int
-    path: Path
-    shards: Mapping[str, str]
-    """Global rank (as str) → sha256 of that rank's ``shard.json``."""
-    nbytes: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """Global rank (as str) → tensor bytes of that rank's shard (empty in manifests
-    written before it was recorded): the bound every size field is checked against."""
-
-
-# -- small file-system helpers -------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def generation_name(step: int) -> str:
-    """The directory name of generation ``step`` (``step-00000012``)."""
-    return f"{_PREFIX}{step:08d}"
-
-
-def generation_step(name: str) -> int | None:
-    """The step a generation directory name stands for; None for any other name."""
-    digits = name[len(_PREFIX) :]
-    if not name.startswith(_PREFIX) or len(digits) != 8 or not digits.isdigit():
-        return None
-    return int(digits)
-
-
-def _rank_dir(gen: Path, rank: int) -> Path:
-    return gen / f"rank-{rank:05d}"
-
-
-# -- scanning ----------------------------------------------------------------------------
-
-
-def _parse_manifest(gen: Path) -> Generation:
-    """A committed generation's manifest, every field type-checked (:mod:`.validate`)."""
-    where = gen / _MANIFEST
-    data = read_json(where, "manifest")
-    if not isinstance(data, dict):
-        raise CheckpointError(f"manifest {where} is not an object")
-    if data.get("format") != MANIFEST_FORMAT:
-        raise CheckpointError(f"manifest {where} has unknown format {data.get('format')!r:.60}")
-    role = data.get("role")
-    if role not in ROLES:
-        raise CheckpointError(f"manifest {where} has unknown role {role!r:.60}")
-    step = check_int(data.get("step"), f"manifest {where}: step", high=99_999_999)
-    world = check_int(data.get("world_size"), f"manifest {where}: world_size", low=1)
-    run_id, shards, nbytes = data.get("run_id"), data.get("shards"), data.get("nbytes", {})
-    if not isinstance(run_id, str) or not isinstance(shards, dict) or not isinstance(nbytes, dict):
-        raise CheckpointError(f"manifest {where} is malformed (run_id, shards, nbytes)")
-    if gen.name != generation_name(step):
-        raise CheckpointError(f"manifest {where} names step {step}, dir is {gen.name}")
-    if set(shards) != {str(r) for r in range(world)} or not all(
-        isinstance(v, str) for v in shards.values()
-    ):
-        raise CheckpointError(
-            f"manifest {where} lists shards {sorted(shards)!r:.80} for {world} ranks"
-        )
-    totals = {
-        str(k): check_int(v, f"manifest {where}: nbytes of rank {k}") for k, v in nbytes.items()
-    }
-    return Generation(step, role, run_id, world, gen, dict(shards), totals)
-
-
-def scan(checkpoint_dir: str | os.PathLike[str]) -> list[Generation]:
-    """Every committed generation under ``checkpoint_dir``, oldest first.
-
-    Temp and trash dirs are ignored (they were never committed). A committed dir
-    whose manifest is missing, corrupt or truncated raises :class:`CheckpointError`:
-    its role is unknown, so no choice around it can be trusted silently.
-    """
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
-    gens = [
-        _parse_manifest(inside(p, root, "generation directory"))
-        for p in sorted(root.iterdir())
-        if p.is_dir() and p.name.startswith(_PREFIX)
-    ]
-    return sorted(gens, key=lambda g: g.step)
 
 
 class DurableStore:
@@ -224,7 +122,7 @@ class DurableStore:
                 storage_writer=JsonMetadataWriter(rank_dir, sync_files=True),
                 no_dist=True,
             )
-        files = {p.name: _sha256(p) for p in sorted(rank_dir.iterdir()) if p.is_file()}
+        files = {p.name: sha256_of(p) for p in sorted(rank_dir.iterdir()) if p.is_file()}
         shard = {
             "format": SHARD_FORMAT,
             "step": step,
@@ -234,7 +132,7 @@ class DurableStore:
             "files": files,
             "nbytes": sum(t.numel() * t.element_size() for t in tensors.values()),
         }
-        write_json(rank_dir / _SHARD, shard)
+        write_json(rank_dir / SHARD, shard)
 
     def _agree(self, error: BaseException | None, what: str) -> None:
         """Agree job-wide that every rank's part of ``what`` worked; else raise
@@ -263,7 +161,7 @@ class DurableStore:
         """
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        tmp = self.root / f"{_TMP_PREFIX}{generation_name(step)}"
+        tmp = self.root / f"{TMP_PREFIX}{generation_name(step)}"
         final = self.root / generation_name(step)
         error: BaseException | None = None
         if self.coordinator:
@@ -276,7 +174,7 @@ class DurableStore:
         try:
             self._agree(error, f"preparing {tmp}")  # everyone waits for the clean temp dir
             try:
-                self._write_shard(_rank_dir(tmp, self.rank), step, tree)
+                self._write_shard(rank_dir(tmp, self.rank), step, tree)
                 fsync_dir(tmp)
             except STORAGE_ERRORS as exc:  # agreed job-wide right below
                 error = exc
@@ -290,10 +188,10 @@ class DurableStore:
         except CheckpointError:
             self._clean_up(tmp)
             raise
-        return _parse_manifest(final)
+        return read_manifest(final)
 
     def _commit(self, tmp: Path, final: Path, step: int, role: str) -> None:
-        shards = {str(r): _sha256(_rank_dir(tmp, r) / _SHARD) for r in self.ranks}
+        shards = {str(r): sha256_of(rank_dir(tmp, r) / SHARD) for r in self.ranks}
         manifest = {
             "format": MANIFEST_FORMAT,
             "role": role,
@@ -302,12 +200,12 @@ class DurableStore:
             "world_size": len(self.ranks),
             "shards": shards,
             "nbytes": {
-                str(r): int(read_json(_rank_dir(tmp, r) / _SHARD, "shard description")["nbytes"])
+                str(r): int(read_json(rank_dir(tmp, r) / SHARD, "shard description")["nbytes"])
                 for r in self.ranks
             },
             "time": time.time(),
         }
-        write_json(tmp / _MANIFEST, manifest)
+        write_json(tmp / MANIFEST, manifest)
         if final.exists():
             self._trash(final)
         os.replace(tmp, final)  # the commit point
@@ -317,7 +215,7 @@ class DurableStore:
         """After a failed persist: no temporary directory may be left behind. Each rank
         removes its own shard (the directory may not be shared), the coordinator the rest."""
         with contextlib.suppress(OSError):
-            shutil.rmtree(_rank_dir(tmp, self.rank), ignore_errors=True)
+            shutil.rmtree(rank_dir(tmp, self.rank), ignore_errors=True)
             if not self.coordinator and tmp.is_dir() and not any(tmp.iterdir()):
                 tmp.rmdir()
         if self.coordinator:
@@ -327,11 +225,11 @@ class DurableStore:
 
     def _remove_leftovers(self) -> None:
         for stale in self.root.iterdir():  # leftovers of a writer that died
-            if stale.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+            if stale.name.startswith((TMP_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(stale, ignore_errors=True)
 
     def _trash(self, gen: Path) -> None:
-        trash = gen.with_name(f"{_TRASH_PREFIX}{gen.name}-{time.monotonic_ns()}")
+        trash = gen.with_name(f"{TRASH_PREFIX}{gen.name}-{time.monotonic_ns()}")
         os.replace(gen, trash)  # atomic: the generation is gone before it is deleted
         fsync_dir(self.root)
         shutil.rmtree(trash, ignore_errors=True)
@@ -345,11 +243,11 @@ class DurableStore:
         if self.coordinator:
             gen = self.root / generation_name(step)
             try:
-                data = read_json(gen / _MANIFEST, "manifest")
+                data = read_json(gen / MANIFEST, "manifest")
                 if not isinstance(data, dict):
-                    raise CheckpointError(f"manifest {gen / _MANIFEST} is not an object")
+                    raise CheckpointError(f"manifest {gen / MANIFEST} is not an object")
                 data["role"] = role
-                write_json(gen / _MANIFEST, data)
+                write_json(gen / MANIFEST, data)
             except STORAGE_ERRORS as exc:
                 error = exc
         self._agree(error, f"marking step {step} as {role}")
@@ -387,11 +285,11 @@ class DurableStore:
                 f"generation step {gen.step} was written by {gen.world_size} ranks; "
                 f"this job has {len(self.ranks)}"
             )
-        rank_dir = inside(_rank_dir(gen.path, self.rank), gen.path, "shard directory")
-        shard_path = inside(rank_dir / _SHARD, rank_dir, "shard description")
+        shard_dir = inside(rank_dir(gen.path, self.rank), gen.path, "shard directory")
+        shard_path = inside(shard_dir / SHARD, shard_dir, "shard description")
         if not shard_path.is_file():
             raise CheckpointError(f"shard of rank {self.rank} missing in {gen.path}")
-        if _sha256(shard_path) != gen.shards[str(self.rank)]:
+        if sha256_of(shard_path) != gen.shards[str(self.rank)]:
             raise CheckpointError(
                 f"shard description {shard_path} does not match its manifest checksum"
             )
@@ -409,10 +307,10 @@ class DurableStore:
             raise CheckpointError(f"shard description {shard_path} lists no files")
         sizes: dict[str, int] = {}
         for name, digest in listed.items():
-            path = inside(rank_dir / plain_name(name, "checkpoint file"), rank_dir, "file")
+            path = inside(shard_dir / plain_name(name, "checkpoint file"), shard_dir, "file")
             if not path.is_file():
                 raise CheckpointError(f"checkpoint file {path} is missing")
-            if _sha256(path) != digest:
+            if sha256_of(path) != digest:
                 raise CheckpointError(
                     f"checkpoint file {path} is corrupt or truncated (sha256 mismatch)"
                 )
@@ -427,8 +325,8 @@ class DurableStore:
                 f"manifest and description say {claimed}, the disk holds {on_disk}"
             )
         if JSON_METADATA not in sizes:
-            raise CheckpointError(f"shard {rank_dir} lists no {JSON_METADATA}")
-        meta = rank_dir / JSON_METADATA
+            raise CheckpointError(f"shard {shard_dir} lists no {JSON_METADATA}")
+        meta = shard_dir / JSON_METADATA
         check_dcp_metadata(read_json(meta, "DCP metadata"), files=sizes, specs=specs, where=meta)
         return dict(shard), specs
 
@@ -498,7 +396,7 @@ class DurableStore:
         with per_rank_dcp():
             dcp_load(
                 tensors,
-                storage_reader=JsonMetadataReader(_rank_dir(gen.path, self.rank)),
+                storage_reader=JsonMetadataReader(rank_dir(gen.path, self.rank)),
                 no_dist=True,
             )
         staged = unflatten(shard["skeleton"], tensors)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.durable import DurableStore, scan
+from scout_core.checkpoint.durable import DurableStore
+from scout_core.checkpoint.generations import scan
 from scout_core.checkpoint.memory import InMemoryCheckpoints
 from scout_core.checkpoint.records import GateRecorder
 from scout_core.checkpoint.recovery import Restored, restore_agreed

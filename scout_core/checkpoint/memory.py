@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from scout_core.checkpoint.state import capture_tree, flatten, restore_tree
+from scout_core.checkpoint.skeleton import flatten
+from scout_core.checkpoint.state import capture_tree, restore_tree
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 from scout_core.integration.adapter import RngStream

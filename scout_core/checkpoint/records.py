@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scout_core.decision.gate import Selection
-from scout_core.records.evidence import CHECKPOINT_SCHEMA, EvidenceWriter, Record
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.record import CHECKPOINT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Scope
 
 __all__ = ["GateRecorder", "write_gate_record"]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from scout_core.checkpoint.state import flatten, unflatten
+from scout_core.checkpoint.skeleton import flatten, unflatten
 from scout_core.checkpoint.validate import check_int, skeleton_specs, specs_nbytes
 from scout_core.errors import CheckpointError
 

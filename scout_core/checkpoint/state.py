@@ -3,9 +3,8 @@
 Contract: this is the one place that walks the tree a bitwise resume needs (model and
 optimizer state dicts, every RNG stream the adapter names, the caller's state), so the
 in-memory store, peer replication and the durable store agree on its shape.
-:func:`capture_tree` copies it through the caller's copy function; :func:`flatten` /
-:func:`unflatten` split it into a JSON skeleton and a flat ``{key: tensor}`` map (nothing
-is pickled); :func:`check_tree` and :func:`restore_tree` check it against and write it
+:func:`capture_tree` copies it through the caller's copy function (:mod:`.skeleton`
+stores it without pickle); :func:`check_tree` and :func:`restore_tree` check it against and write it
 into the live objects, bitwise. A DTensor is kept as its local :class:`HostShard` with its
 global shape, stride and placements, and restores only onto the same layout (else
 :class:`~scout_core.errors.CheckpointError`).
@@ -28,9 +27,8 @@ __all__ = [
     "HostShard",
     "capture_tree",
     "check_tree",
+    "dtype_name",
     "restore_tree",
-    "flatten",
-    "unflatten",
 ]
 
 Copy = Callable[[torch.Tensor], torch.Tensor]
@@ -49,7 +47,8 @@ class HostShard:
     """``repr`` of the placements, checked against the live layout on restore."""
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for ``torch.float32``: a dtype as stored in a skeleton."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -385,81 +384,3 @@ def restore_tree(
     for stream in rng_streams:
         stream.set(rng[stream.name].clone())
     return _restore_extra(tree.get("extra", {}), extra)
-
-
-# -- flatten / unflatten ---------------------------------------------------------------
-
-
-def flatten(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """Split ``tree`` into a JSON-safe skeleton and ``{key: host tensor}``.
-
-    Dict keys keep their type (optimizer state is keyed by int), tuples stay tuples;
-    tensors are named by their path. A value that is neither a tensor, a container
-    nor a JSON scalar raises :class:`CheckpointError` naming its path.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-
-    def enc(value: Any, path: str) -> Any:
-        if isinstance(value, HostShard):
-            tensors[path] = value.local
-            return {
-                "S": path,
-                "dtype": _dtype_name(value.local.dtype),
-                "local_shape": list(value.local.shape),
-                "shape": list(value.shape),
-                "stride": list(value.stride),
-                "placements": value.placements,
-            }
-        if isinstance(value, torch.Tensor):
-            tensors[path] = value
-            return {"T": path, "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}
-        if isinstance(value, Mapping):
-            items = []
-            for k, v in value.items():
-                if isinstance(k, bool) or not isinstance(k, str | int):
-                    raise CheckpointError(f"{path}: dict key {k!r} is neither str nor int")
-                items.append([k, enc(v, f"{path}/{k}")])
-            return {"d": items}
-        if isinstance(value, list):
-            return {"l": [enc(v, f"{path}/{i}") for i, v in enumerate(value)]}
-        if isinstance(value, tuple):
-            return {"t": [enc(v, f"{path}/{i}") for i, v in enumerate(value)]}
-        if value is None or isinstance(value, bool | int | float | str):
-            return {"v": value}
-        raise CheckpointError(
-            f"{path}: cannot store a {type(value).__name__} in a gate checkpoint "
-            "(tensors and JSON values only)"
-        )
-
-    return enc(tree, "state"), tensors
-
-
-def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    """Inverse of :func:`flatten`."""
-
-    def dec(node: Any) -> Any:
-        if not isinstance(node, dict) or len(node) == 0:
-            raise CheckpointError(f"malformed checkpoint skeleton node {node!r:.80}")
-        try:
-            if "T" in node:
-                return tensors[node["T"]]
-            if "S" in node:
-                return HostShard(
-                    local=tensors[node["S"]],
-                    shape=tuple(node["shape"]),
-                    stride=tuple(node["stride"]),
-                    placements=str(node["placements"]),
-                )
-            if "d" in node:
-                return {k: dec(v) for k, v in node["d"]}
-            if "l" in node:
-                return [dec(v) for v in node["l"]]
-            if "t" in node:
-                return tuple(dec(v) for v in node["t"])
-            if "v" in node:
-                return node["v"]
-        except KeyError as exc:
-            raise CheckpointError(f"checkpoint is missing tensor {exc}") from None
-        raise CheckpointError(f"malformed checkpoint skeleton node {node!r:.80}")
-
-    return dec(skeleton)

@@ -23,7 +23,7 @@ from scout_core.errors import UnsupportedSetupError
 
 if TYPE_CHECKING:
     from scout_core.config import Config
-    from scout_core.records.evidence import Record
+    from scout_core.records.record import Record
 
 __all__ = ["ENTRY_POINT_GROUP", "LoadedPlugin", "ScoutPlugin", "discover", "select_plugin"]
 

@@ -36,7 +36,7 @@ from scout_core.observer.stages import (
     watch_dataloader,
 )
 from scout_core.observer.verdict import Verdict
-from scout_core.records.evidence import Record
+from scout_core.records.record import Record
 from scout_core.topology.mesh import MeshLayout
 
 __all__ = [

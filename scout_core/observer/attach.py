@@ -28,7 +28,7 @@ from scout_core.observer import (
 if TYPE_CHECKING:
     from scout_core.config import Config
     from scout_core.integration.adapter import FrameworkAdapter
-    from scout_core.records.evidence import Record
+    from scout_core.records.record import Record
     from scout_core.replay.boundary import Boundary
 
 __all__ = ["attach_observer"]

@@ -31,7 +31,7 @@ from scout_core.config import Config
 from scout_core.errors import ConfigError
 from scout_core.observer.elastic_error import write_error_file
 from scout_core.observer.verdict import Verdict
-from scout_core.records.evidence import VERDICT_SCHEMA, Record
+from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Mode
 
 if TYPE_CHECKING:

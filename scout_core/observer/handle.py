@@ -35,7 +35,7 @@ from scout_core.observer.record import (
 from scout_core.observer.spawn import Helper, spawn, spec_fd
 from scout_core.observer.spec import ObserverSpec
 from scout_core.observer.store_host import StoreHost
-from scout_core.records.evidence import Record
+from scout_core.records.record import Record
 
 __all__ = ["MAX_RESTARTS", "ObserverHandle", "ObserverStats"]
 

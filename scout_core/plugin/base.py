@@ -26,7 +26,7 @@ from scout_core.errors import ConfigError, UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.integration.pending import object_from
 from scout_core.integration.versions import check_version, installed_version
-from scout_core.records.evidence import Record
+from scout_core.records.record import Record
 from scout_core.session import Session, compose
 from scout_core.vocabulary import Failure
 

@@ -27,7 +27,7 @@ from scout_core.plugin.torch_adapter import TorchAdapter
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from scout_core.records.evidence import Record
+    from scout_core.records.record import Record
     from scout_core.session import Session
     from scout_core.topology.mesh import MeshLayout
 

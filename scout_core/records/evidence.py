@@ -1,8 +1,8 @@
 """Evidence records: SCOUT's decisions, one JSON object per line, one file per rank.
 
-The one place to import evidence from: the record and its schemas
-(:mod:`scout_core.records.record`), the writer (here) and the reader
-(:mod:`scout_core.records.reading`, :func:`load_report`). Contract: every decision is a
+The writer (here) and the reader (:mod:`scout_core.records.reading`,
+:func:`load_report`); the record and its schemas have one import path,
+:mod:`scout_core.records.record` (or :class:`scout_core.Record`). Contract: every decision is a
 :class:`Record` appended to ``<report_dir>/<run>/rank-<global rank>.jsonl`` with one
 ``os.write`` on an ``O_APPEND`` descriptor; a peer group's record is written once, by its
 lowest rank (:meth:`EvidenceWriter.write_group`); a write that fails is logged, counted
@@ -23,27 +23,12 @@ from scout_core.errors import EvidenceError
 from scout_core.records.console import log_attribution
 from scout_core.records.reading import RANK_FILE, ReadProblem, Report, load_report
 from scout_core.records.record import (
-    ACTIONS,
-    CHECKPOINT_SCHEMA,
-    ID_LENGTH,
-    INCIDENT_SCHEMA,
-    SCHEMAS,
-    SELECTIONS,
-    VERDICT_SCHEMA,
     Record,
 )
 from scout_core.records.runs import run_directory
 
 __all__ = [
-    "VERDICT_SCHEMA",
-    "CHECKPOINT_SCHEMA",
-    "INCIDENT_SCHEMA",
-    "SCHEMAS",
-    "ACTIONS",
-    "SELECTIONS",
-    "ID_LENGTH",
     "RANK_FILE",
-    "Record",
     "EvidenceWriter",
     "Report",
     "ReadProblem",

@@ -1,60 +1,15 @@
 """All-to-all replay of MoE layers (paper §6.2): one ``all_to_all`` round.
 
-An MoE layer's dispatch sends each token to the EP rank that owns its expert, and the
-combine sends the results back. The live all-to-alls are not comparable across
-replicas (each replica routed its own tokens), and they run on the model's training
-EP group, which SCOUT never talks on. But *corresponding EP positions of independent
-replicas run the same plan* when they are given the same one: so every rank replays
-its layer's dispatch and combine on SCOUT's own EP group (a diagnostic Gloo group, or
-its NCCL payload twin on CUDA), with a synthetic plan and payload drawn from seeds
-broadcast on the expert-DP peer groups, and the peers at one EP position compare what
-they received (exactly) and how the exchange went (statistically).
-
-[A round] (the peer group is the ranks at one EP position of every replica; the EP
-group is this rank's replica's EP ranks)
-
-1. **Readiness C3** (exact, peer group): a digest of the target, the step, the width,
-   dtype and EP size, the rows bound and the software stack. Its verdict is AND-ed
-   over the EP group, so an EP partner whose peer group is not ready can never strand
-   this rank inside an all-to-all.
-2. The peer group's source **broadcasts a seed** (8 bytes, timed: ``t_bcast``). Each
-   EP position has its own seed; every replica's rank at that position has the same.
-3. Each rank draws its **plan** (rows to each EP destination, ``1..rows``) from its
-   seed and sends the row counts (an all-to-all of counts, like a dispatch's split
-   exchange). Then it draws its payload (one block of rows per destination, ``width``
-   wide, in the layer's dtype), and runs the **dispatch** (timed) and the **combine**
-   (the received rows go back, timed).
-4. The EP members all-gather their two in-call times (:func:`lateness`) and whether
-   each built its payload: a member that could not sends zeros of the planned size,
-   and every member of that EP group then reports a gap instead of evidence, so no
-   partner that received the zeros is blamed.
-5. **One exchange** on the peer group: exact signatures of the seed, the counts
-   received (``plan``), the rows received (``dispatch``) and returned (``combine``),
-   the gap code, and the statistical ``t_late``, ``t_a2a`` and ``t_bcast``.
-
-A corrupted exchange shows on ``dispatch`` (the rank where wrong bytes landed) and on
-``combine`` (the sender they went back to). Verdicts come from the same
-:class:`~scout_core.replay.verdicts.VerdictMaker` as every other recipe.
-
-[Naming the slow rank]
-An all-to-all is one synchronous exchange: whoever arrives first waits for whoever
-arrives last, and every member leaves at about the same time. So the wall time of the
-call is the same on every member and cannot name anyone, and a rank's own time *in*
-the call is longest on the healthy partners that waited, so comparing it across
-replicas would blame them. What differs is *when each rank entered*: the member that
-entered last spends the least time in the call. Within one EP group, a rank's
-lateness (:func:`lateness`) is ``max_j t_j - t_i`` summed over the two timed phases:
-about ``T_enter(i) - T_enter(first)``, with no clock shared between hosts. ``t_late``
-is then compared across the peer group (the same EP position of every replica) with
-the straggler rules (outlier, excess and ratio guards, ``straggler_rounds``
-consecutive rounds of the ``all_to_all`` series): a rank that is late again and again
-while its position peers are not is a **rank-scoped** ``comm_straggler``.
-
-``t_a2a`` is the EP group's own exchange time once everyone is in, ``min_j t_j`` (the
-last to enter waits for nobody), summed over the phases: the same value on every EP
-member. Compared across the peer group it marks a slow EP *group* (a slow link that
-stalls every member alike), reported group-scoped through cross-PG validation, never
-as a rank. Limits: see ``docs/moe.md``.
+Contract: every rank replays its MoE layer's dispatch and combine on SCOUT's own EP group
+(a diagnostic Gloo group, or its NCCL payload twin for a CUDA layer), never on the model's
+training EP group, with a synthetic plan and payload drawn from a seed that its peer group
+(the ranks at one EP position of every replica) shares. Readiness is AND-ed over the EP
+group before any payload moves, so no partner is stranded inside an all-to-all; a rank
+that cannot build its payload still takes part (zeros of the planned size), and its whole
+EP group then reports a gap instead of evidence. One exchange on the peer group compares
+``received``, ``plan``, ``dispatch`` and ``combine`` exactly and ``t_late``
+(:func:`lateness`), ``t_a2a`` and ``t_bcast`` statistically. The round, and why lateness
+names the slow rank: docs/moe.md, "Replay of the all-to-all".
 """
 
 from __future__ import annotations
@@ -152,7 +107,7 @@ def lateness(times: Sequence[Sequence[float]], me: int) -> tuple[float, float]:
     ``times[j][k]`` is member ``j``'s time inside timed phase ``k``. Summed over the
     phases: ``t_late = max_j t[j][k] - t[me][k]`` (how much later than the first
     partner this rank entered) and ``t_a2a = min_j t[j][k]`` (the exchange once
-    everyone was in; the same on every member). See the module doc."""
+    everyone was in; the same on every member). See docs/moe.md."""
     late = a2a = 0.0
     for k in range(len(times[me])):
         column = [float(row[k]) for row in times]
@@ -188,7 +143,7 @@ class AllToAllRunner:
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
 
     def run(self, recipe: Recipe, step: int, **_: Any) -> RoundOutcome:
-        """One round of ``recipe`` at ``step`` (see the module doc). Collective over the
+        """One round of ``recipe`` at ``step`` (see docs/moe.md). Collective over the
         peer group and the EP group."""
         assert recipe.path is not None and self.ep is not None
         target = self.targets[recipe.path]

@@ -1,31 +1,15 @@
 """The step clock and the boundary events: one event per training iteration.
 
-[Why a clock of its own]
-SCOUT's replay boundary is the end of a training iteration: every optimizer of the
-job has applied this iteration's update. Frameworks do not say when that is. A job
-may have several optimizers (Megatron's ``ChainedOptimizer``, TorchTitan's
-per-model-part optimizers), and a framework may step one optimizer several times per
-iteration (DeepSpeed's ZeRO wrappers step the inner optimizer once per parameter
-group, with ``param_groups`` narrowed to that group). :class:`StepClock` turns the
-public step hooks of the listed optimizers into exactly one boundary per iteration:
-
-* an optimizer's *first* step in an iteration calls ``pre(index)`` before it runs
-  (replay snapshots the optimizer slice there);
-* the boundary fires right after the step at which every listed optimizer has taken
-  its first step of the iteration; with one optimizer stepped ``n`` times that is
-  its first step, the only point where no parameter of the iteration has moved yet
-  on any rank (ZeRO copies each group's update into the module right after that
-  group's step, so a later point would see this rank's partitions updated and the
-  peers' not);
-* the iteration ends when every optimizer took its ``steps_per_iteration`` steps;
-  extra steps of an optimizer beyond that start the next iteration.
-
-[Boundary events]
-The replay driver owns the clock and the step count, and publishes one frozen
-:class:`Boundary` per iteration to its subscribers (the checkpoint gate, the
-observer, plugins): the step, the recipes due, and this rank's round outcomes.
-Nobody writes into the driver, and a subscriber sees only the event, so the order
-in which parts subscribed does not matter.
+Contract: :class:`StepClock` turns the public step hooks of the listed optimizers into
+exactly one boundary per iteration, however many optimizers the job has and however often
+a framework steps each (``steps_per_iteration``): ``pre(index)`` runs before an
+optimizer's first step of the iteration, the boundary right after the step at which every
+optimizer has taken its first step (the last point where no parameter of the iteration has
+moved on any rank), and the iteration ends when each has taken its count; a step beyond
+that starts the next. :class:`BoundaryEvents` hands every subscriber the frozen
+:class:`Boundary` (step, recipes due, this rank's round outcomes); nobody writes into the
+driver, so the order of subscription does not matter. The rules and why:
+docs/replay.md, "When the boundary fires".
 """
 
 from __future__ import annotations
@@ -87,7 +71,7 @@ class BoundaryEvents:
 
 
 class StepClock:
-    """One boundary per iteration from the step hooks of several optimizers (see module doc)."""
+    """One boundary per iteration from the step hooks of several optimizers (see docs/replay.md)."""
 
     def __init__(
         self,

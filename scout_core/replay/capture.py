@@ -1,35 +1,15 @@
 """Capture one module call during training so it can be replayed at the step boundary.
 
-Replay re-runs a sampled layer on exactly the inputs it saw in training. A forward
-pre-hook records the call's args/kwargs pytree, which of its tensors require
-grad, and the RNG states just before the call (so dropout replays the same
-masks); a tensor hook on each output records the gradient flowing back into it,
-which backward replay feeds to ``autograd.grad``. Only tensors are cloned, because
-only they must outlive the step (activations are freed or overwritten after
-backward); everything else is kept by reference. Hooks are registered only on the
-modules armed for the current iteration and removed when the next iteration is
-armed, so an iteration where nothing is due runs no SCOUT code in any forward.
-
-With :meth:`Capturer.keep_last` on (the checkpoint gate turns it on), the last
-complete capture taken of each module is kept (:meth:`Capturer.last`), so a
-full-catalog sweep can replay every layer on the newest inputs it saw: one capture
-per sampled module of memory, the tensors the capture already cloned.
-
-A capture belongs to the first grad-enabled call of an armed module in an
-iteration; later calls (gradient accumulation, activation-checkpoint recompute) and
-calls made by replay itself are ignored.
-
-[Wrapped blocks and sharded activations]
-The hooks go on :attr:`ModuleRef.hooked <scout_core.integration.adapter.ModuleRef.hooked>`:
-the wrapper the model calls when the adapter names one (it runs once per forward),
-else the module itself. Each recorded tensor is kept through the ref's
-``capture_copy`` when the adapter gives one: a DTensor activation (sequence
-parallelism) or its gradient becomes the plain full tensor, gathered on SCOUT's own
-group, so nothing downstream (the broadcast, the replayed call) touches a DTensor.
-Such a copy may be collective over the module's shard group, whose members make the
-same calls in the same order; it therefore runs before a test's capture veto is
-consulted, so a vetoed rank still takes part. A copy that raises drops the capture
-(the round reads inconclusive) instead of failing the training step.
+Contract: :meth:`Capturer.arm` hooks only the modules due this iteration (and unhooks the
+rest), so an iteration with nothing due runs no SCOUT code in any forward. The first
+grad-enabled call of an armed module keeps its args/kwargs (tensors cloned, the rest by
+reference), requires-grad mask and pre-call RNG states, then the gradient flowing into each
+output; later calls and replay's own are ignored, and :meth:`Capturer.take` returns only a
+complete capture of this iteration. A ref's ``capture_copy`` may be collective over its
+shard group, so it runs on every member, a vetoed one too; a copy that raises drops the
+capture (the round reads inconclusive), never the training step. :meth:`Capturer.keep_last`
+keeps each module's last complete capture for the gate's sweep. The steps in full:
+docs/replay.md, "One round, step by step".
 """
 
 from __future__ import annotations

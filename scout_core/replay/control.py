@@ -1,30 +1,15 @@
 """Control flow every peer must share: one optimizer step per iteration, equal micro-batches.
 
-Replay's collectives are entered at the replay boundary of due iterations, and
-every peer must enter them at the same iteration. A rank that takes one extra
-``optimizer.step()`` would, counting optimizer steps, believe it is one iteration
-ahead: it would enter a replay collective its peers only reach an iteration later,
-after a training collective that waits for it, and both would wait until the
-Gloo timeout. A rank that runs a different number of micro-batches trains on a
-different batch without any collective noticing. Both are control-flow
-divergences, and both must be reported, naming the rank, without a deadlock.
-
-:class:`ControlFlow` keeps two counts on each rank:
-
-* **iterations**: a forward pre-hook on one *marker* module (the embedding, else
-  the first repeated layer; one Python call per training forward) counts the
-  grad-enabled forwards since the last boundary. A boundary with no forward since
-  the previous one is an extra optimizer step, not a new iteration: the step clock
-  does not advance (so this rank keeps entering replay collectives at the same
-  iterations as its peers) and the extra step is counted;
-* **micro-batches**: the marker's grad-enabled forwards since the last due round.
-
-At each due round the counts since the last one travel in the readiness exchange
-(exact surfaces ``<recipe>/steps`` and ``<recipe>/micro``, before any payload
-collective). Peers that disagree make the round not ready, and the verdict maker
-writes a ``protocol_mismatch`` record naming the outlier (a control-flow
-divergence); no payload collective runs, so nobody waits. A marker that never
-sees a forward (a module the job does not call) leaves the clock as it was.
+Contract: :class:`ControlFlow` counts, on each rank, the grad-enabled training forwards of
+one marker module; a boundary with no forward since the previous one is an extra optimizer
+step, not a new iteration, so the step clock stays and this rank keeps entering replay
+collectives at the same iterations as its peers. The counts since the last due round
+(:meth:`ControlFlow.take`) travel in readiness as the exact surfaces ``<recipe>/steps``
+and ``<recipe>/micro`` (:func:`surfaces`); peers that disagree (:func:`diverged`) make the
+round not ready before any payload collective, and a ``protocol_mismatch`` record names
+the outlier (:func:`describe`): a divergence is reported, never a deadlock. A marker that
+never sees a forward leaves the clock as it was. Why, and which module is the marker:
+docs/replay.md, "One round, step by step" (step 2).
 """
 
 from __future__ import annotations
@@ -49,7 +34,7 @@ Counts = tuple[int, int]
 
 
 class ControlFlow:
-    """This rank's control-flow counts (see the module doc)."""
+    """This rank's control-flow counts (see docs/replay.md)."""
 
     def __init__(
         self, marker: nn.Module | None, *, replaying: Callable[[], bool] = lambda: False

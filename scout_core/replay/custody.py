@@ -1,80 +1,15 @@
-"""Parameter custody: a rank vouches for its own parameters between two writes.
+"""Parameter custody: a rank vouches for its own parameters between two optimizer steps.
 
-Replay compares copies across peers; a weight that changed in memory on one rank
-cannot be refereed that way when fewer than three copies exist (two copies that
-differ do not say which one is right; a pure FSDP shard or a ZeRO partition has no
-second copy at all). Custody needs no peer: only the optimizer step may write a
-parameter, so a parameter that changed between two steps changed without a writer.
-
-[The mechanism]
-Each optimizer step is bracketed by two hooks of the optimizer the adapter lists
-(the same tensors :mod:`scout_core.replay.optimizer` walks: the model's parameters
-under DDP, this rank's DTensor shard under FSDP2 / HSDP / TP, the flat fp32 partition
-that DeepSpeed's ZeRO 1-3 and Megatron's distributed optimizer step on):
-
-* right after the step (a step post-hook), the rank folds the part of the current
-  *custody slice* that the step just wrote and keeps the fold words (at most 4 KiB
-  per tensor piece) as its custody signature;
-* right before the next step that writes the same tensor (a step pre-hook), it
-  folds the same elements again. Words that differ mean the parameter changed while
-  nothing should have written it: a ``scout.verdict/1`` record, failure ``sdc``,
-  surface ``params/custody``, scope ``rank``, naming this rank (:meth:`Custody.collect`,
-  called by the replay driver at each boundary; the record goes through the same
-  delivery as every verdict).
-
-The hooks see the optimizer's ``param_groups`` *as they are during the step*: ZeRO
-narrows them to the one group it steps (ZeRO 1/2) or swaps its flat sub-group in
-(ZeRO-3), so each group is signed after its own step and checked before its own next
-step, whenever DeepSpeed runs them. Tensors not listed when custody starts (ZeRO-3's
-swapped-in sub-groups) join the rotation the first time a step writes them.
-
-[The rotation]
-The local elements of every tensor custody has seen are laid end to end in a fixed
-order (the order they were first seen) and cut into ``windows = slices // every``
-equal ranges (``every`` is at most ``slices``). Custody works at every ``every``-th
-iteration only: at iteration ``t`` with ``t mod every == 0`` the step signs range
-``(t // every) mod windows`` of each tensor it writes, and the next step checks it.
-Every element is therefore signed, and checked at the next step, once in every
-``windows * every <= slices`` iterations: a fault that keeps coming back after the
-writes (a cell that does not hold what the optimizer writes) is named within one
-rotation. A one-time change is seen when it falls between the step that signed its
-element and the next one: once in a rotation, whatever ``every`` is. ``every`` only
-spreads the cost: a working iteration costs two folds of ``1 / windows`` of the local
-parameters (one read each) plus a fixed part (tens of microseconds per tensor piece
-the range touches, and the hooks' own Python), and the other ``every - 1`` iterations
-cost an empty check in each hook, so the fixed part is paid once in ``every`` steps.
-
-[The check point, and why not the forward]
-The check runs before the next *write*, which every framework exposes the same way
-(the step pre-hook of the optimizer it lists). A check before the next *read* (the
-forward pre-hook, or before an FSDP all-gather) would not see the tensors custody
-holds under mixed precision: the forward reads a bf16 model copy that the step
-rewrites from the fp32 master every iteration, and FSDP2 gathers in its own root
-pre-forward hook before any module hook of ours could run. So a change between the
-step and the next forward is read by one forward and backward before the check
-names it, in the same iteration; the checkpoint gate treats the verdict as a
-localized SDC and restores verified state, so what that iteration computed from it
-is never certified.
-
-[Limits]
-* A change to elements outside the slice signed at that step has no custody
-  signature: a one-time flip there is not seen by custody. Under two copies the
-  replicas then differ with no evidence of which one is right (group scope); with one
-  copy it is silent. ``slices = 1`` signs every element every step, at twice the
-  memory traffic of reading all local parameters once per step.
-* A fault in the write itself (the optimizer computes or stores a wrong value) is
-  signed as written: that is the optimizer replay's surface, not custody's.
-* Anything else that writes parameters between steps reads as a custody violation.
-  Checkpoint loads do not: SCOUT's own restores call :meth:`Custody.forget`, and so does
-  the ``load_state_dict`` of every optimizer custody holds (a load-state-dict post-hook),
-  which the three frameworks' checkpoint loads run whenever they load optimizer state
-  (DCP's ``set_state_dict``, TorchTitan's optimizer container, DeepSpeed's and
-  Megatron's ``load_checkpoint``). A write with no optimizer load (a model-only load in
-  the middle of a run, an EMA swap, weight clamping outside the optimizer) must call
-  ``session.replay.custody.forget()``, or run with ``custody_slices = 0``.
-* The fault injector that tests use (:meth:`scout_core.testing.Trigger.flip_param_after_step`)
-  must register its step post-hook after SCOUT's, i.e. attach after ``scout.enable``:
-  torch runs an optimizer's post-hooks in registration order.
+Contract: with ``slices > 0`` (0 is off: no hook at all), step hooks on the optimizers the
+adapter lists (the tensors :mod:`scout_core.replay.optimizer` walks) fold one rotating
+range of the local elements right after every ``every``-th step, and fold it again right
+before the next step that writes the same tensor. :meth:`Custody.collect`, called at each
+replay boundary, returns the pieces whose fold words differ (one device read, none inside
+a step), and :meth:`Custody.records` makes each a rank-scoped ``sdc`` on
+``params/custody`` naming this rank: no peer, no collective. An optimizer's
+``load_state_dict`` and :meth:`Custody.forget` drop every signature; any other write
+between two steps reads as a violation. The rotation, the hook points, coverage, cost and
+limits: docs/replay.md, "Parameter custody".
 """
 
 from __future__ import annotations
@@ -90,7 +25,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from scout_core.decision.signature import finalize, fold
-from scout_core.records.evidence import VERDICT_SCHEMA, Record
+from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.topology.shards import local_shard
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
@@ -185,7 +120,7 @@ class Violation:
 
 class Custody:
     """Signs a rotating range of the local parameters after every ``every``-th optimizer
-    step and checks it before the next step (module doc). ``slices = 0`` is off: no hook
+    step and checks it before the next step (docs/replay.md). ``slices = 0`` is off: no hook
     at all.
 
     ``step`` returns the current iteration (the replay driver's step clock)."""
@@ -224,7 +159,7 @@ class Custody:
         for oi, opt in enumerate(self.optimizers):
             self._handles.append(opt.register_step_pre_hook(self._pre(oi)))
             self._handles.append(opt.register_step_post_hook(self._post(oi)))
-            # A checkpoint load writes the parameters outside a step (module doc, Limits).
+            # A checkpoint load writes the parameters outside a step (docs/replay.md, Limits).
             self._handles.append(opt.register_load_state_dict_post_hook(self._loaded))
 
     @property
@@ -370,7 +305,7 @@ class Custody:
     def records(
         self, found: Sequence[Violation], *, run_id: str, rank: int, hosts: Mapping[int, str]
     ) -> list[Record]:
-        """One rank-scoped ``sdc`` record per violating piece (module doc)."""
+        """One rank-scoped ``sdc`` record per violating piece (docs/replay.md)."""
         return [
             Record(
                 schema=VERDICT_SCHEMA,

@@ -1,44 +1,33 @@
 """The replay driver: the step clock, and the per-step logic that runs due recipes.
 
-One driver per session. It builds SCOUT's diagnostic peer groups from the adapter's
-layout, the recipe :class:`~scout_core.replay.schedule.Schedule`, the capturer, the
-layer and optimizer runners and the verdict maker, and owns the job's one step
-clock (:class:`~scout_core.replay.boundary.StepClock` over every optimizer the
-adapter lists): before an optimizer's first step of an iteration it snapshots the
-optimizer slice, and at the iteration's *replay boundary* it runs the due recipes,
-delivers their verdicts and publishes one :class:`~scout_core.replay.boundary.Boundary`
-to its subscribers (the checkpoint gate, the observer, plugins). It only talks to
-the framework through the :class:`~scout_core.integration.adapter.FrameworkAdapter`
-protocol, so every plugin reuses it; nothing else writes into it.
-
-[The full-catalog sweep]
-:meth:`ReplayDriver.sweep` runs a list of catalog recipes *now* (recovery after a
-hang asks for it). Layer recipes replay on the last complete capture of each layer
-(the capturer keeps them once :meth:`ReplayDriver.keep_captures` is on), restamped
-with the sweep's step so every peer agrees on readiness; a layer never captured
-reads inconclusive. The optimizer recipe cannot be replayed without a pre-step
-snapshot, so the sweep compares the full local optimizer state and parameters
-across replica peers instead (exact surface ``optimizer/state``).
+Contract: one driver per session builds SCOUT's diagnostic groups (:mod:`.setup_groups`),
+the schedule, the capturer, the runners and the verdict maker from the adapter's layout,
+and owns the job's one step clock over every optimizer the adapter lists. Before an
+optimizer's first step of an iteration it snapshots the optimizer slice; at the
+iteration's replay boundary it runs the due recipes, delivers their verdicts and
+publishes one :class:`~scout_core.replay.boundary.Boundary` to its subscribers.
+:meth:`ReplayDriver.sweep` runs catalog recipes now, on the last kept captures (the
+optimizer recipe as an exact compare of the whole local optimizer state). It talks to
+the framework only through the adapter protocol. Docs: docs/replay.md; the sweep:
+docs/checkpoint_gate.md, "What the wiring does".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from scout_core.config import Config
-from scout_core.decision.agreement import all_gather_single, any_flag
 from scout_core.decision.c3 import Surface, exchange
 from scout_core.decision.signature import signature_many
-from scout_core.errors import ConfigError, UnsupportedSetupError
+from scout_core.errors import UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
-from scout_core.records.evidence import EvidenceWriter, Record
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.record import Record
 from scout_core.replay.all_to_all import AllToAllRunner
 from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
 from scout_core.replay.capture import Capturer
@@ -47,8 +36,7 @@ from scout_core.replay.custody import Custody
 from scout_core.replay.experts import ExpertRunner
 from scout_core.replay.moe_tracks import moe_recipes
 from scout_core.replay.optimizer import OptimizerReplay
-from scout_core.replay.pools import TimingPools
-from scout_core.replay.referee import RefereeDesk, RefereeLink, apply_finding, wants_referee
+from scout_core.replay.referee import apply_finding, wants_referee
 from scout_core.replay.runner import LayerRunner, RoundOutcome
 from scout_core.replay.schedule import (
     ALL_TO_ALL,
@@ -60,14 +48,14 @@ from scout_core.replay.schedule import (
     Recipe,
     Schedule,
 )
-from scout_core.replay.scope import check_cublas_workspace
+from scout_core.replay.setup_groups import make_groups, setup_pools
 from scout_core.replay.verdicts import VerdictMaker
-from scout_core.topology.groups import PeerGroup, create_peer_groups, diagnostic_group
-from scout_core.topology.mesh import Axis, MeshLayout
+from scout_core.topology.groups import PeerGroup
+from scout_core.topology.mesh import Axis
 from scout_core.topology.shards import local_shard
 from scout_core.vocabulary import Mode
 
-__all__ = ["ReplayDriver", "exchange_hosts"]
+__all__ = ["ReplayDriver"]
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +87,7 @@ class ReplayDriver:
         layout = adapter.layout()
         fsdp = layout.size(Axis.S) > 1
         tp = layout.size(Axis.T) > 1
-        groups, self.hosts, job = _make_groups(adapter, config)
+        groups, self.hosts, job = make_groups(adapter, config)
         self.peers: PeerGroup = groups["peer"]
         adapter.bind_groups(groups)
         self.optimizers = list(adapter.optimizers())
@@ -148,7 +136,7 @@ class ReplayDriver:
         )
         # Each pooled recipe kind's timing pool where it is wider than the peer group, and
         # referee replay (:mod:`.referee`): a third rank for a pair that disagrees.
-        self.pools, self.referees = _pools(layout, adapter.rank(), self.schedule, job, config)
+        self.pools, self.referees = setup_pools(layout, adapter.rank(), self.schedule, job, config)
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         marker = embedding or (layers[0] if layers else lm_head)
         self.control = ControlFlow(
@@ -374,7 +362,7 @@ class ReplayDriver:
     # -- the full-catalog sweep ----------------------------------------------------------
 
     def sweep(self, recipes: Sequence[Recipe]) -> list[RoundOutcome]:
-        """Run ``recipes`` now, on kept captures (see the module doc). Collective over the
+        """Run ``recipes`` now, on kept captures (see docs/checkpoint_gate.md). Collective over the
         job: every rank runs the same recipes in the same order. Empty without peers."""
         if self.peer_size < 2:
             return []
@@ -416,83 +404,3 @@ class ReplayDriver:
             [surface], group=self.peers.pg, ranks=self.peers.ranks, kappa=self.config.kappa
         )
         return RoundOutcome(recipe, step, self.peers.ranks, True, results)
-
-
-def _pools(
-    layout: MeshLayout, rank: int, schedule: Schedule, job: dist.ProcessGroup, config: Config
-) -> tuple[TimingPools, RefereeDesk]:
-    """The timing pools (:mod:`.pools`) and this rank's referee desk, with a link on each
-    pool's referee group (:mod:`.referee`). Collective over the job."""
-    timeout_s = config.referee_timeout_s
-    pools = TimingPools.create(
-        layout, rank, schedule, job, kappa=config.kappa, referee_timeout_s=timeout_s
-    )
-    links = {
-        kind: RefereeLink(pool.referee_pg, timeout_s)
-        for kind, pool in pools.pools.items()
-        if pool.referee_pg is not None
-    }
-    return pools, RefereeDesk(rank, layout.groups(layout.axes_for("peer")), links)
-
-
-def _make_groups(
-    adapter: FrameworkAdapter, config: Config
-) -> tuple[dict[str, PeerGroup], dict[int, str], dist.ProcessGroup]:
-    """SCOUT's diagnostic groups for this layout, every rank's host and SCOUT's job-wide
-    group. Collective.
-
-    Refuses (:class:`ConfigError`, on every rank together) deterministic replay on
-    CUDA that cuBLAS could not honour (:func:`.scope.check_cublas_workspace`).
-    """
-    layout = adapter.layout()
-    kinds = ["peer"]
-    if layout.size(Axis.S) > 1 and layout.size(Axis.D) > 1:
-        kinds.append("shard")
-    if layout.size(Axis.T) > 1:
-        kinds.append("t")  # TP shards are gathered on SCOUT's own TP group
-    # Context/sequence and expert partners exchange activations inside a replayed
-    # block (all-to-all on SCOUT's copies of their groups), so readiness must hold
-    # across those groups too, or a ready group would wait on an unready partner.
-    kinds.extend(k for k, axis in (("c", Axis.C), ("e", Axis.E)) if layout.size(axis) > 1)
-    job = diagnostic_group(list(layout.ranks))
-    hosts = exchange_hosts(layout, job)
-    on_cuda = _on_cuda(adapter)
-    refusal = check_cublas_workspace(uses_cuda=on_cuda, deterministic=config.deterministic)
-    if any_flag(refusal is not None, job):  # every rank refuses together
-        raise ConfigError(refusal or "another rank cannot run deterministic CUDA replay")
-    payload = _payload_backend(on_cuda)
-    groups = create_peer_groups(layout, adapter.rank(), kinds, payload_backend=payload)
-    return groups, hosts, job
-
-
-def _on_cuda(adapter: FrameworkAdapter) -> bool:
-    """Whether the replayed modules' parameters live on a CUDA device."""
-    for ref in adapter.repeated_layers():
-        for p in ref.module.parameters():
-            return p.device.type == "cuda"
-    return False
-
-
-def _payload_backend(on_cuda: bool) -> str | None:
-    """NCCL payload groups when the job itself trains over NCCL on CUDA (one device per
-    rank); else None: payloads travel through host memory on the Gloo groups (ranks
-    that share one GPU over Gloo, and every CPU job)."""
-    if not (on_cuda and dist.is_nccl_available()):
-        return None
-    return "nccl" if "nccl" in str(dist.get_backend()).lower() else None
-
-
-def exchange_hosts(layout: MeshLayout, group: dist.ProcessGroup | None = None) -> dict[int, str]:
-    """Every rank's host name, exchanged as fixed-width bytes on a diagnostic group."""
-    ranks = list(layout.ranks)
-    group = diagnostic_group(ranks) if group is None else group
-    name = socket.gethostname().encode()[:64]
-    mine = torch.zeros(64, dtype=torch.uint8)
-    mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
-    out = torch.empty(64 * len(ranks), dtype=torch.uint8)
-    all_gather_single()(out, mine, group=group)
-    rows = out.view(len(ranks), 64).tolist()
-    return {
-        r: bytes(b for b in row if b).decode(errors="replace")
-        for r, row in zip(ranks, rows, strict=True)
-    }

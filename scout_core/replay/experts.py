@@ -1,41 +1,14 @@
 """Expert replay at catalog representatives (paper §6.2): one ``experts`` round.
 
-An expert's GEMM shapes follow the routing (the rows each expert receives), so the
-expert calls of a training step are not comparable across expert-DP peers: each peer
-routed its own tokens. Instead, every expert-DP peer that holds the same experts runs
-them on the *same synthetic input* at one representative shape of the MoE shape
-catalog (:mod:`scout_core.moe`), and the peers compare what they computed. The
-``experts`` track of the schedule rotates through (MoE layer, representative) pairs,
-so one rotation of the track replays every layer's experts at every representative
-of its classes: one catalog rotation.
-
-[A round]
-1. **Readiness C3** (exact): a digest of the target, the step, the experts' parameter
-   metadata, the representative's rows and the software stack, and the thread count.
-   Peers that disagree read inconclusive before any payload moves.
-2. The source peer (rotating with the step) **broadcasts a seed** (8 bytes, timed:
-   ``t_bcast``) on the peer group.
-3. Each peer materialises its local experts' parameters (:meth:`materialize` of the
-   adapter: clones, or gathered shards on SCOUT's groups) and, for each input variant,
-   runs local expert ``j`` on ``rows[j]`` rows of a ``d_model``-wide input drawn from a
-   generator seeded by ``(seed, j)``, then ``autograd.grad`` from an output gradient
-   drawn the same way (timed: ``t_M``). Nothing touches the live module, its ``.grad``
-   or any RNG stream of training.
-4. **One exchange** carries exact signatures of the seed received, the parameters,
-   outputs, input gradients and parameter gradients, the gap code and the timings.
-
-A persistently corrupted expert weight on one peer disagrees on ``params`` and
-``forward``; a fault in the expert computation disagrees on ``forward`` or the
-gradients only; a slow expert kernel shows in ``t_M``. Verdicts come from the same
-:class:`~scout_core.replay.verdicts.VerdictMaker` as every other recipe.
-
-[Targets]
-:func:`expert_targets` maps each experts container (``layers.0.moe.experts``) to its
-MoE layer (``layers.0.moe``), finds the catalog classes of that layer's projections
-(``layers.0.moe.up`` / ``.down``, the names :class:`~scout_core.moe.ExpertLayerSpec`
-gives them) and lists one target per distinct representative row vector, named
-``layers.0.moe.experts@rows=7`` (the whole expert runs at those rows, so one target
-exercises both projections at that shape).
+Contract: the expert-DP peers that hold the same experts run them on the same synthetic
+input (drawn from a seed the source broadcasts) at one representative shape of the MoE
+shape catalog (:mod:`scout_core.moe`), on materialised copies, and compare ``received``,
+``params``, ``forward``, ``input_grad`` and ``param_grad`` exactly and ``t_M`` and
+``t_bcast`` statistically: on the peer group, readiness, then only where it agrees the
+seed's broadcast and one exchange. Nothing touches the live module, its ``.grad`` or
+training's RNG streams. :func:`expert_targets` gives one target per MoE layer and
+distinct representative row vector (``layers.0.moe.experts@rows=7``). The round and its
+targets: docs/moe.md, "Replay of routers and experts".
 """
 
 from __future__ import annotations
@@ -160,7 +133,7 @@ class ExpertRunner:
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
 
     def run(self, recipe: Recipe, step: int, **_: Any) -> RoundOutcome:
-        """One round of ``recipe`` at ``step`` (see the module doc). Collective over the
+        """One round of ``recipe`` at ``step`` (see docs/moe.md). Collective over the
         peer group."""
         assert recipe.path is not None
         target = self.targets[recipe.path]

@@ -1,19 +1,14 @@
 """Why a peer has no replay evidence for a surface: reason codes that travel with the round.
 
-A surface a peer could not produce must never be compared as a value. The peer
-passes ``None`` for it (C3 then reads that surface *inconclusive* on every peer,
-fail closed), and one more exact surface of the round, ``<recipe>/gap``, carries
-*why* as a small code, so the record names the reason and the peer instead of a
-bare "evidence missing". The gap surface is never an SDC: a nonzero code says
-which peer lacks evidence, not that its arithmetic is wrong.
-
-:func:`evidence` is the one rule for "empty": a surface whose list of tensors is
-empty, or holds only ``None``, while the round expected something (the module
-returned no tensor; parameters that require grad received no gradient at all;
-inputs that require grad received none) has no evidence. That is what a replay
-through the wrong module looks like (an instance ``forward`` closing over the live
-module ignores the replay's parameters, so their gradients never arrive), and
-comparing the constant signature of an empty list would blame that peer for SDC.
+Contract: a surface a peer could not produce is passed as ``None``, never compared as a
+value (C3 reads it *inconclusive* on every peer: fail closed), and one more exact surface
+of the round, ``<recipe>/gap``, carries the :class:`Gap` code of why (:func:`first_gap`),
+which :func:`describe` turns into the record's reason per rank. A gap is never an SDC: a
+nonzero code says which peer lacks evidence, not that its arithmetic is wrong.
+:func:`evidence` is the one rule for "empty": a list of tensors that is empty or holds only
+``None`` where the round expected something has no evidence, since the constant signature
+of an empty list would blame that peer for SDC. Missing evidence in a round:
+docs/replay.md, "One round, step by step".
 """
 
 from __future__ import annotations

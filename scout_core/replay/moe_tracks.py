@@ -1,22 +1,15 @@
 """Which MoE recipes a job gets: the ``router``, ``experts`` and ``all_to_all`` tracks.
 
-The driver asks the adapter for its MoE modules (``special_modules()`` roles
-``router:<i>`` and ``experts:<i>``, :func:`~scout_core.integration.adapter.moe_modules`)
-and turns them into up to three added schedule tracks:
-
-* ``router``: each MoE layer's router, captured and replayed like a layer (its input
-  has a fixed shape, so the dense rules apply);
-* ``experts``: one target per MoE layer and representative of the shape catalog named
-  by ``Config.moe_catalog`` (:func:`~scout_core.replay.experts.expert_targets`);
-* ``all_to_all``: under expert parallelism (the layout has an expert axis), each MoE
-  layer's dispatch and combine, replayed on SCOUT's EP groups
-  (:func:`~scout_core.replay.all_to_all.all_to_all_targets`).
-
-Under expert parallelism the blocks that hold an MoE layer leave the hidden-layer
-rotation: replaying such a block would run its dispatch all-to-all, which the model
-sends on its own training EP group, and SCOUT never talks on a training group. An
-adapter that re-points that all-to-all to SCOUT's own groups during a replayed call
-says so with ``replays_ep_blocks = True`` (DeepSpeed's does), and its blocks stay.
+Contract: :func:`moe_recipes` turns the adapter's MoE modules (``special_modules()`` roles
+``router:<i>`` and ``experts:<i>``) into up to three added schedule tracks, in this order:
+``router`` (each router, replayed like a layer), ``experts`` (one target per MoE layer and
+representative of the ``Config.moe_catalog`` catalog; none, with a warning, without one)
+and ``all_to_all`` (only under expert parallelism, on SCOUT's EP groups). Under expert
+parallelism the blocks that hold an MoE layer leave the hidden-layer rotation, since their
+dispatch runs on the training EP group, unless the adapter sets ``replays_ep_blocks``. A
+catalog that cannot be read, or was discovered for another device or software stack,
+raises :class:`~scout_core.errors.ConfigError` on every rank. The tracks: docs/moe.md,
+"Replay of routers and experts" and "Replay of the all-to-all".
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """Optimizer replay: re-run the update on a rotating slice and compare it across replicas.
 
-An SDC in the optimizer (a flipped bit in an Adam moment, a miscomputed update)
-lands directly in the training state, so the update itself is a replay surface.
-Copying the whole model and optimizer state would double memory; instead a step
-pre-hook clones one rotating slice of ``optimizer_slice`` elements: the
-parameter, its effective (already reduced) gradient, the optimizer slots of the
-same shape, the scalar slots and the group hyperparameters. After the real step:
-
-* each peer signs its *own* pre-step slice (``optimizer/slice``, exchanged with
-  readiness) and its own post-step slice (``optimizer/result``): replicated state
-  must be bitwise equal across replica peers, so a corrupted moment or parameter on
-  one peer shows up there;
-* every peer applies the same optimizer class to one and the same pre-step slice
-  (``optimizer/update``): a peer that computes the update differently is the
-  outlier. Where every peer's own slice agreed, each peer already holds those bytes
-  and replays its own copy; otherwise the source peer broadcasts its slice
-  (``optimizer/received``, timed ``t_bcast``) and every peer replays that. Each peer
-  replays its own slice before it knows, and the readiness, both slice signatures
-  and that update travel in one exchange: a healthy round runs one collective on the
-  peer group; a round whose slices differ adds the broadcast and a second exchange.
-
-A job with several optimizers (Megatron's chained optimizers, TorchTitan's
-per-model-part ones) has one slice rotation over all of their parameters, in the
-order the adapter lists them: slice ``i`` may fall in any optimizer, and each
-optimizer's part of it is snapshotted before that optimizer's first step of the
-iteration and replayed with that optimizer's class and hyperparameters.
-
-This needs replicated ownership (DDP, or HSDP shards compared between replica
-peers). Uniquely owned shards (pure FSDP, ZeRO-3 without replicas) have no peer
-holding the same state; the recipe is skipped with a logged reason. The replayed
-update is exact for element-wise optimizers (SGD, Adam, AdamW ...); optimizers that
-mix elements across a tensor (norm-based ones) still compare consistently across
-peers, but the slice is then not the full update.
+Contract: :meth:`OptimizerReplay.snapshot` (a step pre-hook) clones one rotating slice of
+``optimizer_slice`` elements (parameter, reduced gradient, slots, hyperparameters), and
+:meth:`OptimizerReplay.run` after the step compares each peer's own pre-step slice
+(``optimizer/slice``), its replayed update (``optimizer/update``) and its own post-step
+slice (``optimizer/result``) across the replica peers. A healthy round is one exchange on
+the peer group and moves no payload; only where the peers' slices differ does the source
+broadcast its slice (``optimizer/received``, ``t_bcast``) for a second exchange. Live
+training state is only read. Uniquely owned state (pure FSDP, ZeRO-3 without replicas)
+is skipped with a logged reason. The recipe, several optimizers and its limits:
+docs/replay.md, "What is compared, and with whom".
 """
 
 from __future__ import annotations
@@ -175,7 +153,7 @@ class OptimizerReplay:
     def run(self, step: int, *, counts: control.Counts | None = None) -> RoundOutcome | None:
         """Replay and compare the snapshot taken before this step; None when skipped.
         ``counts`` are this rank's control-flow counts since the last round. The slice
-        is broadcast only where the peers' own slices differ (module doc)."""
+        is broadcast only where the peers' own slices differ (docs/replay.md)."""
         if not self.supported:
             return None
         pieces, self._pieces = self._pieces, None
@@ -183,7 +161,7 @@ class OptimizerReplay:
         own_before = None if pieces is None else sign(self._flat(pieces))
         after = sign(self._after())
         # Optimistically, each peer replays its own slice before the one exchange: where
-        # every peer's slice agrees that is the source's bytes (module doc).
+        # every peer's slice agrees that is the source's bytes (docs/replay.md).
         update = None if pieces is None else self._signed_update(pieces)
         ready = [
             Surface("optimizer/ready", Mode.EXACT, self._digest(pieces, step)),

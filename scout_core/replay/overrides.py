@@ -1,37 +1,31 @@
 """Instance-level ``forward`` overrides: replayed where that is safe, inconclusive where not.
 
-Users and libraries often replace a module's ``forward`` on the *instance*
-(``blk.forward = wrapper(blk.forward)``: accelerate-style hooks, profilers, debug
-wrappers). That wrapper is part of what the layer computes in training, so replay
-should run it too. Two facts decide how:
-
-* The wrapper usually closes over the *live* module's bound ``forward``. Run on a
-  copy of the module (the hook-free twin), it would call the live module with the
-  live parameters, ignoring the replay parameters: the replay's parameter
-  gradients come back empty and its outputs ignore the source's state. Run on the
-  live module with ``torch.func.functional_call``, the replay parameters are bound
-  on the very module the wrapper closes over, so the wrapper's cost shows in
-  ``t_M`` (a slow wrapper is a straggler) and its arithmetic in the exact
-  surfaces (a wrong wrapper is an SDC).
-* The live module keeps everything the framework attached to it. Where a layer's
-  forward can talk on a training process group (tensor, sequence/context or
-  expert parallelism; sharded parameters that FSDP or ZeRO-3 gather; a framework's
-  forward hooks), calling it from replay could enter a training collective its
-  partners never join, and the job would hang. Replay must never do that: such a
-  layer is not replayed while the override is present, and reads *inconclusive*
-  with the reason (:data:`scout_core.replay.gaps.Gap.TRAINING_COLLECTIVE`).
-
-Overrides a framework installs itself (TorchTitan's TP ``forward`` closures) are
-the plugin's business: its ``call`` undoes them, so they are not counted here.
+Contract: :func:`instance_forwards` finds the submodules whose ``forward`` a user replaced on
+the instance (a framework's own, by :data:`FRAMEWORK_PREFIXES`, are the plugin's to undo
+and not counted), and :func:`live_call_hazard` says why calling the live module from replay
+could reach a training collective (a parallel axis, a sharded parameter, a framework hook),
+or ``None``. :class:`InstanceForwards` keeps that answer per layer, logs it once, and tells
+the runner how to call each layer: the adapter's ``call`` without an override, the live
+module with the replay parameters bound where that is safe, else ``None`` (the round reads
+inconclusive, :attr:`.gaps.Gap.TRAINING_COLLECTIVE`): replay never enters a training
+collective. Why the live module: docs/replay.md, "One round, step by step" (step 5).
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from torch import nn
 
 from scout_core.topology.mesh import Axis, MeshLayout
 
-__all__ = ["FRAMEWORK_PREFIXES", "instance_forwards", "live_call_hazard"]
+__all__ = ["FRAMEWORK_PREFIXES", "InstanceForwards", "instance_forwards", "live_call_hazard"]
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C", bound=Callable[..., Any])
 
 FRAMEWORK_PREFIXES = (
     "torch.",
@@ -86,3 +80,67 @@ def live_call_hazard(module: nn.Module, layout: MeshLayout) -> str | None:
         if any(_framework(h) for h in hooks):
             return f"a framework hook on {path or 'the module'}"
     return None
+
+
+class InstanceForwards:
+    """The layers with a user's instance-level ``forward`` seen so far, each with the
+    hazard that keeps it from being replayed (``None``: replayed on the live module),
+    said once in the log."""
+
+    def __init__(self, layout: MeshLayout) -> None:
+        self.layout = layout
+        self.seen: dict[str, str | None] = {}
+
+    def announce(self, modules: Mapping[str, Any]) -> dict[str, str | None]:
+        """Find the layers of ``modules`` (path to a ref with ``.module``) with an
+        instance-level ``forward`` now and say once, in one line each way, which are
+        replayed through it and which read inconclusive."""
+        safe: list[tuple[str, str | None]] = []
+        unsafe: list[tuple[str, str | None]] = []
+        for path, ref in modules.items():
+            if path in self.seen or not instance_forwards(ref.module):
+                continue
+            hazard = self.seen[path] = live_call_hazard(ref.module, self.layout)
+            (safe if hazard is None else unsafe).append((path, hazard))
+        if safe:
+            log.warning(
+                "%s have an instance-level forward; replay runs it on the live module "
+                "with the replay parameters bound",
+                ", ".join(p for p, _ in safe),
+            )
+        if unsafe:
+            log.warning(
+                "%s have an instance-level forward that replay cannot run without "
+                "possibly reaching a training collective (%s); their rounds read inconclusive",
+                ", ".join(p for p, _ in unsafe),
+                unsafe[0][1],
+            )
+        return dict(self.seen)
+
+    def call_for(self, path: str, module: nn.Module, *, call: C, live: C) -> C | None:
+        """How to run the layer at ``path``: ``call`` (the adapter's), ``live`` (on the
+        live module) when a user replaced its ``forward`` on the instance and that is
+        safe, or ``None`` when it is not."""
+        found = instance_forwards(module)
+        if not found:
+            return call
+        if path not in self.seen:
+            hazard = live_call_hazard(module, self.layout)
+            self.seen[path] = hazard
+            where = ", ".join(f"{path}.{p}" if p else path for p in found)
+            if hazard is None:
+                log.warning(
+                    "%s has an instance-level forward (%s); replay runs it on the live "
+                    "module with the replay parameters bound",
+                    path,
+                    where,
+                )
+            else:
+                log.warning(
+                    "%s has an instance-level forward (%s) and %s: replaying it could "
+                    "reach a training collective, so its rounds read inconclusive",
+                    path,
+                    where,
+                    hazard,
+                )
+        return live if self.seen[path] is None else None

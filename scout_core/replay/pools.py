@@ -1,36 +1,15 @@
 """Timing pools of replay rounds: which ranks replay equal work, and their one exchange.
 
-A round's ``t_M`` is judged over the ranks that replay the same *work* in that round
-(:mod:`scout_core.decision.pools`), which the layout and the schedule say without any
-talk at a round:
-
-* a **hidden layer** round: every rank of the peer group, its FSDP shard partners (they
-  gather the same layer), its TP partners (replay gathers full parameters and runs the
-  block on plain tensors, so every TP position replays the same block) and, when every
-  stage has the same hidden rotation, the same block index of every pipeline stage;
-* an **embedding** or **LM head** round: the same, without pipeline stages (each stage
-  holds other special modules);
-* every other recipe: the peer group, as before.
-
-Under context or expert parallelism nothing is pooled (a replayed block exchanges
-activations there). A kind is pooled along the pipeline axis only when, at
-:meth:`TimingPools.create`, every rank's row of the schedule for that kind (on, interval,
-phase, rotation length) agrees within every pool: then every member runs that kind's
-round at the same steps, so the pool's exchange can never strand one member. That check
-is the one collective at start (one all-gather of a few words per rank on SCOUT's
-job-wide group).
-
-Where a kind's pool is its peer group, its timings ride the round's own result exchange
-and the pool costs nothing. Where the pool is larger, each round of that kind adds one
-small all-gather on SCOUT's own group of the pool (never ``WORLD``, never a training
-group): each member's work key and ``t_M``, one C3 :func:`~scout_core.decision.c3.exchange`
-whose exact ``work`` surface names a member of other work; each member runs it whether
-its own round was ready or not. The same row carries each member's referee flag
-(:mod:`.referee`: its pair disagrees on a computed surface), so a disagreement reaches
-every possible referee without a collective of its own.
-
-Each pool also gets a second group over the same members, with the referee's timeout:
-referee replay's point-to-point traffic runs there, and only on a disagreement.
+Contract: the layout and the schedule alone say which ranks replay the same work in a
+hidden-layer, embedding or LM-head round (:mod:`scout_core.decision.pools`); every other
+recipe, and every round under context or expert parallelism, keeps its peer group.
+:meth:`TimingPools.create` is one all-gather on SCOUT's job-wide group that checks every
+rank's schedule, so a pool never strands a member, and makes each pool's group and its
+referee group (:mod:`.referee`). Where a pool is wider than the peer group,
+:meth:`TimingPools.exchange` is one all-gather per round of that kind on the pool's own
+group (never ``WORLD``, never a training group), run by every member, ready or not: each
+member's work key, ``t_M`` and referee flag. The pools and their checks: docs/replay.md,
+"Timing pools: equal work, not equal values".
 """
 
 from __future__ import annotations
@@ -57,7 +36,7 @@ POOLED: tuple[str, ...] = (HIDDEN, EMBEDDING, LM_HEAD)
 
 
 def pool_axes(layout: MeshLayout, kind: str, *, stages: bool) -> tuple[Axis, ...]:
-    """The axes a ``kind`` round's pool varies (module doc); the peer group's alone when
+    """The axes a ``kind`` round's pool varies (docs/replay.md); the peer group's alone when
     nothing wider replays equal work."""
     peer = layout.axes_for("peer")
     if kind not in POOLED or layout.size(Axis.C) > 1 or layout.size(Axis.E) > 1:

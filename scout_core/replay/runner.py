@@ -1,44 +1,14 @@
 """The replay boundary for one layer recipe (paper Algorithm 2), on copied state.
 
-At the boundary after a due optimizer step every peer of a comparison group runs
-the same sequence, so the collectives always match:
-
-1. **Readiness C3** (exact): a digest of recipe, capture step, tensor metadata,
-   requires-grad masks and software stack, plus the thread count and the
-   control-flow counts (:mod:`.control`: extra optimizer steps and micro-batches
-   since the last round; peers that disagree diverged in control flow). A peer that
-   missed the capture contributes nothing, which makes the round *inconclusive*
-   on every peer, and everyone returns before any recipe collective: a missing
-   capture can never strand peers inside a broadcast. When the parameter gather
-   runs on groups that cross replica groups (HSDP's shard group, the TP group),
-   each replica group's readiness is AND-ed over those groups too, so a group
-   that is not ready can never strand a shard or TP partner inside a gather.
-2. The source peer (rotating with the step) **broadcasts** its captured inputs,
-   the incoming output gradients and its pre-forward RNG states as one byte buffer
-   (timed: ``t_bcast``, the peer group's own communication), on the peer group's
-   payload group when it has one (NCCL on CUDA: the buffer stays on the device),
-   else on its Gloo group through host memory.
-3. Under FSDP or TP the parameters are **gathered** on the diagnostic shard or TP
-   group (timed: ``t_gather``); each replica peer first signs its local shards.
-4. For each input variant (``0.1x, x, 10x``) the module runs on copies
-   (:mod:`.compute`; timed: ``t_M``, on CUDA until the device finished). A layer
-   with an instance-level ``forward`` runs on the live module with the replay
-   parameters bound, where that cannot reach a training collective, and is not run
-   where it could (:mod:`.overrides`).
-5. **One exchange** carries exact signatures of what was received, the
-   materialised parameters, outputs, input gradients and parameter gradients (for
-   an MoE router also its routing weights and top-k indices apart), the
-   statistical timings and the peer's gap code (:mod:`.gaps`: why a surface it
-   could not produce is missing); each keeps its own bitmap.
-
-Three collectives per round on the peer group (readiness, broadcast, result
-exchange), plus one reduction per gather group that crosses replica groups and
-one all-gather per sharded parameter under FSDP or TP; none on a step where
-nothing is due.
-6. Each peer restores its own RNG streams, thread count and deterministic flag.
-
-A replay that raises on some peer (an unsupported op, an OOM) contributes no
-evidence rather than failing the job; the exchange then reads inconclusive.
+Contract: at the boundary after a due optimizer step every peer of a comparison group
+runs the same sequence, so the collectives always match: readiness C3 (a peer that
+missed the capture makes the round inconclusive on every peer before any recipe
+collective), the source's broadcast of inputs, output gradients and RNG states, the
+parameter gather under FSDP or TP, the module call on copies for each input variant,
+then one exchange of exact signatures, timings and gap codes. Three collectives per
+round on the peer group, plus one per crossing gather group and sharded parameter;
+none when nothing is due. A replay that raises contributes no evidence, never a
+failure of the job. The steps in full: docs/replay.md, "One round, step by step".
 """
 
 from __future__ import annotations
@@ -64,9 +34,11 @@ from scout_core.replay import control, taps
 from scout_core.replay.capture import Capture, Capturer
 from scout_core.replay.compute import Call, Inputs, replay_module
 from scout_core.replay.gaps import Gap
-from scout_core.replay.overrides import instance_forwards, live_call_hazard
+from scout_core.replay.kept import Kept
+from scout_core.replay.overrides import InstanceForwards
 from scout_core.replay.packing import pack, sign, unpack
-from scout_core.replay.referee import Expected, Finding, Refusal, Shipment
+from scout_core.replay.referee import Finding
+from scout_core.replay.referee_wire import Expected, Refusal, Shipment
 from scout_core.replay.schedule import ROUTER, Recipe
 from scout_core.replay.scope import Interval
 from scout_core.topology.groups import PeerGroup
@@ -102,21 +74,6 @@ class RoundOutcome:
     exchanged one: ``t_M`` is then judged over it instead of over the peer group."""
     referee: Finding | None = None
     """What a referee said about this pair's disagreement (:mod:`.referee`), if it asked."""
-
-
-@dataclass
-class Kept:
-    """This rank's last replayed round, kept until the driver's referee phase is over:
-    what a source ships, and what a referee validates against and replays with."""
-
-    recipe: Recipe
-    step: int
-    ref: ModuleRef
-    cap: Capture
-    got: Inputs
-    params: dict[str, torch.Tensor]
-    digest: int
-    threads: int
 
 
 def _leaf_meta(x: Any) -> Any:
@@ -205,7 +162,8 @@ class LayerRunner:
         self.local_shards = local_shards
         self.closure = tuple(closure)
         """Gather groups that cross replica groups: readiness is AND-ed over them."""
-        self.overrides: dict[str, str | None] = {}
+        self.forwards = InstanceForwards(layout)
+        self.overrides = self.forwards.seen
         """Layers with an instance-level ``forward`` seen so far, and the hazard that keeps
         them from being replayed (``None``: replayed on the live module)."""
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
@@ -418,37 +376,12 @@ class LayerRunner:
 
     def shipment(self, step: int) -> Shipment | None:
         """What this rank, a pair's source, ships to the referee: its round at ``step``."""
-        kept = self.kept
-        if kept is None or kept.step != step:
-            return None
-        got = kept.got
-        return Shipment(
-            step=step,
-            digest=kept.digest,
-            threads=kept.threads,
-            params={k: v.detach() for k, v in kept.params.items()},
-            inputs=[x for x in got.leaves if isinstance(x, torch.Tensor)],
-            grads=[g for g in got.grads if g is not None],
-            rng=dict(got.rng),
-        )
+        return None if self.kept is None else self.kept.shipment(step)
 
     def expected(self, step: int) -> Expected | None:
-        """What a shipment for this rank's own round at ``step`` must look like (its
-        readiness metadata), or None when it has no replayed round to referee with."""
-        kept = self.kept
-        if kept is None or kept.step != step:
-            return None
-        cap = kept.cap
-        return Expected(
-            step=step,
-            digest=kept.digest,
-            # its own materialised parameters: the same names, dtypes and full shapes as
-            # the source's (TP attributes DDP unregistered included)
-            params={n: (p.dtype, tuple(p.shape)) for n, p in kept.params.items()},
-            inputs=[(x.dtype, tuple(x.shape)) for x in cap.leaves if isinstance(x, torch.Tensor)],
-            grads=[(g.dtype, tuple(g.shape)) for g in cap.grads if g is not None],
-            rng={k: (v.dtype, tuple(v.shape)) for k, v in cap.rng.items()},
-        )
+        """What a shipment for this rank's own round at ``step`` must look like, or None
+        when it has no replayed round to referee with."""
+        return None if self.kept is None else self.kept.expected(step)
 
     def recompute(
         self,
@@ -500,53 +433,8 @@ class LayerRunner:
             self.capturer.replaying = False
 
     def announce(self) -> dict[str, str | None]:
-        """Find the layers with an instance-level ``forward`` now and say once, in one
-        line each way, which are replayed through it and which read inconclusive."""
-        safe: list[tuple[str, str | None]] = []
-        unsafe: list[tuple[str, str | None]] = []
-        for path, ref in self.modules.items():
-            if path in self.overrides or not instance_forwards(ref.module):
-                continue
-            hazard = self.overrides[path] = live_call_hazard(ref.module, self.layout)
-            (safe if hazard is None else unsafe).append((path, hazard))
-        if safe:
-            log.warning(
-                "%s have an instance-level forward; replay runs it on the live module "
-                "with the replay parameters bound",
-                ", ".join(p for p, _ in safe),
-            )
-        if unsafe:
-            log.warning(
-                "%s have an instance-level forward that replay cannot run without "
-                "possibly reaching a training collective (%s); their rounds read inconclusive",
-                ", ".join(p for p, _ in unsafe),
-                unsafe[0][1],
-            )
-        return dict(self.overrides)
+        """Say once which layers have an instance-level ``forward`` (:mod:`.overrides`)."""
+        return self.forwards.announce(self.modules)
 
     def _call_for(self, ref: ModuleRef) -> Call | None:
-        """How to run ``ref``: the adapter's call, the live module when a user replaced its
-        ``forward`` on the instance and that is safe, or ``None`` when it is not."""
-        found = instance_forwards(ref.module)
-        if not found:
-            return self.call
-        if ref.path not in self.overrides:
-            hazard = live_call_hazard(ref.module, self.layout)
-            self.overrides[ref.path] = hazard
-            where = ", ".join(f"{ref.path}.{p}" if p else ref.path for p in found)
-            if hazard is None:
-                log.warning(
-                    "%s has an instance-level forward (%s); replay runs it on the live "
-                    "module with the replay parameters bound",
-                    ref.path,
-                    where,
-                )
-            else:
-                log.warning(
-                    "%s has an instance-level forward (%s) and %s: replaying it could "
-                    "reach a training collective, so its rounds read inconclusive",
-                    ref.path,
-                    where,
-                    hazard,
-                )
-        return functional_call if self.overrides[ref.path] is None else None
+        return self.forwards.call_for(ref.path, ref.module, call=self.call, live=functional_call)

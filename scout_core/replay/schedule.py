@@ -1,45 +1,14 @@
-"""When each replay recipe runs, which layer it samples, and the recipe catalog.
+"""When each replay recipe runs, which target it samples, and the recipe catalog.
 
-Replay must cost a small, predictable fraction of training and still cover the
-whole model over time. Each recipe kind (hidden layer, embedding, LM head,
-optimizer update, and kinds a plugin adds) is a *track* with its own interval
-``I``; the hidden-layer track rotates through the repeated layers, one per due
-step, and the optimizer track rotates its slice over the parameters. Everything
-here is a pure function of the step number, so every rank decides the same
-recipes at the same step without talking to anyone; the readiness C3 then only
-has to confirm that every peer actually captured them.
-
-[Phases: one recipe per due step]
-A track is due at step ``s`` when ``s % I == phase``. The hidden track keeps phase
-``I - 1`` (due at steps ``I-1, 2I-1, ...``). With ``spread`` on (the default) every
-other track gets its own phase, spaced evenly over its interval and chosen so that
-it never meets an earlier track: two tracks of intervals ``a`` and ``b`` meet at
-some step exactly when their phases agree modulo ``gcd(a, b)``. So with the
-default intervals (all 20) the hidden layer, embedding, LM head and optimizer run
-at steps 19, 14, 9 and 4 of every 20, one each, and a due step costs one recipe.
-Only intervals that leave no free phase (all 1, say) make a step run several.
-With ``spread`` off every track has phase ``I - 1`` (recipes of equal interval
-share a step).
-
-The *catalog* lists every distinct check once: each rotated hidden layer, the
-embedding, the LM head, the optimizer and every target of an added track. Its size
-``K`` is what the checkpoint gate calls one recipe cycle (a clean check of one
-layer says nothing about another). The amortised overhead estimate ``V/(I·N)``
-(paper §6) is logged when SCOUT starts.
-
-[Adding a recipe kind]
-``Schedule(..., tracks=[Track("router", 20, ("layers.0.router", ...))])`` adds a
-kind after the dense ones: it gets a phase by the same rule, its targets enter the
-catalog, and :meth:`Schedule.due` yields its recipes (``path`` is the target,
-``index`` its position). A kind whose targets are interchangeable (so one timing
-series compares them all, as for hidden layers) goes into :data:`ROTATING`; a kind
-that replays synthetic inputs instead of a capture goes into :data:`SYNTHETIC`. The
-driver adds up to three such tracks itself for MoE models: ``router`` (each MoE layer's
-router, captured like a layer), ``experts`` (one target per MoE layer and catalog
-representative; one rotation of this track is one catalog rotation) and, under expert
-parallelism, ``all_to_all`` (each MoE layer's dispatch and combine; synthetic and
-rotating: the layers' all-to-alls move hidden states of one width, so one timing series
-compares them all).
+Contract: every answer is a pure function of the step number and the configuration, so
+every rank decides the same recipes at the same step without talking (readiness C3 then
+only confirms that every peer captured them). Each recipe kind is a :class:`Track` with
+its own interval ``I`` and phase, due when ``step % I == phase`` and rotating over its
+targets; with ``spread`` on, the phases are placed so that no step runs two recipes
+unless the intervals leave no free phase. :attr:`Schedule.catalog` lists every distinct
+check once; its size ``K`` is the checkpoint gate's recipe cycle, and the amortised cost
+``V/(I·N)`` is logged at start. Phases, rotation and added kinds (:data:`ROTATING`,
+:data:`SYNTHETIC`): docs/replay.md, "Which recipes are due".
 """
 
 from __future__ import annotations
@@ -125,7 +94,7 @@ class Track:
 
 
 def place_phases(intervals: Sequence[int], *, spread: bool = True) -> list[int]:
-    """A phase per track (see the module doc): the first keeps ``I - 1``; with ``spread``
+    """A phase per track (see docs/replay.md): the first keeps ``I - 1``; with ``spread``
     each later one takes the free phase nearest its evenly spaced ideal, or the ideal
     itself when the intervals leave none free."""
     phases: list[int] = []

@@ -1,22 +1,14 @@
 """The conditions a replay runs under, and how its intervals are timed on any device.
 
-Healthy peers must compute bitwise-equal results from equal inputs, and a slow
-device must show in the timings. Three pieces, each restored or guarded so that
-training never sees them:
-
-* :func:`deterministic_scope`: deterministic algorithms on and the intra-op thread
-  count pinned to the agreed value, both restored on exit. On CUDA, PyTorch's
-  deterministic cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` (``:4096:8`` or
-  ``:16:8``) in the environment before the first cuBLAS call; without it every
-  replayed matmul raises. :func:`check_cublas_workspace` is run once at ``enable``
-  (it sets the variable when CUDA has not started yet, else refuses with a
-  :class:`~scout_core.errors.ConfigError` that says what to do), and the scope
-  refuses the same way rather than letting each round fail into *inconclusive*.
-* :func:`rng_scope`: every RNG stream the adapter names is saved and restored.
-* :class:`Interval`: wall time of a piece of replay that ends only when the device
-  has finished it. On CUDA the device is synchronised before the start (queued
-  training work is not counted) and CUDA events bracket the interval, so a slow
-  GPU shows in ``t_M``; on the CPU it is the monotonic clock, unchanged.
+Contract: healthy peers compute bitwise-equal results from equal inputs and a slow device
+shows in the timings, while training never sees the conditions. :func:`deterministic_scope`
+turns deterministic algorithms on and pins the intra-op thread count, restoring both on
+exit; on CUDA without ``CUBLAS_WORKSPACE_CONFIG`` (:data:`CUBLAS_WORKSPACES`) it raises
+:class:`~scout_core.errors.ConfigError` before anything runs. :func:`check_cublas_workspace`,
+run once at ``enable``, sets the variable while CUDA has not started, else returns the
+refusal. :func:`rng_scope` restores every RNG stream it saved. :class:`Interval` times work
+until the device has finished it (CUDA events after a device synchronisation; the
+monotonic clock on the CPU). On CUDA: docs/replay.md, "On CUDA".
 """
 
 from __future__ import annotations
@@ -85,7 +77,7 @@ def deterministic_scope(enabled: bool, threads: int, *, cuda: bool = False) -> I
     """Deterministic algorithms and a pinned intra-op thread count, restored on exit.
 
     With ``cuda`` and ``enabled``, a missing ``CUBLAS_WORKSPACE_CONFIG`` raises
-    :class:`ConfigError` here, before anything runs (see the module doc).
+    :class:`ConfigError` here, before anything runs (see docs/replay.md).
     """
     if enabled and cuda and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_WORKSPACES:
         raise ConfigError(_CUBLAS_HELP)

@@ -1,64 +1,24 @@
 """Turn a recipe round's C3 results into evidence records.
 
-C3 says which peers disagree on one surface in one round; a verdict says what that
-means for a person or a recovery policy. The rules, identical on every peer
-because their inputs are:
-
-* readiness not agreed, or received inputs not identical → ``inconclusive``
-  (the round compared nothing; a missing capture is never a pass);
-* an exact surface attributed → ``sdc`` naming exactly the outlier ranks and the
-  surface, scope ``rank``;
-* an exact surface without a strict majority → ``inconclusive``; in a group of two
-  this is how a disagreement shows, so it is a group-scoped ``sdc`` with no culprit;
-* a pair's disagreement on a computed surface that a referee settled
-  (:mod:`.referee`) → ``sdc`` naming the copy the referee did not match, scope
-  ``rank``, with the three signatures and the referee's rank; one it could not settle
-  (no referee, a refusal, a timeout, a referee that matches neither copy) → the
-  group-scoped ``sdc`` with the reason (and the referee's signatures where it answered);
-* a ``t_M`` outlier counts toward ``straggler`` only if it is slower than the
-  median by at least ``straggler_min_excess_s`` and ``straggler_min_ratio``, and
-  the verdict needs ``straggler_rounds`` consecutive such rounds for the same rank
-  *of the same timing series* (:attr:`~scout_core.replay.schedule.Recipe.series`:
-  the rotating hidden layers form one series, the embedding, the LM head each
-  another), so recipes that run in between neither confirm nor clear a streak
-  (timing on a shared machine is noisy; a fleet-wide slowdown is never flagged);
-* ``t_M`` is compared over the round's *timing pool* when it has one (the ranks that
-  replay equal work, :mod:`scout_core.decision.pools`), with the same guards and
-  streaks; two ranks of equal work and nobody else (a pool or a peer group of two)
-  are each compared with their own recent clean rounds, and one is named only when it
-  alone is slower than its own history and than the other rank;
-* a ``t_gather`` outlier under the same guards marks the communication group it
-  measured slow (each replica peer gathers on a *different* shard or TP group, so
-  comparing them across replica peers is meaningful); slow groups go through the
-  cross-PG validation of :mod:`scout_core.decision.diagnosis` and give a group-scoped
-  ``comm_straggler`` (machine-scoped when groups of several kinds meet on one
-  machine), never a compute straggler;
-* a ``t_late`` outlier (a rank's lateness into its EP all-to-all, compared across
-  the ranks at one EP position of every replica, :mod:`.all_to_all`) under the same
-  guards and ``straggler_rounds`` consecutive rounds of the ``all_to_all`` series is a
-  rank-scoped ``comm_straggler`` naming that rank; ``t_a2a`` (the EP group's exchange
-  time once all its members were in) goes the ``t_gather`` way, marking the EP group;
-* ``t_bcast`` is one collective of the whole peer group, so peers cannot be
-  compared with each other (whoever waits for a late peer has a long interval,
-  whoever does not has a short one): never name a rank from it. A stalled link
-  stalls both its ends (a Gloo send waits for the matching receive), so the
-  group's broadcast time is the *second-longest* peer interval: one process
-  descheduled by the OS does not move it. It is compared with the median of the
-  group's own recent clean rounds of the same series; ``straggler_rounds``
-  consecutive rounds of that series that exceed it by ``straggler_min_excess_s`` and
-  ``straggler_min_ratio`` give a group-scoped ``comm_straggler`` naming the group,
-  not a rank.
-
-Agreeing rounds produce no record.
+Contract: :meth:`VerdictMaker.judge` turns one round into records (none when every surface
+agrees) by rules whose inputs are identical on every peer, so every peer reaches the same
+verdicts. An exact surface attributed, by a strict majority or by a referee, is an ``sdc``
+naming exactly the outliers; readiness or received inputs that differ, missing evidence
+or no strict majority read ``inconclusive`` (without a majority: a group-scoped ``sdc``
+with no culprit). A timing names a rank (``straggler`` from ``t_M``, ``comm_straggler``
+from ``t_late``) only after ``straggler_rounds`` consecutive outlier rounds of one timing
+series past the excess and ratio guards; ``t_gather``, ``t_a2a`` and ``t_bcast`` mark a
+group, never a rank. The rules: docs/replay.md, "Verdicts".
 """
 
 from __future__ import annotations
 
 from scout_core.decision.c3 import C3Result
-from scout_core.records.evidence import Record
+from scout_core.records.record import Record
 from scout_core.replay import control, gaps
+from scout_core.replay.link_timing import LinkJudge
 from scout_core.replay.runner import RoundOutcome
-from scout_core.replay.timing import TIMING_COMPUTE, TIMING_LATE, Judge
+from scout_core.replay.timing import TIMING_COMPUTE, TIMING_LATE
 from scout_core.topology.mesh import attribution_scope
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
@@ -68,9 +28,10 @@ _NOT_COMPARED = ("/ready", "/threads", "/received", "/gap", "/steps", "/micro")
 """Surfaces that are no numerical result of the replay: never an SDC."""
 
 
-class VerdictMaker(Judge):
+class VerdictMaker(LinkJudge):
     """Turns each round into records; stateful across rounds only for the timing rules'
-    streaks and baselines (:class:`~scout_core.replay.timing.Judge`)."""
+    streaks and baselines (:class:`~scout_core.replay.timing.Judge`,
+    :class:`~scout_core.replay.link_timing.LinkJudge`)."""
 
     def judge(self, outcome: RoundOutcome) -> list[Record]:
         """Records for one round (empty when every surface agrees).

@@ -1,20 +1,13 @@
 """The pictures of ``scout report`` (matplotlib, Agg backend), as PNG bytes of a fixed size.
 
-Three pictures of one run (the selected run, else the latest in the directory):
-
-* ``heatmap.png``: rank x step, each cell coloured by the failure a record reports there:
-  full colour on the culprit ranks, pale on the members of a group when the failure
-  names no single rank (a group stall, a 2-peer disagreement). Large jobs and long runs
-  are binned so that no finding is thinner than a pixel.
-* ``gate.png``: the checkpoint gate over steps: the latest, candidate and verified
-  generations (from ``scout.checkpoint/1`` records), the restores, and the steps where
-  a failure was reported.
-* ``stragglers.png``: for each round that flagged a straggler, ``t_M`` per rank against
-  the peer median (drawn only when the run has such a round).
-
-Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas, never
-``pyplot``: no global state, no display, safe in a headless process. Sizes are fixed
-(:data:`SIZES`, pixels) so a page can lay them out and a test can check them.
+Contract: :func:`render_figures` draws, from a timeline, up to three pictures of one run
+(the selected run, else the latest): ``heatmap.png`` (failures by rank and step),
+``gate.png`` (the gate's generations, restores and failures over steps) and
+``stragglers.png`` (only when a round flagged a straggler), each at its size in
+:data:`SIZES` so a page can lay them out and a test can check them. Figures use
+:class:`matplotlib.figure.Figure` and the Agg canvas, never ``pyplot``: no global state,
+no display, safe in a headless process. What each picture shows: docs/report.md,
+"Pictures".
 """
 
 from __future__ import annotations

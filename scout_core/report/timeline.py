@@ -1,22 +1,13 @@
 """What ``scout report`` shows, as plain data: a filtered timeline of a report's records.
 
-The terminal view (:mod:`scout_core.report.terminal`), ``--json``, the HTML page and the
-pictures all draw from one :class:`Timeline`, so they cannot disagree. It is built from a
-:class:`~scout_core.records.reading.Report` and a :class:`Selection` (``--run-id``,
-``--rank``, ``--failure``, ``--all``), and holds four sections in the order a person
-reads them: incidents first (the job-level answers), then verdicts, gate decisions and
-the restore (the gate's retrieval). Every row carries the step, culprit, host, surface
-and time to verdict of its record, and one line of evidence
-(:func:`scout_core.records.wording.evidence_line`; an SDC's line lists every surface
-of its step).
-
-[Time to verdict]
-A record does not hold the moment its fault began, so the report shows the tightest
-bound the evidence gives. For a hang or stall, the longest silence (``quiet_s``) the
-observer measured on the culprits (or the group) when it decided. Otherwise, the time
-from the run's last decision at the previous step (the last boundary SCOUT saw pass
-cleanly) to this record, when the report holds one; else nothing. For an incident, from
-the earliest record it cites to the incident.
+Contract: :func:`build_timeline` turns a :class:`~scout_core.records.reading.Report` and a
+:class:`Selection` (``--run-id``, ``--rank``, ``--failure``, ``--all``) into one
+:class:`Timeline` of four sections in reading order (incidents, verdicts, gate decisions,
+the restore), each row with its record's step, culprit, host, surface, time to verdict
+and one line of evidence (:func:`scout_core.records.wording.evidence_line`). The terminal
+view, ``--json``, the HTML page and the pictures all draw from that one timeline, so they
+cannot disagree; building it only reads the report. What the rows and the time to verdict
+mean: docs/report.md, the opening section and "Time to verdict".
 """
 
 from __future__ import annotations

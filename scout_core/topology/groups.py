@@ -27,6 +27,7 @@ __all__ = [
     "create_peer_groups",
     "diagnostic_group",
     "diagnostic_groups",
+    "group_ranks",
     "is_diagnostic",
 ]
 
@@ -228,6 +229,11 @@ def diagnostic_groups(
     if mine is None:
         raise UnsupportedSetupError(f"rank {dist.get_rank()} is in none of the groups {partition}")
     return mine
+
+
+def group_ranks(group: dist.ProcessGroup) -> tuple[int, ...]:
+    """The global ranks of ``group`` in group-rank order (the order its collectives use)."""
+    return tuple(int(r) for r in dist.get_process_group_ranks(group))
 
 
 def is_diagnostic(group: object) -> bool:

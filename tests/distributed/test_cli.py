@@ -45,12 +45,8 @@ def test_c3_round_without_fault_agrees() -> None:
 
 def test_report_renders_and_refuses_a_bad_directory(tmp_path: Path) -> None:
     from scout_core.cli.main import main
-    from scout_core.records.evidence import (
-        CHECKPOINT_SCHEMA,
-        VERDICT_SCHEMA,
-        EvidenceWriter,
-        Record,
-    )
+    from scout_core.records.evidence import EvidenceWriter
+    from scout_core.records.record import CHECKPOINT_SCHEMA, VERDICT_SCHEMA, Record
     from scout_core.vocabulary import Failure, Mode, Scope, Status
 
     with EvidenceWriter(tmp_path, 0, run_id="t") as w:

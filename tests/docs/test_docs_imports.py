@@ -46,11 +46,11 @@ def private_imports(source: str, where: str) -> list[str]:
 KNOWN = {
     # Not fixed yet (issue 36): these need public names first (``scout_core.__all__`` is
     # pinned by tests/unit/test_public_api.py). Fixing one means deleting it here.
-    "docs/moe.md:238: from scout_core.integration.discovery (not a published module)",
-    "docs/moe.md:238: from scout_core.moe (not a published module)",
-    "docs/moe.md:238: from scout_core.replay.experts (not a published module)",
-    "docs/moe.md:238: from scout_core.testing.moe_models (not a published module)",
-    "docs/moe.md:597: from scout_core.moe (not a published module)",
+    "docs/moe.md:247: from scout_core.integration.discovery (not a published module)",
+    "docs/moe.md:247: from scout_core.moe (not a published module)",
+    "docs/moe.md:247: from scout_core.replay.experts (not a published module)",
+    "docs/moe.md:247: from scout_core.testing.moe_models (not a published module)",
+    "docs/moe.md:609: from scout_core.moe (not a published module)",
 }
 
 

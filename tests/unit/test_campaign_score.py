@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from scout_core.campaign.score import claims, score_trial, summarize
-from scout_core.records.evidence import VERDICT_SCHEMA, Record, load_report
+from scout_core.records.evidence import load_report
 from scout_core.records.reading import Report
+from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 RUN = "campaign-7"

@@ -12,7 +12,7 @@ from scout_core.checkpoint.dcp_io import metadata_from_json, metadata_to_json
 from scout_core.checkpoint.memory import InMemoryCheckpoints
 from scout_core.checkpoint.recovery import default_rng_streams
 from scout_core.checkpoint.replicas import _decode, _encode
-from scout_core.checkpoint.state import flatten, unflatten
+from scout_core.checkpoint.skeleton import flatten, unflatten
 from scout_core.decision.gate import Selection
 from scout_core.errors import CheckpointError
 

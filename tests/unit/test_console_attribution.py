@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from scout_core.records.console import attribution_line, log_attribution
-from scout_core.records.evidence import VERDICT_SCHEMA, EvidenceWriter, Record
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 

@@ -17,7 +17,7 @@ from scout_core.checkpoint.catalog import GateCatalog
 from scout_core.decision.c3 import C3Result
 from scout_core.decision.gate import Action, Gate, Outcome
 from scout_core.decision.gate_wire import merge_flags
-from scout_core.records.evidence import Record
+from scout_core.records.record import Record
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.custody import SURFACE, Custody, Violation
 from scout_core.replay.runner import RoundOutcome

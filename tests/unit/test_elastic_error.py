@@ -10,7 +10,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from scout_core.observer.elastic_error import ERROR_FILE_ENV, write_error_file
-from scout_core.records.evidence import VERDICT_SCHEMA, Record
+from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 

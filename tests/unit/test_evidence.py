@@ -12,14 +12,8 @@ from typing import Any
 import pytest
 
 from scout_core.errors import EvidenceError
-from scout_core.records.evidence import (
-    CHECKPOINT_SCHEMA,
-    INCIDENT_SCHEMA,
-    VERDICT_SCHEMA,
-    EvidenceWriter,
-    Record,
-    load_report,
-)
+from scout_core.records.evidence import EvidenceWriter, load_report
+from scout_core.records.record import CHECKPOINT_SCHEMA, INCIDENT_SCHEMA, VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 
@@ -255,7 +249,8 @@ def test_writer_is_thread_safe(tmp_path: Path) -> None:
 def test_record_survives_a_crash_right_after_write(tmp_path: Path) -> None:
     code = (
         "import os, sys\n"
-        "from scout_core.records.evidence import EvidenceWriter, Record, VERDICT_SCHEMA\n"
+        "from scout_core.records.evidence import EvidenceWriter\n"
+        "from scout_core.records.record import Record, VERDICT_SCHEMA\n"
         "w = EvidenceWriter(sys.argv[1], 3, run_id='crash')\n"
         "w.write(Record(schema=VERDICT_SCHEMA, run_id='crash', time=5.0, step=7,\n"
         "               surface='progress', mode='exact', status='agree'))\n"

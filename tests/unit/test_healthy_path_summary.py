@@ -1,5 +1,6 @@
-"""benchmarks/healthy_path.py's summary: the critical-path figure counts what SCOUT's
-boundary held the job up, not the time an early rank waited there for a late peer."""
+"""benchmarks/healthy_path.py's summary (benchmarks/healthy_summary.py): the
+critical-path figure counts what SCOUT's boundary held the job up, not the time an early
+rank waited there for a late peer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import healthy_path  # a script beside the package, not part of it
+import healthy_summary  # a script beside the package, not part of it
 
 PERIOD = 20
 STEPS = 60
@@ -60,7 +61,7 @@ def _results(hold_s: float, early_wait_s: float, idle_s: float) -> list[dict[str
 
 def test_critical_path_counts_the_late_ranks_time_in_the_boundary() -> None:
     hold, wait, idle = 0.1, 0.03, 1e-4
-    out = healthy_path._summarise(_results(hold, wait, idle), warm=0)
+    out = healthy_summary.summarise(_results(hold, wait, idle), warm=0)
     period_s = PERIOD * 1.0
     # One due phase held the job up for `hold`, each of the 19 idle ones for `idle`; the
     # early rank's 30 ms wait for its peer is not SCOUT's.

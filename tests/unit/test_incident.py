@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 
 from scout_core.errors import EvidenceError
-from scout_core.records.evidence import (
+from scout_core.records.evidence import EvidenceWriter, load_report
+from scout_core.records.record import (
     CHECKPOINT_SCHEMA,
     ID_LENGTH,
     INCIDENT_SCHEMA,
     SCHEMAS,
     VERDICT_SCHEMA,
-    EvidenceWriter,
     Record,
-    load_report,
 )
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from scout_core.incident_desk import coupled_partners
-from scout_core.records.evidence import INCIDENT_SCHEMA, VERDICT_SCHEMA, Record, load_report
+from scout_core.records.evidence import load_report
 from scout_core.records.incidents import MAX_IDS, IncidentBook, merge_window
+from scout_core.records.record import INCIDENT_SCHEMA, VERDICT_SCHEMA, Record
 from scout_core.topology.mesh import MeshLayout
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 

@@ -44,6 +44,7 @@ PLUGIN_API = {
     "create_peer_groups",
     "diagnostic_group",
     "diagnostic_groups",
+    "group_ranks",
     "all_ok",
     "any_flag",
     "min_max",

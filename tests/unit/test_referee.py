@@ -1,6 +1,6 @@
-"""Referee replay's pure parts (:mod:`scout_core.replay.referee`): the trigger, the
-deterministic choice of the referee, the header and payload validation, the decision,
-the records it gives and what the checkpoint gate reads from it."""
+"""Referee replay's pure parts (:mod:`scout_core.replay.referee` and its wire format):
+the trigger, the deterministic choice of the referee, the header and payload validation,
+the decision, the records it gives and what the checkpoint gate reads from it."""
 
 from __future__ import annotations
 
@@ -13,22 +13,24 @@ from scout_core.checkpoint.catalog import round_outcome
 from scout_core.decision.c3 import C3Result
 from scout_core.decision.gate import Outcome
 from scout_core.replay.referee import (
-    HEADER_WORDS,
     NO_THIRD,
-    Expected,
-    Plan,
     RefereeDesk,
-    Refusal,
-    Shipment,
     apply_finding,
-    check_payload,
     choose_referee,
     decide,
+    wants_referee,
+)
+from scout_core.replay.referee_wire import (
+    HEADER_WORDS,
+    Expected,
+    Plan,
+    Refusal,
+    Shipment,
+    check_payload,
     make_header,
     read_header,
     read_result,
     result_words,
-    wants_referee,
 )
 from scout_core.replay.runner import RoundOutcome
 from scout_core.replay.schedule import HIDDEN, Recipe

@@ -16,13 +16,8 @@ from typing import Any
 import pytest
 
 from scout_core.cli.main import main
-from scout_core.records.evidence import (
-    CHECKPOINT_SCHEMA,
-    INCIDENT_SCHEMA,
-    VERDICT_SCHEMA,
-    EvidenceWriter,
-    Record,
-)
+from scout_core.records.evidence import EvidenceWriter
+from scout_core.records.record import CHECKPOINT_SCHEMA, INCIDENT_SCHEMA, VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 T0 = 1_760_000_000.0

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from scout_core.errors import EvidenceError
-from scout_core.records.evidence import VERDICT_SCHEMA, EvidenceWriter, Record, load_report
+from scout_core.records.evidence import EvidenceWriter, load_report
 from scout_core.records.reading import Report
+from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scout_core import Axis, MeshLayout
-from scout_core.plugin_api import diagnostic_groups
+from scout_core.plugin_api import diagnostic_groups, group_ranks
 
 __all__ = ["DIAGNOSTIC_TIMEOUT", "Repointer", "Site", "find_sites"]
 
@@ -73,11 +73,6 @@ def find_sites(module: nn.Module) -> list[Site]:
     return sites
 
 
-def _ordered_ranks(group: Any) -> tuple[int, ...]:
-    """Global ranks of ``group`` in group-rank order (the order an all-to-all uses)."""
-    return tuple(int(r) for r in dist.get_process_group_ranks(group))
-
-
 class Repointer:
     """SCOUT's diagnostic ``c`` / ``e`` groups and the model attributes to swap to them.
 
@@ -100,7 +95,7 @@ class Repointer:
 
     def _check(self) -> str | None:
         for site in self.sites:
-            held = _ordered_ranks(getattr(site.module, site.attr))
+            held = group_ranks(getattr(site.module, site.attr))
             if len(held) <= 1:
                 continue  # a one-rank group issues no traffic worth re-pointing
             mine = self.members.get(site.axis)
@@ -109,7 +104,7 @@ class Repointer:
                     f"{type(site.module).__name__}.{site.attr} holds a {len(held)}-rank group "
                     f"{list(held)}, but the layout has no {site.axis.value!r} axis"
                 )
-            if held != tuple(sorted(mine)) or _ordered_ranks(self.groups[site.axis]) != held:
+            if held != tuple(sorted(mine)) or group_ranks(self.groups[site.axis]) != held:
                 return (
                     f"{type(site.module).__name__}.{site.attr} holds ranks {list(held)}, but "
                     f"this rank's {site.axis.value!r} group in the layout is {list(mine)}"

@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from scout_core import Axis, MeshLayout, UnsupportedSetupError
-from scout_core.plugin_api import any_flag, diagnostic_group
+from scout_core.plugin_api import any_flag, diagnostic_group, group_ranks
 
 __all__ = [
     "TOPOLOGY_AXES",
@@ -30,7 +29,6 @@ __all__ = [
     "engine_layout",
     "expected_groups",
     "expert_parallel_size",
-    "group_ranks",
     "is_pipeline",
     "layout_group",
 ]
@@ -44,13 +42,6 @@ def is_pipeline(engine: Any) -> bool:
     return any(cls.__name__ == "PipelineEngine" for cls in type(engine).__mro__) and (
         getattr(engine, "grid", None) is not None
     )
-
-
-def group_ranks(group: Any) -> tuple[int, ...] | None:
-    """Global ranks of a process group, sorted; None for no group."""
-    if group is None:
-        return None
-    return tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))
 
 
 def _zero_stage(engine: Any) -> int:
@@ -145,9 +136,8 @@ def expected_groups(
     triples: list[tuple[str, Sequence[int], tuple[Axis, ...]]] = []
 
     def add(name: str, group: Any, axes: tuple[Axis, ...]) -> None:
-        ranks = group_ranks(group)
-        if ranks is not None:
-            triples.append((name, ranks, axes))
+        if group is not None:
+            triples.append((name, tuple(sorted(group_ranks(group))), axes))
 
     if is_pipeline(engine):
         add(

@@ -337,9 +337,13 @@ def autotp_layout(tp: int) -> dict[str, Any]:
     this rank, with the groups DeepSpeed built (``deepspeed.utils.groups``)."""
     import deepspeed
     from deepspeed.utils import groups
-    from scout_deepspeed.layout import check_layout, engine_layout, group_ranks, layout_group
+    from scout_deepspeed.layout import check_layout, engine_layout, layout_group
 
     from scout_core import Axis, UnsupportedSetupError
+    from scout_core.plugin_api import group_ranks
+
+    def sorted_ranks(group: Any) -> list[int]:
+        return [] if group is None else sorted(group_ranks(group))
 
     rank, world = dist.get_rank(), dist.get_world_size()
     deepspeed.init_distributed(dist_backend="gloo")
@@ -372,8 +376,8 @@ def autotp_layout(tp: int) -> dict[str, Any]:
         "shapes": {n: list(p.shape) for n, p in engine.module.named_parameters()},
         "mp_world_size": int(engine.mp_world_size),
         "dp_world_size": int(engine.dp_world_size),
-        "ds_tp_group": list(group_ranks(groups.get_tensor_model_parallel_group()) or ()),
-        "ds_dp_group": list(group_ranks(engine.data_parallel_group) or ()),
+        "ds_tp_group": sorted_ranks(groups.get_tensor_model_parallel_group()),
+        "ds_dp_group": sorted_ranks(engine.data_parallel_group),
         "sizes": {a.value: layout.size(a) for a in Axis},
         "layout_tp_group": list(layout_group(layout, rank, (Axis.T,))),
         "layout_peers": list(layout.replica_group(rank)),

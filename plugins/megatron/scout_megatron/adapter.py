@@ -34,19 +34,17 @@ from scout_core.plugin_api import (
     diagnostic_groups,
     hook_free_twin,
 )
+from scout_megatron.live_groups import (
+    check_live_groups,
+    sizes_from_parallel_state,
+    training_groups,
+)
 from scout_megatron.modules import chunk_modules
 from scout_megatron.moe import MoeParts, call_part, moe_parts
 from scout_megatron.optimizers import inner_optimizers
 from scout_megatron.regroup import Regrouper
 from scout_megatron.rng import tracker_streams
-from scout_megatron.topology import (
-    DEFAULT_ORDER,
-    ParallelSizes,
-    check_live_groups,
-    megatron_layout,
-    sizes_from_parallel_state,
-    training_groups,
-)
+from scout_megatron.topology import DEFAULT_ORDER, ParallelSizes, megatron_layout
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

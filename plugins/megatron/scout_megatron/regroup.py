@@ -22,17 +22,13 @@ import torch.distributed as dist
 from torch import nn
 
 from scout_core import ScoutError
+from scout_core.plugin_api import group_ranks
 
-__all__ = ["Forbidden", "ForbiddenGroupError", "GroupSite", "Regrouper", "ordered_ranks"]
+__all__ = ["Forbidden", "ForbiddenGroupError", "GroupSite", "Regrouper"]
 
 
 class ForbiddenGroupError(ScoutError):
     """A replayed call tried to use a training group that SCOUT has no substitute for."""
-
-
-def ordered_ranks(group: Any) -> tuple[int, ...]:
-    """Global ranks of ``group`` in group-rank order (the order collectives use)."""
-    return tuple(int(r) for r in dist.get_process_group_ranks(group))
 
 
 class Forbidden:
@@ -99,7 +95,7 @@ class Regrouper:
     ) -> None:
         self._subs: dict[tuple[int, ...], Any] = {}
         for group in substitutes:
-            self._subs[ordered_ranks(group)] = group
+            self._subs[group_ranks(group)] = group
         self._subs.update({tuple(k): v for k, v in (by_ranks or {}).items()})
         self._rank = dist.get_rank()
 
@@ -109,7 +105,7 @@ class Regrouper:
         return dict(self._subs)
 
     def _swap(self, group: Any) -> Any:
-        ranks = ordered_ranks(group)
+        ranks = group_ranks(group)
         if len(ranks) <= 1:
             return group
         sub = self._subs.get(ranks)
@@ -147,7 +143,7 @@ class Regrouper:
         for path, mod in module.named_modules():
             for name, value in vars(mod).items():
                 for attr, group in _groups_in(name, value):
-                    ranks = ordered_ranks(group)
+                    ranks = group_ranks(group)
                     if len(ranks) > 1:
                         out.append(GroupSite(path, attr, ranks, ranks in self._subs))
         return out
