@@ -4,7 +4,7 @@
 
 A DDP TinyLM (4 blocks) trains on ``--ranks`` CPU ranks (Gloo) with every replay recipe
 due at every step (``replay_interval = embedding_interval = lm_head_interval =
-optimizer_interval = 1``), the in-memory checkpoint gate and the incident desk on. Every
+optimizer_interval = 1``), the in-memory checkpoint gate and the incident merger on. Every
 ``--every`` steps each rank samples its resident set size (``VmRSS``), the size of
 every history SCOUT keeps (session verdicts and incidents, the replay driver's round
 history, the verdict maker's confirmation state, the gate's boundary results, the

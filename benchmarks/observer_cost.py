@@ -49,7 +49,7 @@ def hot_path(n: int = 100_000) -> dict[str, float]:
     import torch
 
     from scout_core.observer.fingerprint import _Patch, _wrap
-    from scout_core.observer.record import ProgressRecord, Publisher, Stage
+    from scout_core.observer.progress import ProgressRecord, Publisher, Stage
 
     record = ProgressRecord.create()
     pub = Publisher(record)

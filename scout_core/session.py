@@ -30,7 +30,7 @@ from scout_core.checkpoint.storage import check_storage
 from scout_core.config import Config
 from scout_core.decision.vote import BoundaryVote
 from scout_core.errors import UnsupportedSetupError
-from scout_core.incident_desk import IncidentDesk
+from scout_core.incident_merge import IncidentMerger
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.observer import ObserverHandle, checkpoint_stage, watch_dataloader
 from scout_core.observer.attach import attach_observer
@@ -260,10 +260,10 @@ def _compose(
     check_storage(config, group)
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     session.add_closer(writer.close)
-    # What the desk and the gate must agree on at a due boundary travels in one
+    # What the merger and the gate must agree on at a due boundary travels in one
     # reduction (scout_core.decision.vote), whoever of them reads it first.
     vote: BoundaryVote[Boundary] = BoundaryVote(group)
-    desk = IncidentDesk(
+    merger = IncidentMerger(
         adapter.layout(),
         adapter.rank(),
         group=diagnostic_group(),
@@ -271,17 +271,17 @@ def _compose(
         run_id=config.resolved_run_id(),
         vote=vote,
     )
-    session.incidents = desk.incidents
+    session.incidents = merger.incidents
 
     def on_verdict(record: Record) -> None:
-        desk.collect(record)
+        merger.collect(record)
         session.emit(record)
 
     replay = ReplayDriver(adapter, config, writer, on_verdict=on_verdict)
     session.adapter = adapter
     session.replay = replay
     session.add_closer(replay.close)
-    session.add_closer(replay.on_boundary(desk.on_boundary))
+    session.add_closer(replay.on_boundary(merger.on_boundary))
     if config.gate:
         session.checkpoints = _gate(
             session, replay, writer, vote, framework=gates_checkpoints, wire=wire

@@ -31,7 +31,7 @@ from scout_core.replay.runner import RoundOutcome
 from scout_core.replay.schedule import OPTIMIZER, Recipe
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["GateCatalog", "GateSeat", "agreed_catalog", "round_outcome"]
+__all__ = ["GateCatalog", "GateAgreement", "agreed_catalog", "round_outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ class GateCatalog:
         return worst(outcomes), [slots[_key(r)] for r in due]
 
 
-class GateSeat:
+class GateAgreement:
     """How a gate agrees job-wide at a boundary. In a session its flag words ride the
     boundary's one reduction (a seat of :class:`~scout_core.decision.vote.BoundaryVote`,
-    next to the incident desk's word); without a vote it combines alone
+    next to the incident merger's word); without a vote it combines alone
     (:func:`~scout_core.decision.gate_wire.combine` on ``group``). Both gates use it;
     ``gate`` returns the gate's state machine, ``holding`` whether a selection is
     pending (then the gate decides nothing, on every rank)."""

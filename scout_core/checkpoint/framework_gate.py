@@ -28,7 +28,7 @@ from scout_core.checkpoint.certification import (
 from scout_core.checkpoint.coordinator import GateCoordinator
 from scout_core.checkpoint.framework_store import FrameworkStore
 from scout_core.checkpoint.io import CheckpointIO, Recovered
-from scout_core.checkpoint.records import GateRecorder
+from scout_core.checkpoint.recorder import GateRecorder
 from scout_core.checkpoint.session_gate import SessionGate
 from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
 from scout_core.decision.agreement import all_ok

@@ -25,7 +25,7 @@ from scout_core.checkpoint.certification import (
     write_sidecar,
 )
 from scout_core.checkpoint.io import CheckpointIO, Recovered
-from scout_core.checkpoint.records import GateRecorder
+from scout_core.checkpoint.recorder import GateRecorder
 from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
 from scout_core.decision.agreement import all_ok, same_value
 from scout_core.decision.gate import (

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from scout_core.checkpoint.durable import DurableStore
 from scout_core.checkpoint.generations import scan
 from scout_core.checkpoint.memory import InMemoryCheckpoints
-from scout_core.checkpoint.records import GateRecorder
+from scout_core.checkpoint.recorder import GateRecorder
 from scout_core.checkpoint.recovery import Restored, restore_agreed
 from scout_core.checkpoint.replicas import PeerReplica, fetch_from_peer, replicate_to_peer
 from scout_core.checkpoint.storage import STORAGE_ERRORS

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from scout_core.checkpoint.durable import DurableStore
-from scout_core.checkpoint.records import write_gate_record
+from scout_core.checkpoint.recorder import write_gate_record
 from scout_core.checkpoint.state import check_tree, restore_tree
 from scout_core.checkpoint.storage import STORAGE_ERRORS, describe
 from scout_core.decision.agreement import all_ok

@@ -2,7 +2,7 @@
 
 A session's gate (the in-memory :class:`~.attach.GateHandle` or the
 :class:`~.framework_gate.FrameworkGate`) follows the replay driver's boundaries,
-agrees job-wide through one :class:`~.catalog.GateSeat` and hands each agreed
+agrees job-wide through one :class:`~.catalog.GateAgreement` and hands each agreed
 boundary to its :class:`~.coordinator.GateCoordinator`. After an SDC or a hang
 selects a generation, it decides nothing more (on every rank: the decision is
 job-wide) until a restore. The full-catalog sweep that retrieval after other
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from scout_core.checkpoint.catalog import GateCatalog, GateSeat, round_outcome
+from scout_core.checkpoint.catalog import GateAgreement, GateCatalog, round_outcome
 from scout_core.checkpoint.coordinator import BoundaryResult, GateCoordinator
 from scout_core.decision.gate import Outcome, Retrieval, worst
 from scout_core.decision.vote import BoundaryVote
@@ -58,7 +58,7 @@ class SessionGate:
         """Called with the boundary's step when an SDC there made the gate select."""
         self._warned = False
         self._closed = False
-        self._seat = GateSeat(
+        self._agreement = GateAgreement(
             vote, catalog, lambda: coordinator.gate, self._holding, coordinator.group
         )
         driver.keep_captures(True)
@@ -92,7 +92,7 @@ class SessionGate:
         )
 
     def _on_boundary(self, boundary: Boundary) -> None:
-        agreed = self._seat.agree(boundary)  # None after a selection, until a restore
+        agreed = self._agreement.agree(boundary)  # None after a selection, until a restore
         if agreed is None:
             pending = self.pending
             if pending is not None and boundary.due and not self._warned:

@@ -1,6 +1,6 @@
 """The out-of-band hang observer (paper §7): name the rank behind a hang, in another process.
 
-Each trainer publishes cheap progress into a shared-memory record (:mod:`.record`), via
+Each trainer publishes cheap progress into a shared-memory record (:mod:`.progress`), via
 collective fingerprints (:mod:`.fingerprint`) and stage hooks (:mod:`.stages`); a separate
 CPU process per rank (:mod:`.process`) watches it, and on a silence past
 ``Config.hang_timeout_s`` the observers decide with C3 on their own Gloo group
@@ -28,7 +28,7 @@ from scout_core.observer.fingerprint import (
     use_layout,
 )
 from scout_core.observer.handle import MAX_RESTARTS, ObserverHandle, ObserverStats
-from scout_core.observer.record import ObserverState, ProgressRecord, Publisher, Stage
+from scout_core.observer.progress import ObserverState, ProgressRecord, Publisher, Stage
 from scout_core.observer.spec import ObserverSpec, layout_to_json
 from scout_core.observer.stages import (
     attach_progress_hooks,

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from scout_core.observer.fingerprint import Fingerprint
-from scout_core.observer.record import COLLS, STATE, STOREOPS, ObserverState, ProgressRecord
+from scout_core.observer.progress import COLLS, STATE, STOREOPS, ObserverState, ProgressRecord
 from scout_core.observer.spec import ObserverSpec, layout_from_json
 from scout_core.records.evidence import EvidenceWriter
 from scout_core.topology.groups import diagnostic_group
@@ -80,7 +80,7 @@ class ObserverBase:
     ops: Any
     """The counted store connection for requests (set by the rendezvous)."""
     bell: Any
-    """The counted store connection the doorbell waits on (set by the rendezvous)."""
+    """The counted store connection the round listener waits on (set by the rendezvous)."""
     pg_store: Any
     """A store connection for the Gloo groups' own rendezvous (set by the rendezvous)."""
 

@@ -1,6 +1,6 @@
 """The diagnosis round: every observer compares notes with its equivalent ranks when the bell rings.
 
-Contract: a round ``n`` is job-wide (one doorbell) and its comparisons are per peer group:
+Contract: a round ``n`` is job-wide (one round signal) and its comparisons are per peer group:
 the present members run one C3 AllGather and :func:`~.verdict.decide_round`, a rank behind
 its peers in a collective is checked against their rings and whom it waits for
 (:func:`~.resolve.resolve`), absent observers are never named for absence alone, and every
@@ -27,7 +27,7 @@ from scout_core.decision.c3 import Surface, exchange
 from scout_core.observer import spawn
 from scout_core.observer.core import ObserverBase
 from scout_core.observer.escalation import VERDICT_MARGIN_S, escalate
-from scout_core.observer.record import ROUNDS, Snapshot, Stage
+from scout_core.observer.progress import ROUNDS, Snapshot, Stage
 from scout_core.observer.resolve import GroupResult, merge, resolve
 from scout_core.observer.roles import collective_members
 from scout_core.observer.store_host import SHUTDOWN, first_unrung_bell
@@ -43,9 +43,9 @@ _NO_TEMPLATE = (0, 0, 0)  # a real fingerprint's first word carries its op code,
 
 
 class DiagnosisRound(ObserverBase):
-    """The doorbell thread and the round it runs."""
+    """The round listener thread and the round it runs."""
 
-    def doorbell(self) -> None:
+    def listen_for_rounds(self) -> None:
         n = 1 if self.spec.incarnation == 0 else first_unrung_bell(self.ops)
         with self.lock:
             self.next_round = n

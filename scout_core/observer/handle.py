@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from scout_core.observer.escalation import ControlListener
-from scout_core.observer.record import (
+from scout_core.observer.progress import (
     COLLS,
     PID,
     ROUNDS,
@@ -54,7 +54,7 @@ class ObserverStats:
     collectives: int
     """torch.distributed collectives the observer issued after joining."""
     store_ops: int
-    """Store requests it sent after joining (one posted doorbell wait when healthy)."""
+    """Store requests it sent after joining (one posted round-signal wait when healthy)."""
     pid: int
 
 
@@ -202,12 +202,7 @@ class ObserverHandle:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self._listener.join(1.0)
-        if self.host is not None:
-            self.host.close()
-        if self._undo_stacks is not None:
-            self._undo_stacks()
-        self.record.close()
+        self._release()
 
     def close(self) -> None:
         """Stop the observer (and the store host, on the lowest rank). Idempotent."""
@@ -222,6 +217,11 @@ class ObserverHandle:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._release()
+
+    def _release(self) -> None:
+        """After the observer process is gone: its listener, the store host, the stack
+        dumps' undo and the progress record."""
         self._listener.join(1.0)
         if self.host is not None:
             self.host.close()

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from scout_core.decision.c3 import decide_exact
 from scout_core.observer.fingerprint import describe
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.observer.roots import Decided, GroupEvidence, position_of
 from scout_core.observer.verdict import RankEvidence, Verdict
 from scout_core.topology.mesh import MeshLayout

@@ -2,7 +2,7 @@
 
 Contract: started as ``python -m scout_core.observer`` (spawn, never fork) in its own
 session, it dies with its trainer (``PR_SET_PDEATHSIG`` plus a parent-pid check) and reads
-nothing of the trainer but its progress record (:mod:`.record`). This module starts its
+nothing of the trainer but its progress record (:mod:`.progress`). This module starts its
 three parts (:mod:`.rendezvous`, :mod:`.watch`, :mod:`.diagnosis_round`, over
 :mod:`.core`) and is also the store host's entry point. Docs: docs/observer.md, "The
 observer process".
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 
 from scout_core.observer.diagnosis_round import DiagnosisRound
-from scout_core.observer.record import PID, STATE, ObserverState, ProgressRecord
+from scout_core.observer.progress import PID, STATE, ObserverState, ProgressRecord
 from scout_core.observer.rendezvous import Rendezvous
 from scout_core.observer.spawn import die_with_parent, read_spec_fd
 from scout_core.observer.spec import ObserverSpec
@@ -27,7 +27,7 @@ __all__ = ["Observer", "main", "run"]
 
 
 class Observer(Rendezvous, SilenceWatch, DiagnosisRound):
-    """One rank's observer: the watch loop (main thread) and the doorbell (a thread)."""
+    """One rank's observer: the watch loop (main thread) and the round listener (a thread)."""
 
 
 def observe(fd: int) -> int:
@@ -41,7 +41,9 @@ def observe(fd: int) -> int:
     observer.join()
     if record.observer_word(STATE) == ObserverState.FAILED:
         return 1
-    threading.Thread(target=observer.doorbell, name="scout-doorbell", daemon=True).start()
+    threading.Thread(
+        target=observer.listen_for_rounds, name="scout-round-listener", daemon=True
+    ).start()
     observer.watch()
     observer.shutdown()
     return 0
@@ -59,8 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Run :func:`main` and exit without joining the doorbell thread."""
+    """Run :func:`main` and exit without joining the round listener thread."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # the doorbell thread sits in a blocking store call: do not join it
+    os._exit(code)  # the round listener thread sits in a blocking store call: do not join it

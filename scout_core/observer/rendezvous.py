@@ -16,7 +16,7 @@ import time
 
 from scout_core.observer.core import CountedStore, ObserverBase
 from scout_core.observer.fingerprint import install_collective_fingerprints
-from scout_core.observer.record import STATE, ObserverState
+from scout_core.observer.progress import STATE, ObserverState
 from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.vocabulary import Mode, Scope, Status
 

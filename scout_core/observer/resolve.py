@@ -17,7 +17,7 @@ from typing import Any
 
 from scout_core.observer.fingerprint import describe
 from scout_core.observer.mismatch import name_mismatches
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.observer.roots import attach_direct_waiters, name_roots, release_held
 from scout_core.observer.verdict import RankEvidence, Verdict
 from scout_core.topology.mesh import MeshLayout

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from scout_core.observer.fingerprint import describe
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.observer.roles import (
     KIND_PLAIN,
     collective_members,

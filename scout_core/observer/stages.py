@@ -4,7 +4,7 @@ The observer can name *what* a lagging rank was doing only if the trainer said
 so before it started: a rank that stays inside the DataLoader fetch while its
 peers wait in the next collective is an ``input_stall``; one stuck in a
 checkpoint write is a ``checkpoint_stall``. These helpers publish the entry and
-the exit of each stage into the progress record (:mod:`.record`).
+the exit of each stage into the progress record (:mod:`.progress`).
 
 Layer and optimizer boundaries matter for a second reason: collectives issued
 from C++ (DDP's reducer, FSDP2) never pass through the Python-level patch of
@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 from torch import nn
 from torch.optim import Optimizer
 
-from scout_core.observer.record import Publisher, Stage
+from scout_core.observer.progress import Publisher, Stage
 
 __all__ = ["WatchedLoader", "attach_progress_hooks", "checkpoint_stage", "watch_dataloader"]
 

@@ -3,7 +3,7 @@
 Contract: the store host serves the observers' ``TCPStore`` and nothing else, so it keeps
 answering while a trainer is frozen and survives any one observer. It binds the
 configured port (or port 0) and reports the port, or why it could not bind, on a pipe;
-it dies with its trainer, and on ``session.close()`` rings the doorbell with ``shutdown``
+it dies with its trainer, and on ``session.close()`` signals a round with ``shutdown``
 and lingers until the observers closed, or :data:`LINGER_S`. Docs: docs/observer.md,
 "Store address rule".
 """
@@ -35,7 +35,7 @@ _START_TIMEOUT_S = 60.0  # interpreter + torch import on a loaded machine
 
 
 def first_unrung_bell(store: TCPStore, start: int = 1) -> int:
-    """The number of the next doorbell round (rounds are numbered from 1)."""
+    """The number of the next diagnosis round (rounds are numbered from 1)."""
     n = start
     while store.check([f"bell/{n}"]):
         n += 1

@@ -17,7 +17,7 @@ from typing import Any
 
 from scout_core.decision.c3 import decide_exact
 from scout_core.observer.fingerprint import describe
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.vocabulary import Failure, Scope, Status
 
 __all__ = ["RankEvidence", "Verdict", "decide_round", "stall_failure"]

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.topology.mesh import AXES, MeshLayout, parse_axis
 
 __all__ = ["INSIDE", "OUTSIDE", "Position", "WaitForGraph"]

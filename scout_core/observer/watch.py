@@ -1,11 +1,11 @@
-"""The silence watch: ring the doorbell when this rank stops making progress.
+"""The silence watch: signal a diagnosis round when this rank stops making progress.
 
 Contract: the watch rings ``bell/<n>`` once its rank stays silent past ``hang_timeout_s``
 (``stage_timeout_s`` inside the DataLoader or checkpoint I/O), counted from the trainer's
 first publish; after a verdict it does not ring again until its rank progresses. An
 observer that loses the store keeps watching, and names the store host's rank only when
 its own trainer then stays silent too. Docs: docs/observer.md, "How silent observers meet
-(the doorbell)" and "Store address rule".
+(the round signal)" and "Store address rule".
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 from scout_core.observer.core import ObserverBase
 from scout_core.observer.escalation import escalate
-from scout_core.observer.record import Snapshot, Stage
+from scout_core.observer.progress import Snapshot, Stage
 from scout_core.observer.store_host import ring
 from scout_core.observer.verdict import Verdict
 from scout_core.vocabulary import Failure, Scope, Status
@@ -92,7 +92,7 @@ class SilenceWatch(ObserverBase):
         if lost is not None:
             self._store_gone_verdict(now, lost, step)
             return
-        with contextlib.suppress(RuntimeError, OSError):  # the doorbell reports a lost store
+        with contextlib.suppress(RuntimeError, OSError):  # the round listener reports a lost store
             ring(self.ops, n, str(self.spec.rank))
 
     def _store_gone_verdict(self, now: float, lost_at: float, step: int) -> None:

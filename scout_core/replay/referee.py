@@ -48,7 +48,7 @@ __all__ = [
     "NO_CANDIDATE",
     "NO_THIRD",
     "Finding",
-    "RefereeDesk",
+    "RefereePhase",
     "RefereeLink",
     "Recomputer",
     "apply_finding",
@@ -238,7 +238,7 @@ NO_CANDIDATE = (
 )
 
 
-class RefereeDesk:
+class RefereePhase:
     """One rank's part in the referee phase of a layer round (docs/replay.md).
 
     ``peer_groups``: every peer group of the layout (ascending); ``links``: the referee

@@ -4,7 +4,7 @@ Contract: :func:`make_groups` makes SCOUT's own peer, shard, TP, context and exp
 groups for the adapter's layout and its job-wide Gloo group (never ``WORLD``, never a
 training group), exchanges every rank's host name, and refuses deterministic CUDA
 replay that cuBLAS could not honour on every rank together; :func:`setup_pools` makes
-the timing pools and this rank's referee desk. Collective over the job.
+the timing pools and this rank's referee phase. Collective over the job.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from scout_core.decision.agreement import all_gather_single, any_flag
 from scout_core.errors import ConfigError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.replay.pools import TimingPools
-from scout_core.replay.referee import RefereeDesk, RefereeLink
+from scout_core.replay.referee import RefereeLink, RefereePhase
 from scout_core.replay.schedule import Schedule
 from scout_core.replay.scope import check_cublas_workspace
 from scout_core.topology.groups import PeerGroup, create_peer_groups, diagnostic_group
@@ -30,8 +30,8 @@ __all__ = ["exchange_hosts", "make_groups", "setup_pools"]
 
 def setup_pools(
     layout: MeshLayout, rank: int, schedule: Schedule, job: dist.ProcessGroup, config: Config
-) -> tuple[TimingPools, RefereeDesk]:
-    """The timing pools (:mod:`.pools`) and this rank's referee desk, with a link on each
+) -> tuple[TimingPools, RefereePhase]:
+    """The timing pools (:mod:`.pools`) and this rank's referee phase, with a link on each
     pool's referee group (:mod:`.referee`). Collective over the job."""
     timeout_s = config.referee_timeout_s
     pools = TimingPools.create(
@@ -42,7 +42,7 @@ def setup_pools(
         for kind, pool in pools.pools.items()
         if pool.referee_pg is not None
     }
-    return pools, RefereeDesk(rank, layout.groups(layout.axes_for("peer")), links)
+    return pools, RefereePhase(rank, layout.groups(layout.axes_for("peer")), links)
 
 
 def make_groups(

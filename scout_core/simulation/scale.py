@@ -247,7 +247,7 @@ def _hang(
     sim: Simulation, mesh: MeshLayout, groups: Sequence[tuple[int, ...]], culprit: int
 ) -> None:
     """Part 6 of the module doc: the wait-for graph of a frozen culprit, timed."""
-    from scout_core.observer.record import Stage
+    from scout_core.observer.progress import Stage
     from scout_core.observer.waitfor import Position, WaitForGraph
 
     step = 3

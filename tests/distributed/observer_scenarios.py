@@ -117,7 +117,7 @@ def _late(r: _Rank) -> None:
     """The culprit goes silent while its peers keep progressing for ``BUSY_S``, then
     wait for it in the next collective: its silence at the verdict is far longer than
     ``hang_timeout_s``, and the record must state the silence measured."""
-    from scout_core.observer.record import Stage
+    from scout_core.observer.progress import Stage
 
     if r.culprit:
         _mark("silent-from", time.monotonic())  # after its last publish
@@ -230,7 +230,7 @@ def scenario(name: str, port: int, report_dir: str, culprit: int, **cfg: Any) ->
         # step (a layer's forward: lazy initialisation, compilation) for 3x the timeout.
         dist.all_reduce(r.x, group=r.train)
         if handle is not None:
-            from scout_core.observer.record import Stage
+            from scout_core.observer.progress import Stage
 
             handle.publisher.publish(Stage.LAYER)
         time.sleep(3 * HANG_S)

@@ -42,7 +42,7 @@ def test_healthy_run_exchanges_nothing_and_records_nothing(tmp_path: Path) -> No
         stats = r["stats"]
         assert stats["rounds"] == 0
         assert stats["collectives"] == 0
-        # one doorbell wait posted once at start, held by the store: not per step
+        # one round-signal wait posted once at start, held by the store: not per step
         assert stats["store_ops"] == 1
     assert not report.exists() or not list(report.glob("**/rank-*.jsonl"))
 

@@ -137,7 +137,7 @@ def test_collectives_of_one_round_and_of_an_idle_step() -> None:
     # embedding at 14, a hidden layer at 19). A due step runs one recipe: readiness,
     # payload broadcast and result exchange on the peer group, plus one job-wide
     # reduction (the boundary vote, a gather of a few words per rank) carrying both the
-    # checkpoint gate's flags and the incident desk's "any records?" word. The healthy
+    # checkpoint gate's flags and the incident merger's "any records?" word. The healthy
     # optimizer round runs one exchange: each peer replays its own slice, and readiness,
     # the slices' signatures, the update and the result travel together; it broadcasts
     # nothing. A step where nothing is due runs no collective and carries no capture hook.
@@ -222,7 +222,7 @@ def test_optimizer_round_broadcasts_only_when_the_peers_slices_differ() -> None:
     # broadcast and a second exchange come between.
     healthy = ["all_gather_single"] * 2
     differ = ["all_gather_single", "broadcast", "all_gather_single", "all_gather_single"]
-    # (Steps with verdicts add the incident desk's merge, all_gathers of record bytes.)
+    # (Steps with verdicts add the incident merger's merge, all_gathers of record bytes.)
     rounds = [[c for c in calls if c != "all_gather"] for calls in res["calls"]]
     assert rounds == [healthy] * 4 + [differ] * 2, res["calls"]
     seen = {(v["step"], v["surface"]): v for v in res["verdicts"]}

@@ -79,7 +79,7 @@ def test_an_incident_is_said_once_not_at_every_revision(
     # A lasting straggler revises its incident every window; the console says it once.
     from dataclasses import replace
 
-    from scout_core.incident_desk import coupled_partners
+    from scout_core.incident_merge import coupled_partners
     from scout_core.records.incidents import IncidentBook, merge_window
     from scout_core.topology.mesh import MeshLayout
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scout_core.incident_desk import coupled_partners
+from scout_core.incident_merge import coupled_partners
 from scout_core.records.evidence import load_report
 from scout_core.records.incidents import MAX_IDS, IncidentBook, merge_window
 from scout_core.records.record import INCIDENT_SCHEMA, VERDICT_SCHEMA, Record

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scout_core.observer.fingerprint import COLLECTIVES
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.observer.resolve import GroupResult, merge, resolve
 from scout_core.observer.roles import GroupRoles
 from scout_core.observer.roots import release_held

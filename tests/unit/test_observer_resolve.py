@@ -8,7 +8,7 @@ resolving the group's verdicts must keep it named rather than fail looking it up
 
 from __future__ import annotations
 
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.observer.resolve import merge, resolve
 from scout_core.observer.verdict import RankEvidence, Verdict
 from scout_core.vocabulary import Failure, Scope, Status

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 
 from scout_core.observer.fingerprint import COLLECTIVES
-from scout_core.observer.record import Stage
+from scout_core.observer.progress import Stage
 from scout_core.observer.resolve import GroupResult, merge, resolve
 from scout_core.observer.roles import GroupRoles, collective_members, plain_group_word
 from scout_core.observer.verdict import RankEvidence, Verdict, decide_round
@@ -293,7 +293,7 @@ def test_without_an_agreed_template_a_pair_mismatch_names_nobody(
 
 
 def test_the_record_gives_the_previous_steps_collective_at_the_same_position() -> None:
-    from scout_core.observer.record import RING, ProgressRecord, Publisher
+    from scout_core.observer.progress import RING, ProgressRecord, Publisher
 
     rec = ProgressRecord.create()
     try:

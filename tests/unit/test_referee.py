@@ -14,7 +14,7 @@ from scout_core.decision.c3 import C3Result
 from scout_core.decision.gate import Outcome
 from scout_core.replay.referee import (
     NO_THIRD,
-    RefereeDesk,
+    RefereePhase,
     apply_finding,
     choose_referee,
     decide,
@@ -329,7 +329,7 @@ def test_an_unsettled_round_stays_group_scope_with_the_reason() -> None:
 
 
 def test_a_pair_alone_in_its_pool_gets_the_no_referee_reason_without_talking() -> None:
-    desk = RefereeDesk(0, [PAIR], {})
+    desk = RefereePhase(0, [PAIR], {})
     outcome = _outcome()
     assert outcome.pool is None
     found = desk.settle(outcome, ("forward",), runner=None)  # type: ignore[arg-type]
@@ -341,12 +341,12 @@ def test_a_pair_alone_in_its_pool_gets_the_no_referee_reason_without_talking() -
 def test_a_healthy_pool_settles_nothing(bits: int) -> None:
     from scout_core.decision.pools import PoolTiming
 
-    desk = RefereeDesk(1, TWO_BY_TWO, {})
+    desk = RefereePhase(1, TWO_BY_TWO, {})
     outcome = _outcome()
     outcome.pool = PoolTiming((0, 1, 2, 3), (5,) * 4, (0.1,) * 4, (False,) * 4)
     assert desk.settle(outcome, (), runner=None) is None  # type: ignore[arg-type]
     # A pair that asks with no referee group on this rank: a reason, no culprit.
     outcome.pool = PoolTiming((0, 1, 2, 3), (5,) * 4, (0.1,) * 4, (True, bool(bits), True, False))
-    desk0 = RefereeDesk(0, TWO_BY_TWO, {})
+    desk0 = RefereePhase(0, TWO_BY_TWO, {})
     found = desk0.settle(outcome, ("forward",), runner=None)  # type: ignore[arg-type]
     assert found is not None and found.culprit is None

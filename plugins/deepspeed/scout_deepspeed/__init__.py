@@ -12,7 +12,8 @@ per stage under a ``PipelineEngine``), and gates ``engine.save_checkpoint`` /
 
 from __future__ import annotations
 
-from scout_deepspeed.activation import (
+from scout_deepspeed.gating import DeepSpeedCheckpointIO, Recovered, gate_of, recover
+from scout_deepspeed.plugin import (
     SECTION,
     SUPPORTED_DEEPSPEED,
     DeepSpeedPlugin,
@@ -24,7 +25,6 @@ from scout_deepspeed.activation import (
     section_config,
     session_of,
 )
-from scout_deepspeed.gating import DeepSpeedCheckpointIO, Recovered, gate_of, recover
 
 __all__ = [
     "plugin",

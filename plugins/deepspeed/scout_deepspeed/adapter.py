@@ -7,7 +7,7 @@ and the MoE parts (:mod:`.moe`); the torch optimizer inside DeepSpeed's wrappers
 once per parameter group under ZeRO (one boundary per iteration, at the first group's
 step) and ``UNIQUE`` under ZeRO 1-3; parameters cloned, or gathered on SCOUT's group under
 ZeRO-3 (:mod:`.zero3`); and a hook-free call whose Ulysses and MoE collectives run on
-SCOUT's groups (:mod:`.collectives`). Docs: docs/deepspeed.md.
+SCOUT's groups (:mod:`.regroup`). Docs: docs/deepspeed.md.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from scout_core.plugin_api import (
     find_lm_head,
 )
 from scout_deepspeed import zero3
-from scout_deepspeed.collectives import Repointer
 from scout_deepspeed.layout import (
     agree_or_raise,
     check_layout,
@@ -44,6 +43,7 @@ from scout_deepspeed.layout import (
     is_pipeline,
 )
 from scout_deepspeed.moe import moe_parts
+from scout_deepspeed.regroup import Repointer
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -143,7 +143,7 @@ class DeepSpeedAdapter(AdapterBase):
     replays_ep_blocks = True
     """A block holding a DeepSpeed ``MoE`` layer stays in the hidden-layer rotation under
     expert parallelism: :meth:`call` re-points its all-to-alls to SCOUT's own groups
-    (:mod:`scout_deepspeed.collectives`). Its gate and experts also get the core's
+    (:mod:`scout_deepspeed.regroup`). Its gate and experts also get the core's
     ``router`` and ``experts`` recipes (:mod:`scout_deepspeed.moe`)."""
 
     def __init__(self, engine: Any, config: Config) -> None:

@@ -2,7 +2,7 @@
 
 It implements the core's :class:`~scout_core.plugin_api.FrameworkAdapter` for a list
 of megatron-core model chunks and their ``MegatronOptimizer``, from the parts in this
-package: the verified layout (:mod:`scout_megatron.topology`), the modules
+package: the verified layout (:mod:`scout_megatron.layout`), the modules
 (:mod:`scout_megatron.modules`, :mod:`scout_megatron.moe`), the optimizers
 (:mod:`scout_megatron.optimizers`: ``UNIQUE`` under ``DistributedOptimizer``), the RNG
 streams (:mod:`scout_megatron.rng`), and materialize/call: a layer keeps its TP shard
@@ -34,6 +34,7 @@ from scout_core.plugin_api import (
     diagnostic_groups,
     hook_free_twin,
 )
+from scout_megatron.layout import DEFAULT_ORDER, ParallelSizes, megatron_layout
 from scout_megatron.live_groups import (
     check_live_groups,
     sizes_from_parallel_state,
@@ -44,7 +45,6 @@ from scout_megatron.moe import MoeParts, call_part, moe_parts
 from scout_megatron.optimizers import inner_optimizers
 from scout_megatron.regroup import Regrouper
 from scout_megatron.rng import tracker_streams
-from scout_megatron.topology import DEFAULT_ORDER, ParallelSizes, megatron_layout
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

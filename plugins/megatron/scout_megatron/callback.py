@@ -22,8 +22,8 @@ from typing import Any
 from scout_core import Config, Record, UnsupportedSetupError
 from scout_core.plugin_api import Session
 from scout_megatron.bridge import bridge_callbacks
+from scout_megatron.layout import DEFAULT_ORDER
 from scout_megatron.plugin import ConfigLike, attach, plugin, resolve
-from scout_megatron.topology import DEFAULT_ORDER
 
 __all__ = ["ScoutCallback", "callbacks_from", "config_for"]
 

@@ -4,7 +4,7 @@ Contract: :func:`sizes_from_parallel_state` reads the live parallel sizes,
 :func:`training_groups` Megatron's process groups by role (for reference and
 re-pointing only: SCOUT never sends diagnostic traffic on them), and
 :func:`check_live_groups` compares the live groups with the layout
-:mod:`.topology` derives, returning the first mismatch.
+:mod:`.layout` derives, returning the first mismatch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from scout_core import MeshLayout
 from scout_core.plugin_api import group_ranks
-from scout_megatron.topology import DEFAULT_ORDER, ParallelSizes, peer_sets
+from scout_megatron.layout import DEFAULT_ORDER, ParallelSizes, peer_sets
 
 __all__ = ["check_live_groups", "sizes_from_parallel_state", "training_groups"]
 

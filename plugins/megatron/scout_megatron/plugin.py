@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from scout_core import Config, Record, UnsupportedSetupError
 from scout_core.plugin_api import FrameworkAdapter, FrameworkGate, FrameworkPlugin, Session
 from scout_megatron import versions
-from scout_megatron.topology import DEFAULT_ORDER
+from scout_megatron.layout import DEFAULT_ORDER
 
 __all__ = ["MegatronPlugin", "attach", "plugin", "resolve", "session_of"]
 

@@ -9,12 +9,12 @@ def layouts_match_live_groups(configs: list[dict[str, Any]]) -> list[dict[str, A
     """For each config: initialise Megatron's groups, derive the layout, compare, tear down."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
+    from scout_megatron.layout import megatron_layout
     from scout_megatron.live_groups import (
         check_live_groups,
         sizes_from_parallel_state,
         training_groups,
     )
-    from scout_megatron.topology import megatron_layout
 
     from scout_core.plugin_api import group_ranks
 

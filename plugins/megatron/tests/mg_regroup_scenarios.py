@@ -44,10 +44,10 @@ def _scout_groups(all_ranks: list[tuple[int, ...]], rank: int) -> Any:
 def replay_tp_layer() -> dict[str, Any]:
     from megatron.core import parallel_state as ps
     from scout_megatron import testing as mgt
+    from scout_megatron.layout import megatron_layout
     from scout_megatron.live_groups import sizes_from_parallel_state, training_groups
     from scout_megatron.modules import chunk_modules
     from scout_megatron.regroup import ForbiddenGroupError, Regrouper
-    from scout_megatron.topology import megatron_layout
 
     mgt.initialize(tensor_model_parallel_size=2)
     spec = mgt.TinyGPT()

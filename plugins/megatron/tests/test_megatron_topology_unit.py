@@ -24,7 +24,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_layout_reproduces_rank_generator_groups(megatron_core: None, case: dict) -> None:
-    from scout_megatron.topology import ParallelSizes, megatron_layout, verify_with_rank_generator
+    from scout_megatron.layout import ParallelSizes, megatron_layout, verify_with_rank_generator
 
     sizes = ParallelSizes(**case)
     layout = megatron_layout(sizes)  # verifies against RankGenerator itself
@@ -40,7 +40,7 @@ def test_layout_reproduces_rank_generator_groups(megatron_core: None, case: dict
 
 
 def test_dp3_tp2_addresses_follow_megatron_order(megatron_core: None) -> None:
-    from scout_megatron.topology import ParallelSizes, megatron_layout, peer_sets
+    from scout_megatron.layout import ParallelSizes, megatron_layout, peer_sets
 
     sizes = ParallelSizes(world=6, tp=2)
     layout = megatron_layout(sizes)
@@ -54,7 +54,7 @@ def test_dp3_tp2_addresses_follow_megatron_order(megatron_core: None) -> None:
 
 
 def test_expert_and_dense_replicas_with_ep(megatron_core: None) -> None:
-    from scout_megatron.topology import ParallelSizes, megatron_layout, peer_sets
+    from scout_megatron.layout import ParallelSizes, megatron_layout, peer_sets
 
     sizes = ParallelSizes(world=8, tp=2, ep=2)  # dense DP 4 = EP 2 x expert DP 2
     layout = megatron_layout(sizes)
@@ -65,7 +65,7 @@ def test_expert_and_dense_replicas_with_ep(megatron_core: None) -> None:
 
 
 def test_partial_distributed_optimizer_instances(megatron_core: None) -> None:
-    from scout_megatron.topology import ParallelSizes, megatron_layout, peer_sets
+    from scout_megatron.layout import ParallelSizes, megatron_layout, peer_sets
 
     sizes = ParallelSizes(world=8, tp=2, dist_opt_instances=2)  # DP 4 in 2 instances of 2
     peers = peer_sets(megatron_layout(sizes), sizes, 2)
@@ -86,7 +86,7 @@ def test_partial_distributed_optimizer_instances(megatron_core: None) -> None:
     ],
 )
 def test_unsupported_setups_are_refused(megatron_core: None, case: dict, match: str) -> None:
-    from scout_megatron.topology import ParallelSizes, megatron_layout
+    from scout_megatron.layout import ParallelSizes, megatron_layout
 
     with pytest.raises(UnsupportedSetupError, match=match):
         megatron_layout(ParallelSizes(**case))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scout_core.observer.record import (
+from scout_core.observer.progress import (
     ARMED,
     OP_ID,
     SEQ,

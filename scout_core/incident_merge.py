@@ -1,6 +1,6 @@
 """Where incidents are made: job-wide, at the replay boundary, on a diagnostic group.
 
-Contract: :class:`IncidentDesk` collects the verdict records this rank writes between two
+Contract: :class:`IncidentMerger` collects the verdict records this rank writes between two
 boundaries; at each due boundary one ``MAX`` word (a seat of the session's
 :class:`~scout_core.decision.vote.BoundaryVote`, or its own reduction without one) asks
 whether any rank collected anything, and only then do the records travel as JSON in one
@@ -28,12 +28,12 @@ from scout_core.replay.boundary import Boundary
 from scout_core.topology.mesh import Axis, MeshLayout
 from scout_core.vocabulary import Status
 
-__all__ = ["INCIDENTS_KEPT", "IncidentDesk", "coupled_partners"]
+__all__ = ["INCIDENTS_KEPT", "IncidentMerger", "coupled_partners"]
 
 log = logging.getLogger(__name__)
 
 INCIDENTS_KEPT = 1000
-"""Incidents a desk keeps in memory (the evidence files keep every one)."""
+"""Incidents a merger keeps in memory (the evidence files keep every one)."""
 _MAX_PENDING = 512
 """Records one rank contributes to one window at most (a storm is counted, not sent)."""
 _COUPLING = (Axis.S, Axis.T, Axis.C, Axis.E)
@@ -69,7 +69,7 @@ def _gather_bytes(blob: bytes, group: dist.ProcessGroup) -> list[bytes]:
     return [bytes(p[: int(n.item())].tolist()) for p, n in zip(parts, sizes, strict=True)]
 
 
-class IncidentDesk:
+class IncidentMerger:
     """Merges the job's verdict records into incidents at each replay boundary (module doc)."""
 
     def __init__(
@@ -93,7 +93,7 @@ class IncidentDesk:
         """Records not sent because one window held more than a rank may send."""
         self._pending: list[Record] = []
         self._writer_rank = min(layout.ranks)
-        self._seat = None if vote is None else vote.seat("incident desk", 1, self._words)
+        self._seat = None if vote is None else vote.seat("incident merger", 1, self._words)
 
     def _words(self, boundary: Boundary) -> list[int]:
         return [1 if self._pending else 0]
