@@ -129,6 +129,30 @@ class Judge:
             detail=info,
         )
 
+    def _group_inconclusive(
+        self,
+        outcome: RoundOutcome,
+        result: C3Result | None,
+        detail: Mapping[str, Any],
+        *,
+        surface: str | None = None,
+        failure: Failure | None = None,
+    ) -> Record:
+        """A group-scoped exact record that names no rank (``surface``: the result's)."""
+        if surface is None:
+            assert result is not None, "a record without a result names its surface"
+            surface = result.surface
+        return self._record(
+            outcome,
+            result,
+            surface=surface,
+            mode=Mode.EXACT,
+            status=Status.INCONCLUSIVE,
+            failure=failure,
+            scope=Scope.GROUP,
+            detail=detail,
+        )
+
     def _slow(self, result: C3Result) -> tuple[list[int], float]:
         """Ranks whose timing is an outlier *and* passes the excess and ratio guards."""
         values = [e for e in result.evidence if isinstance(e, float)]

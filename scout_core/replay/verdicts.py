@@ -49,29 +49,20 @@ class VerdictMaker(LinkJudge):
             ready = outcome.results.get(f"{name}/ready")
             odd = list(ready.outliers) if ready is not None else []
             return [
-                self._record(
+                self._group_inconclusive(
                     outcome,
                     ready,
+                    {"reason": outcome.reason, "differing": odd},
                     surface=f"{name}/ready",
-                    mode=Mode.EXACT,
-                    status=Status.INCONCLUSIVE,
-                    failure=None,
-                    scope=Scope.GROUP,
-                    detail={"reason": outcome.reason, "differing": odd},
                 )
             ]
         received = outcome.results.get(f"{name}/received")
         if received is not None and received.status is not Status.AGREE:
             return [
-                self._record(
+                self._group_inconclusive(
                     outcome,
                     received,
-                    surface=received.surface,
-                    mode=Mode.EXACT,
-                    status=Status.INCONCLUSIVE,
-                    failure=None,
-                    scope=Scope.GROUP,
-                    detail={"reason": "peers did not receive identical replay inputs"},
+                    {"reason": "peers did not receive identical replay inputs"},
                 )
             ]
         shard = outcome.results.get(f"{name}/shard")
@@ -87,15 +78,10 @@ class VerdictMaker(LinkJudge):
             # whose own replica group names it. Blaming this group's member would be
             # wrong, so this group reports no culprit.
             return [
-                self._record(
+                self._group_inconclusive(
                     outcome,
                     params,
-                    surface=params.surface,
-                    mode=Mode.EXACT,
-                    status=Status.INCONCLUSIVE,
-                    failure=None,
-                    scope=Scope.GROUP,
-                    detail={
+                    {
                         "reason": "local shards agree but gathered parameters differ: "
                         "a shard partner's shard differs",
                         "differing": list(params.outliers),
@@ -139,15 +125,11 @@ class VerdictMaker(LinkJudge):
             },
         }
         if finding.culprit is None:
-            return self._record(
+            return self._group_inconclusive(
                 outcome,
                 result,
-                surface=result.surface,
-                mode=Mode.EXACT,
-                status=Status.INCONCLUSIVE,
+                detail,
                 failure=Failure.SDC,
-                scope=Scope.GROUP,
-                detail=detail,
             )
         detail["healthy"] = finding.healthy
         return self._record(
@@ -190,15 +172,10 @@ class VerdictMaker(LinkJudge):
         if not missing:
             return []
         return [
-            self._record(
+            self._group_inconclusive(
                 outcome,
                 result,
-                surface=result.surface,
-                mode=Mode.EXACT,
-                status=Status.INCONCLUSIVE,
-                failure=None,
-                scope=Scope.GROUP,
-                detail={"reason": "evidence missing on some peer", "missing": missing},
+                {"reason": "evidence missing on some peer", "missing": missing},
             )
         ]
 
@@ -222,14 +199,10 @@ class VerdictMaker(LinkJudge):
         missing = any(e is None for e in result.evidence)
         reason = "evidence missing on some peer" if missing else "no strict majority"
         return [
-            self._record(
+            self._group_inconclusive(
                 outcome,
                 result,
-                surface=result.surface,
-                mode=Mode.EXACT,
-                status=Status.INCONCLUSIVE,
+                {"reason": reason},
                 failure=None if missing else Failure.SDC,
-                scope=Scope.GROUP,
-                detail={"reason": reason},
             )
         ]
