@@ -1,9 +1,9 @@
 """A rank's last replayed round, kept until the driver's referee phase is over.
 
 Contract: :class:`Kept` holds what the round replayed (module, capture, received
-inputs, materialised parameters, readiness digest, thread count); as a pair's source
-it says what to ship (:meth:`Kept.shipment`), as a referee what a shipment must look
-like (:meth:`Kept.expected`). Wire format: :mod:`.referee_wire`.
+inputs, materialised parameters, the referee digest of :mod:`.readiness`, thread
+count); as a pair's source it says what to ship (:meth:`Kept.shipment`), as a referee
+what a shipment must look like (:meth:`Kept.expected`). Wire format: :mod:`.referee_wire`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Kept:
 
     def expected(self, step: int) -> Expected | None:
         """What a shipment for this rank's own round at ``step`` must look like (its
-        readiness metadata), or None when it has no replayed round to referee with."""
+        referee digest), or None when it has no replayed round to referee with."""
         if self.step != step:
             return None
         cap = self.cap

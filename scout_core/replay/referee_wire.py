@@ -108,7 +108,7 @@ def _unsigned(v: int) -> int:
 @dataclass
 class Shipment:
     """What the source sends: the parameters by name, the call's tensor leaves, the
-    output gradients, the RNG states by name, with the round's step, readiness digest
+    output gradients, the RNG states by name, with the round's step, referee digest
     and thread count."""
 
     step: int

@@ -13,7 +13,6 @@ failure of the job. The steps in full: docs/replay.md, "One round, step by step"
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ from scout_core.replay.gaps import Gap
 from scout_core.replay.kept import Kept
 from scout_core.replay.overrides import InstanceForwards
 from scout_core.replay.packing import pack, sign, unpack
+from scout_core.replay.readiness import digest_of, leaf_meta, readiness_fields, referee_fields
 from scout_core.replay.referee import Finding
 from scout_core.replay.referee_wire import Expected, Refusal, Shipment
 from scout_core.replay.schedule import ROUTER, Recipe
@@ -74,19 +74,6 @@ class RoundOutcome:
     exchanged one: ``t_M`` is then judged over it instead of over the peer group."""
     referee: Finding | None = None
     """What a referee said about this pair's disagreement (:mod:`.referee`), if it asked."""
-
-
-def _leaf_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return ["T", str(x.dtype), list(x.shape)]
-    if x is None or isinstance(x, bool | int | float | str):
-        return ["V", repr(x)]
-    return ["O", type(x).__qualname__]
-
-
-def _digest(obj: Any) -> int:
-    text = json.dumps(obj, separators=(",", ":"), sort_keys=True)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 Materialize = Callable[[ModuleRef], AbstractContextManager[Mapping[str, torch.Tensor]]]
@@ -173,6 +160,7 @@ class LayerRunner:
         self.kept: Kept | None = None
         """The last round's state, for a referee phase (:meth:`release` drops it)."""
         self._digest: int | None = None
+        self._referee_digest: int | None = None
         self._params: dict[str, torch.Tensor] | None = None
 
     # -- the round ------------------------------------------------------------------------
@@ -226,8 +214,9 @@ class LayerRunner:
         t_m = values.get("t_M")
         if isinstance(t_m, float):
             self.last_timing = (self._work_key(recipe, ref, cap), t_m)
-        if self._params is not None and self._digest is not None and not values.get("gap"):
-            self.kept = Kept(recipe, step, ref, cap, received, self._params, self._digest, threads)
+        referee = self._referee_digest
+        if self._params is not None and referee is not None and not values.get("gap"):
+            self.kept = Kept(recipe, step, ref, cap, received, self._params, referee, threads)
         self._params = None
         names = SURFACES if self.local_shards is None else ("shard", *SURFACES)
         surfaces = [
@@ -256,7 +245,7 @@ class LayerRunner:
             kind=recipe.kind,
             module_class=f"{type(ref.module).__module__}.{type(ref.module).__qualname__}",
             params=[(str(p.dtype), tuple(p.shape)) for p in params],
-            inputs=[_leaf_meta(x) for x in cap.leaves],
+            inputs=[leaf_meta(x) for x in cap.leaves],
             device=params[0].device.type if params else "cpu",
         )
 
@@ -269,26 +258,13 @@ class LayerRunner:
         counts: control.Counts | None,
     ) -> dict[str, C3Result]:
         digest: int | None = None
+        self._referee_digest = None
         if cap is not None:
-            params = [
-                [n, str(p.dtype), list(p.shape), p.requires_grad]
-                for n, p in ref.module.named_parameters()
-            ]
-            digest = _digest(
-                {
-                    "recipe": recipe.name,
-                    "step": step,
-                    "capture": cap.step,
-                    "leaves": [_leaf_meta(x) for x in cap.leaves],
-                    "rg": list(cap.requires_grad),
-                    "out_rg": list(cap.out_requires_grad),
-                    "grads": [_leaf_meta(g) for g in cap.grads],
-                    "rng": sorted([k, list(v.shape)] for k, v in cap.rng.items()),
-                    "params": params,
-                    "variants": [float(v).hex() for v in self.variants],
-                    "stack": self._stack,
-                }
+            fields = readiness_fields(
+                recipe, step, ref, cap, variants=self.variants, stack=self._stack
             )
+            digest = digest_of(fields)
+            self._referee_digest = digest_of(referee_fields(fields, recipe, ref))
         self._digest = digest
         surfaces = [
             Surface(f"{recipe.name}/ready", Mode.EXACT, digest),
@@ -372,6 +348,7 @@ class LayerRunner:
         """Drop the last round's kept state."""
         self.kept = None
         self._digest = None
+        self._referee_digest = None
         self._params = None
 
     def shipment(self, step: int) -> Shipment | None:
@@ -408,10 +385,12 @@ class LayerRunner:
             next(git).to(g.device) if g is not None else None for g in cap.grads
         ]
         states = {k: v.to(cap.rng[k].device) for k, v in rng.items()}
-        # The referee's own copies say which parameters take a gradient.
+        # The referee's own copies say which parameters take a gradient, and their order
+        # (the source's: the same class), not the wire's sorted one: the parameter
+        # gradients are signed as a list in this order.
         weights = {
-            k: v.to(where).detach().requires_grad_(kept.params[k].requires_grad)
-            for k, v in params.items()
+            k: params[k].to(where).detach().requires_grad_(mine.requires_grad)
+            for k, mine in kept.params.items()
         }
         self.capturer.replaying = True
         try:

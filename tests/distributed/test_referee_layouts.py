@@ -2,11 +2,13 @@
 victim's block output (training and replay calls, through a forward hook) makes the
 pair's ``forward`` differ with equal inputs and parameters. A third rank recomputes
 the round from shipped state and the pair names exactly the victim, rank scope, in the
-first round that replays the struck block (HSDP 2 x 2, DP 2 x TP 2). Under DDP x 2 in a
-world of 2 no third rank exists: group scope with the "no referee" reason. A referee
-that stalls past the timeout, or dies, leaves the pair group scope with the reason,
-names no one, and the pair leaves the boundary within the timeout. Point-to-point
-traffic appears only at the disagreeing round, and only on the three ranks involved.
+first round that replays the struck block (HSDP 2 x 2, DP 2 x TP 2; and with 2 pipeline
+stages x DP 2, where the referee sits in the other stage and names its blocks by other
+paths). Under DDP x 2 in a world of 2 no third rank exists: group scope with the "no
+referee" reason. A referee that stalls past the timeout, or dies, leaves the pair group
+scope with the reason, names no one, and the pair leaves the boundary within the
+timeout. Point-to-point traffic appears only at the disagreeing round, and only on the
+three ranks involved.
 
 The victim rank, the struck block, the bit and the first faulty step come from the
 seed in each test id (printed, so a failure can be replayed).
@@ -333,3 +335,40 @@ def test_a_killed_referee_leaves_the_pair_group_scope_and_no_hang(
         _check_unsettled(v, pair, referee)
         print(f"rank {r}: step {step} to its record: {got[r]['step_s']:.2f} s")
         assert got[r]["step_s"] < STALL_TIMEOUT_S + SLACK_S, got[r]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("victim", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_pipeline_pair_is_refereed_from_the_other_stage(victim: int, tmp_path: Path) -> None:
+    """DeepSpeed's 2 stages x DP 2 (rank = stage * 2 + data index): each stage's replica
+    pair has no third copy, so its referee is a rank of the other stage, whose blocks
+    have other paths (the campaign's compute SDC on ``victim`` from step 2)."""
+    from scout_core.campaign.pair_layouts import PAIR_LAYOUTS
+    from scout_core.campaign.plan import Trial, missing_module
+    from scout_core.campaign.runner import run_trial
+    from scout_core.records.reading import load_report
+    from scout_core.records.record import VERDICT_SCHEMA
+
+    setup = PAIR_LAYOUTS.get("pp2xdp2")
+    if setup is None or missing_module(setup) is not None:
+        pytest.skip("the DeepSpeed plugin's pipeline setup is not installed")
+    trial = Trial(0, "pp2xdp2", "compute_sdc", victim, 2, 8, setup.world)
+    score = run_trial(trial, setup, tmp_path, fault={}, settings={"replay_interval": 1})
+    assert score.error is None, score.error
+    report = load_report(tmp_path / "trial-000-pp2xdp2-compute_sdc", strict=False)
+    sdc = [r for r in report.records if r.failure is not None and r.failure.value == "sdc"]
+    # no record of any kind (verdict or incident) names a rank but the victim
+    assert {o for r in sdc for o in r.outliers} == {victim}, [r.outliers for r in sdc]
+    sdc = [r for r in sdc if r.schema == VERDICT_SCHEMA]
+    assert sdc, "the pair saw no disagreement"
+    pair = (victim // 2 * 2, victim // 2 * 2 + 1)
+    healthy = pair[1] if victim == pair[0] else pair[0]
+    for r in sdc:
+        assert tuple(r.group) == pair, r
+        assert (r.scope.value, list(r.outliers)) == ("rank", [victim]), r
+        referee = r.detail["referee"]
+        assert referee // 2 != victim // 2, r  # the other stage
+        assert r.detail["healthy"] == healthy, r
+        sigs = r.detail["signatures"]
+        assert sigs[str(referee)] == sigs[str(healthy)] != sigs[str(victim)], r
+    assert min(r.step for r in sdc) == 2

@@ -350,3 +350,46 @@ def test_a_healthy_pool_settles_nothing(bits: int) -> None:
     desk0 = RefereePhase(0, TWO_BY_TWO, {})
     found = desk0.settle(outcome, ("forward",), runner=None)  # type: ignore[arg-type]
     assert found is not None and found.culprit is None
+
+
+# -- what a referee checks a shipment against --------------------------------------------
+
+
+def _round_fields(
+    path: str, index: int, dim: int = 8, *, cls: type | None = None
+) -> tuple[int, int]:
+    """The readiness digest and the referee digest of a round of block ``path`` (a
+    :class:`Block`, or ``cls``)."""
+    from scout_core.integration.adapter import ModuleRef
+    from scout_core.replay.capture import Capture
+    from scout_core.replay.readiness import digest_of, readiness_fields, referee_fields
+    from scout_core.testing.models import Block
+
+    torch.manual_seed(index)  # other weights: the digests cover metadata, not values
+    ref = ModuleRef(path, (cls or Block)(dim))
+    x = torch.randn(2, 3, dim, requires_grad=True)
+    cap = Capture(path, 4, [x], None, (True,), {"cpu": torch.get_rng_state()}, (True,))
+    cap.grads = [torch.randn(2, 3, dim)]
+    recipe = Recipe(HIDDEN, path, index)
+    fields = readiness_fields(recipe, 5, ref, cap, variants=(0.1, 1.0, 10.0), stack="s")
+    return digest_of(fields), digest_of(referee_fields(fields, recipe, ref))
+
+
+def test_a_referee_in_another_pipeline_stage_checks_the_same_work_not_the_same_path() -> None:
+    """Two pipeline stages name the same block class differently (``layers.1`` in stage
+    0, ``layers.3`` in stage 1): their readiness digests differ (peers of one stage must
+    agree on the path), their referee digests do not, and another shape or class still
+    changes the referee digest."""
+    ready0, referee0 = _round_fields("layers.1", 1)
+    ready1, referee1 = _round_fields("layers.3", 1)
+    assert ready0 != ready1
+    assert referee0 == referee1
+    assert _round_fields("layers.3", 1, dim=16)[1] != referee0
+
+    from scout_core.testing.models import Block
+
+    class OtherBlock(Block):  # the same parameters, another class: other work
+        pass
+
+    assert _round_fields("layers.3", 1, cls=OtherBlock)[1] != referee0
+    assert _round_fields("layers.1", 1)[1] == referee0  # the same round: the same digest
