@@ -25,7 +25,13 @@ from scout_core.integration.discovery import Discovered, find_embedding, find_lm
 from scout_core.integration.discovery import discover as discover_modules
 from scout_core.integration.pending import PendingPlugin
 from scout_core.integration.versions import check_version
-from scout_core.plugin.base import FrameworkPlugin, gate_of, recover
+from scout_core.plugin.base import (
+    FrameworkPlugin,
+    agree_or_raise,
+    gate_of,
+    recover,
+    shadow_methods,
+)
 from scout_core.plugin.torch_adapter import TorchAdapter, hook_free_twin, param_items
 from scout_core.replay.boundary import Boundary
 from scout_core.replay.taps import injected_delay
@@ -45,6 +51,8 @@ __all__ = [
     "check_version",
     "gate_of",
     "recover",
+    "agree_or_raise",
+    "shadow_methods",
     # the adapter side
     "FrameworkAdapter",
     "AdapterBase",

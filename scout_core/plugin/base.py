@@ -19,18 +19,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch.distributed as dist
+
 from scout_core.checkpoint.framework_gate import FrameworkGate
 from scout_core.checkpoint.io import CheckpointIO, Recovered
 from scout_core.config import Config
+from scout_core.decision.agreement import any_flag
 from scout_core.errors import ConfigError, UnsupportedSetupError
 from scout_core.integration.adapter import FrameworkAdapter
 from scout_core.integration.pending import object_from
 from scout_core.integration.versions import check_version, installed_version
 from scout_core.records.record import Record
 from scout_core.session import Session, compose
+from scout_core.topology.groups import diagnostic_group
 from scout_core.vocabulary import Failure
 
-__all__ = ["FrameworkPlugin", "gate_of", "recover"]
+__all__ = ["FrameworkPlugin", "agree_or_raise", "gate_of", "recover", "shadow_methods"]
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +237,33 @@ def recover(obj: Any, failure: Failure | str | None, io: CheckpointIO, *, what: 
         )
     gate.target(io)
     return gate.recover(failure)
+
+
+def shadow_methods(obj: Any, **methods: Callable[..., Any]) -> Callable[[], None]:
+    """Shadow ``obj``'s methods by name with instance attributes (the framework's class is
+    untouched; ``nn.Module`` keeps plain callables in the instance ``__dict__``) and
+    return the undo, which removes each one that is still the one set here."""
+    for name, fn in methods.items():
+        setattr(obj, name, fn)
+
+    def undo() -> None:
+        for name, fn in methods.items():
+            if vars(obj).get(name) is fn:
+                delattr(obj, name)
+
+    return undo
+
+
+def agree_or_raise(problem: str | None, *, plugin: str, what: str) -> None:
+    """Every rank learns whether any rank found ``problem`` (one flag on a SCOUT group
+    over the job); then every rank raises :class:`~scout_core.errors.UnsupportedSetupError`
+    if one did: its own problem, or "another rank found that ``what``". No rank goes on
+    alone into a collective the others left. Collective (local in a job of one)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        found = any_flag(problem is not None, diagnostic_group(range(dist.get_world_size())))
+    else:
+        found = problem is not None
+    if problem is not None:
+        raise UnsupportedSetupError(f"{plugin}: {problem}")
+    if found:
+        raise UnsupportedSetupError(f"{plugin}: another rank found that {what} (see its error)")

@@ -24,6 +24,8 @@ PLUGIN_API = {
     "check_version",
     "gate_of",
     "recover",
+    "shadow_methods",
+    "agree_or_raise",
     "FrameworkAdapter",
     "AdapterBase",
     "ModuleRef",
@@ -245,3 +247,23 @@ def test_check_plugin_conformance_on_the_torch_plugin() -> None:
     testing.check_plugin(plugin, torch.nn.Linear(2, 2), registered=False)
     with pytest.raises(AssertionError, match="entry point 'torch'"):
         testing.check_plugin(plugin, torch.nn.Linear(2, 2))  # the core's own is not an entry point
+
+
+def test_shadow_methods_shadows_on_the_instance_and_its_undo_removes_only_its_own() -> None:
+    import torch
+
+    class Engine(torch.nn.Module):  # nn.Module: plain callables land in the instance dict
+        def save(self) -> str:
+            return "framework"
+
+        def load(self) -> str:
+            return "framework"
+
+    engine, other = Engine(), Engine()
+    undo = api.shadow_methods(engine, save=lambda: "scout", load=lambda: "scout")
+    assert (engine.save(), engine.load(), other.save()) == ("scout", "scout", "framework")
+    engine.load = lambda: "someone else"  # replaced after us: the undo leaves it
+    undo()
+    assert (engine.save(), engine.load()) == ("framework", "someone else")
+    assert "save" not in vars(engine) and Engine.save(engine) == "framework"
+    undo()  # twice: nothing left to remove

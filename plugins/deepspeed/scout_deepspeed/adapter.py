@@ -31,17 +31,13 @@ from scout_core.plugin_api import (
     Ownership,
     PeerGroup,
     RngStream,
+    agree_or_raise,
     discover_modules,
     find_embedding,
     find_lm_head,
 )
 from scout_deepspeed import zero3
-from scout_deepspeed.layout import (
-    agree_or_raise,
-    check_layout,
-    engine_layout,
-    is_pipeline,
-)
+from scout_deepspeed.layout import check_layout, engine_layout, is_pipeline
 from scout_deepspeed.moe import moe_parts
 from scout_deepspeed.regroup import Repointer
 
@@ -51,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["DeepSpeedAdapter", "inner_optimizer", "inner_steps_per_step", "pipeline_layers"]
 
 log = logging.getLogger(__name__)
+
+_MISMATCH = "the parallel layout does not match DeepSpeed's process groups"
 
 
 def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
@@ -164,12 +162,12 @@ class DeepSpeedAdapter(AdapterBase):
                 problem = check_layout(engine, layout, self._rank)
             except UnsupportedSetupError as exc:
                 problem = str(exc)
-        agree_or_raise(problem, world)
+        agree_or_raise(problem, plugin="scout-deepspeed", what=_MISMATCH)
         assert layout is not None
         # Collective too: SCOUT's own sequence/expert-parallel groups, then agreement
         # that every Ulysses/MoE layer holds this rank's group of the layout.
         self._repoint = Repointer(engine.module, layout, self._rank)
-        agree_or_raise(self._repoint.problem, world)
+        agree_or_raise(self._repoint.problem, plugin="scout-deepspeed", what=_MISMATCH)
         optimizer = inner_optimizer(engine)
         wrapper = engine.optimizer
         # ZeRO steps the inner optimizer once per parameter group: one iteration.

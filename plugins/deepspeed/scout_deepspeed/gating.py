@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from scout_core import CheckpointError, Failure, UnsupportedSetupError
-from scout_core.plugin_api import FrameworkGate, Recovered
+from scout_core.plugin_api import FrameworkGate, Recovered, shadow_methods
 from scout_core.plugin_api import gate_of as gate_on
 from scout_core.plugin_api import recover as recover_through
 
@@ -107,20 +107,7 @@ def wire(engine: Any, gate: FrameworkGate) -> Callable[[], None]:
         except MissingTagError:
             return None, None  # what DeepSpeed itself returns when there is nothing to load
 
-    # Instance attributes shadow the class's methods (nn.Module's __setattr__ stores
-    # plain callables in the instance __dict__).
-    engine.save_checkpoint = save_checkpoint
-    engine.load_checkpoint = load_checkpoint
-
-    def undo() -> None:
-        for name, mine in (
-            ("save_checkpoint", save_checkpoint),
-            ("load_checkpoint", load_checkpoint),
-        ):
-            if engine.__dict__.get(name) is mine:
-                del engine.__dict__[name]
-
-    return undo
+    return shadow_methods(engine, save_checkpoint=save_checkpoint, load_checkpoint=load_checkpoint)
 
 
 def gate_of(engine: Any) -> FrameworkGate | None:

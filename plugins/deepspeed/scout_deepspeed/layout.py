@@ -6,7 +6,7 @@ otherwise TP from the ``mpu``, then Ulysses as ``c``, MoE expert parallel as ``e
 data parallel slowest, as ``d`` under ZeRO 0-2 and ``s`` under ZeRO-3), whose replica
 peers hold the same dense and expert weights. :func:`check_layout` compares every group
 DeepSpeed built for this rank with the group the layout implies, and
-:func:`agree_or_raise` makes a mismatch an
+the plugin API's ``agree_or_raise`` makes a mismatch an
 :class:`~scout_core.errors.UnsupportedSetupError` on every rank. Docs: docs/deepspeed.md,
 "What attaches where" and "Ulysses sequence parallel and MoE expert parallel".
 """
@@ -20,11 +20,10 @@ from typing import Any
 import torch
 
 from scout_core import Axis, MeshLayout, UnsupportedSetupError
-from scout_core.plugin_api import any_flag, diagnostic_group, group_ranks
+from scout_core.plugin_api import group_ranks
 
 __all__ = [
     "TOPOLOGY_AXES",
-    "agree_or_raise",
     "check_layout",
     "engine_layout",
     "expected_groups",
@@ -193,19 +192,3 @@ def check_layout(engine: Any, layout: MeshLayout, rank: int) -> str | None:
                 f"derived ({layout}) gives {list(mine)}"
             )
     return None
-
-
-def agree_or_raise(problem: str | None, world_size: int) -> None:
-    """All ranks learn whether any rank found a problem; every rank raises if one did."""
-    if world_size <= 1:
-        if problem is not None:
-            raise UnsupportedSetupError(f"scout-deepspeed: {problem}")
-        return
-    found = any_flag(problem is not None, diagnostic_group(range(world_size)))
-    if problem is not None:
-        raise UnsupportedSetupError(f"scout-deepspeed: {problem}")
-    if found:
-        raise UnsupportedSetupError(
-            "scout-deepspeed: another rank found that the parallel layout does not match "
-            "DeepSpeed's process groups (see that rank's error)"
-        )

@@ -29,8 +29,7 @@ from scout_core.plugin_api import (
     Ownership,
     PeerGroup,
     RngStream,
-    any_flag,
-    diagnostic_group,
+    agree_or_raise,
     diagnostic_groups,
     hook_free_twin,
 )
@@ -91,18 +90,6 @@ def discover(chunks: Sequence[nn.Module], config: Config) -> Discovered:
     )
 
 
-def _agree(problem: str | None) -> None:
-    """Every rank learns whether any rank found a problem; all raise if one did."""
-    found = any_flag(problem is not None, diagnostic_group())
-    if problem is not None:
-        raise UnsupportedSetupError(f"scout-megatron: {problem}")
-    if found:
-        raise UnsupportedSetupError(
-            "scout-megatron: another rank found that this job's layout or objects are not "
-            "supported (see that rank's error)"
-        )
-
-
 def _drop_framework_hooks(twin: nn.Module) -> nn.Module:
     """Remove Megatron DDP/FSDP forward pre-hooks from a twin (its hook dicts are its own)."""
     for mod in twin.modules():
@@ -154,7 +141,9 @@ class MegatronAdapter(AdapterBase):
             found = discover(self.chunks, config)
         except UnsupportedSetupError as exc:
             problem = str(exc)
-        _agree(problem)
+        agree_or_raise(
+            problem, plugin="scout-megatron", what="this job's layout or objects are not supported"
+        )
         assert sizes is not None
         self.sizes = sizes
         self.inner = inner

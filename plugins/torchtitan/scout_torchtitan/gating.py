@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from scout_core.plugin_api import FrameworkGate
+from scout_core.plugin_api import FrameworkGate, shadow_methods
 from scout_torchtitan.checkpoint_io import TitanCheckpointIO
 
 __all__ = ["GatedManager", "gated_load", "gated_save", "raw_load_of", "wire"]
@@ -101,11 +101,4 @@ def wire(manager: Any, gate: FrameworkGate) -> Callable[[], None]:
     def _load(step: int = -1) -> bool:
         return gated_load(manager, gate, step, load)
 
-    manager._save, manager._load = _save, _load
-
-    def undo() -> None:
-        for name, mine in (("_save", _save), ("_load", _load)):
-            if manager.__dict__.get(name) is mine:
-                del manager.__dict__[name]
-
-    return undo
+    return shadow_methods(manager, _save=_save, _load=_load)
