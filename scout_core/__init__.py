@@ -1,6 +1,9 @@
 """SCOUT: symmetric consensus outlier detection for distributed LLM training.
 
-The public API. Everything not listed in ``__all__`` is private::
+The public API. Everything not listed in ``__all__`` is private, but for three published
+modules with their own ``__all__``: ``scout_core.plugin_api`` (for framework plugins),
+``scout_core.testing`` (for tests) and ``scout_core.moe`` (the MoE shape catalogs,
+docs/moe.md)::
 
     import scout_core as scout
     session = scout.enable(model, optimizer, config=scout.Config(report_dir="runs/scout"))

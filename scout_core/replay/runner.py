@@ -159,7 +159,6 @@ class LayerRunner:
         its timing pool (:mod:`.pools`)."""
         self.kept: Kept | None = None
         """The last round's state, for a referee phase (:meth:`release` drops it)."""
-        self._digest: int | None = None
         self._referee_digest: int | None = None
         self._params: dict[str, torch.Tensor] | None = None
 
@@ -265,7 +264,6 @@ class LayerRunner:
             )
             digest = digest_of(fields)
             self._referee_digest = digest_of(referee_fields(fields, recipe, ref))
-        self._digest = digest
         surfaces = [
             Surface(f"{recipe.name}/ready", Mode.EXACT, digest),
             Surface(f"{recipe.name}/threads", Mode.EXACT, self.threads or torch.get_num_threads()),
@@ -347,7 +345,6 @@ class LayerRunner:
     def release(self) -> None:
         """Drop the last round's kept state."""
         self.kept = None
-        self._digest = None
         self._referee_digest = None
         self._params = None
 
