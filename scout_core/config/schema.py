@@ -116,15 +116,15 @@ class Config:
 
     custody_slices: int = 256
     """Parameter custody's rotation length (0..1,000,000; 0 is off): a rank signs its
-    local parameters right after the optimizer step writes them and checks them before
-    the next step, 1/``custody_slices`` of them per step on average, so every local
-    parameter is checked once in this many steps. 1 checks every parameter every step,
-    at two reads of them per step."""
+    local parameters and their optimizer slots right after the optimizer step writes them
+    and checks them before the next step, 1/``custody_slices`` of them per step on
+    average, so every local element is checked once in this many steps. 1 checks every
+    element every step, at two reads of them per step."""
 
     custody_every: int = 16
     """Parameter custody works at every this many optimizer steps (1..1,000,000; at most
     ``custody_slices``, a larger value acts as ``custody_slices``): it signs
-    ``custody_every / custody_slices`` of the local parameters then, and nothing in
+    ``custody_every / custody_slices`` of the local elements then, and nothing in
     between. The rotation and the chance of seeing a one-time change stay those of
     ``custody_slices``; the per-step fixed part of custody's cost is paid once in this
     many steps."""

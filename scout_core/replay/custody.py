@@ -1,15 +1,15 @@
-"""Parameter custody: a rank vouches for its own parameters between two optimizer steps.
+"""Custody: a rank vouches for its own parameters and optimizer slots between two steps.
 
 Contract: with ``slices > 0`` (0 is off: no hook at all), step hooks on the optimizers the
-adapter lists (the tensors :mod:`scout_core.replay.optimizer` walks) fold one rotating
-range of the local elements right after every ``every``-th step, and fold it again right
-before the next step that writes the same tensor. :meth:`Custody.collect`, called at each
-replay boundary, returns the pieces whose fold words differ (one device read, none inside
-a step), and :meth:`Custody.records` makes each a rank-scoped ``sdc`` on
-``params/custody`` naming this rank: no peer, no collective. An optimizer's
-``load_state_dict`` and :meth:`Custody.forget` drop every signature; any other write
-between two steps reads as a violation. The rotation, the hook points, coverage, cost and
-limits: docs/replay.md, "Parameter custody".
+adapter lists (the tensors :mod:`scout_core.replay.optimizer` walks, and each one's
+element-wise optimizer slots) fold one rotating range of the local elements right after
+every ``every``-th step, and fold it again right before the next step that writes the
+same tensor. :meth:`Custody.collect`, called at each replay boundary, returns the pieces
+whose fold words differ (one device read, none inside a step), and
+:meth:`Custody.records` makes each a rank-scoped ``sdc`` on ``params/custody`` (a
+parameter) or ``optimizer/custody`` (a slot) naming this rank: no peer, no collective.
+An optimizer's ``load_state_dict`` and :meth:`Custody.forget` drop every signature; any
+other write between two steps reads as a violation. docs/replay.md, "Custody".
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from scout_core.records.record import VERDICT_SCHEMA, Record
 from scout_core.topology.shards import local_shard
 from scout_core.vocabulary import Failure, Mode, Scope, Status
 
-__all__ = ["SURFACE", "Custody"]
+__all__ = ["SLOT_SURFACE", "SURFACE", "Custody"]
 
 log = logging.getLogger(__name__)
 
 SURFACE = "params/custody"
-"""The surface of a custody verdict."""
+"""The surface of a custody verdict on a parameter."""
+SLOT_SURFACE = "optimizer/custody"
+"""The surface of a custody verdict on an optimizer slot (``exp_avg``, say)."""
 _MAX_VIEWS = 256
 """Cached parameter views per custody (ZeRO-3 shows one per sub-group)."""
 
@@ -45,6 +47,9 @@ class _Held:
 
     tensor: torch.Tensor
     """The optimizer's parameter (kept so its ``id`` cannot be reused meanwhile)."""
+    key: str
+    """The optimizer slot (``state[tensor][key]``), or ``""`` for the parameter itself."""
+    dtype: torch.dtype
     index: int
     """Order of first sight (0-based)."""
     offset: int
@@ -73,6 +78,7 @@ class _View:
     ids: frozenset[int]
     starts: list[int]
     helds: list[_Held]
+    """Parameters and their slots, ordered by rotation offset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +102,19 @@ class Violation:
     step: int
     signed: int
     found: int
-    dtype: torch.dtype
+
+    @property
+    def surface(self) -> str:
+        return SLOT_SURFACE if self.held.key else SURFACE
 
     def detail(self, slices: int, every: int) -> dict[str, Any]:
         oi, gi, pos = self.held.where
+        what = f"optimizer state ({self.held.key})" if self.held.key else "parameters"
+        slot = {"slot": self.held.key} if self.held.key else {}
         return {
             "recipe": "custody",
             "evidence": [f"{self.signed:016x}", f"{self.found:016x}"],
-            "reason": "parameters changed between two optimizer steps, with no writer",
+            "reason": f"{what} changed between two optimizer steps, with no writer",
             "signed_step": self.seal.step,
             "checked_step": self.step,
             "slice": self.seal.slice,
@@ -114,14 +125,15 @@ class Violation:
             "param": pos,
             "elements": [self.seal.lo, self.seal.hi],
             "numel": self.held.numel,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": str(self.held.dtype).removeprefix("torch."),
+            **slot,
         }
 
 
 class Custody:
-    """Signs a rotating range of the local parameters after every ``every``-th optimizer
-    step and checks it before the next step (docs/replay.md). ``slices = 0`` is off: no hook
-    at all.
+    """Signs a rotating range of the local parameters and their optimizer slots after
+    every ``every``-th optimizer step and checks it before the next step (docs/replay.md).
+    ``slices = 0`` is off: no hook at all.
 
     ``step`` returns the current iteration (the replay driver's step clock)."""
 
@@ -144,18 +156,18 @@ class Custody:
         self.windows = max(1, slices // self.every)
         """Ranges the rotation is cut into: one is signed at each working iteration."""
         self._step = step
-        self._held: dict[int, _Held] = {}
+        self._held: dict[tuple[int, str], _Held] = {}
         self._total = 0
-        self._seals: dict[int, _Seal] = {}
+        self._seals: dict[tuple[int, str], _Seal] = {}
         self._checks: list[_Check] = []
-        self._views: dict[tuple[int, ...], _View] = {}
+        self._views: dict[tuple[tuple[int, ...], int], _View] = {}
         self.checked = 0
         """Tensor pieces compared so far (a test reads it: custody ran at all)."""
         self._handles: list[RemovableHandle] = []
         if slices == 0:
             return
         for oi, gi, pos, p in self._visible(self.optimizers):
-            self._see(p, oi, gi, pos)
+            self._see(p, (oi, gi, pos))
         for oi, opt in enumerate(self.optimizers):
             self._handles.append(opt.register_step_pre_hook(self._pre(oi)))
             self._handles.append(opt.register_step_post_hook(self._post(oi)))
@@ -196,34 +208,44 @@ class Custody:
                 for pos, p in enumerate(group["params"]):
                     yield oi, gi, pos, p
 
-    def _see(self, p: torch.Tensor, oi: int, gi: int, pos: int) -> _Held:
-        held = self._held.get(id(p))
+    def _see(
+        self,
+        p: torch.Tensor,
+        where: tuple[int, int, int],
+        key: str = "",
+        value: torch.Tensor | None = None,
+    ) -> _Held:
+        """The rotation entry of parameter ``p`` (``key`` ``""``) or of its slot ``key``
+        (whose tensor is ``value``)."""
+        held = self._held.get((id(p), key))
         if held is None:
-            n = local_shard(p).numel()
-            held = _Held(p, len(self._held), self._total, n, (oi, gi, pos))
-            self._held[id(p)] = held
+            local = local_shard(p if value is None else value)
+            n = local.numel()
+            held = _Held(p, key, local.dtype, len(self._held), self._total, n, where)
+            self._held[(id(p), key)] = held
             self._total += n
             self._views.clear()  # the rotation grew: slice ranges moved
         return held
 
     def _view(self, oi: int, opt: torch.optim.Optimizer) -> _View:
         """The tensors ``opt`` holds right now (ZeRO narrows or swaps its groups for a
-        step), ordered by rotation offset; cached by their identities, so a healthy step
-        costs one pass of ``id`` over the parameter lists in C."""
+        step) and their slots, ordered by rotation offset; cached by their identities and
+        the size of the optimizer's state, so a healthy step costs one pass of ``id`` over
+        the parameter lists in C. A slot joins the rotation once the optimizer made it."""
         groups = opt.param_groups
         ids = tuple(map(id, chain.from_iterable([g["params"] for g in groups])))
-        view = self._views.get(ids)
+        view = self._views.get((ids, len(opt.state)))
         if view is None:
-            helds = [
-                self._see(p, oi, gi, pos)
-                for gi, g in enumerate(groups)
-                for pos, p in enumerate(g["params"])
-            ]
+            helds = []
+            for gi, g in enumerate(groups):
+                for pos, p in enumerate(g["params"]):
+                    helds.append(self._see(p, (oi, gi, pos)))
+                    helds += [self._see(p, (oi, gi, pos), k, v) for k, v in _slots(opt, p)]
             helds.sort(key=lambda h: h.offset)
             if len(self._views) >= _MAX_VIEWS:
                 self._views.clear()
             view = _View(frozenset(ids), [h.offset for h in helds], helds)
-            self._views[ids] = view
+            self._views[(ids, len(opt.state))] = view
         return view
 
     def _pre(self, oi: int) -> Callable[[torch.optim.Optimizer, Any, Any], None]:
@@ -231,15 +253,18 @@ class Custody:
             if not self._seals:
                 return
             mine = self._view(oi, opt).ids
-            due = [pid for pid in self._seals if pid in mine]
+            due = [key for key in self._seals if key[0] in mine]
             if not due:
                 return
             step = self._step()
             with torch.no_grad():
-                for pid in due:
-                    seal = self._seals.pop(pid)
-                    held = self._held[pid]
-                    now = fold(_flat(held.tensor)[seal.lo : seal.hi])
+                for key in due:
+                    seal = self._seals.pop(key)
+                    held = self._held[key]
+                    values = _values(opt, held)
+                    if values is None:  # the optimizer dropped the slot: nothing to hold
+                        continue
+                    now = fold(values[seal.lo : seal.hi])
                     differs = torch.ne(now, seal.words).any()
                     self._checks.append(_Check(held, seal, now, step, differs))
 
@@ -262,11 +287,12 @@ class Custody:
                     if held.offset >= b:
                         break
                     got = self.span(held.offset, held.numel, index)
-                    if got is None:
+                    values = None if got is None else _values(opt, held)
+                    if got is None or values is None:
                         continue
                     lo, hi = got
-                    words = fold(_flat(held.tensor)[lo:hi])
-                    self._seals[id(held.tensor)] = _Seal(lo, hi, words, step, index)
+                    words = fold(values[lo:hi])
+                    self._seals[(id(held.tensor), held.key)] = _Seal(lo, hi, words, step, index)
 
         return hook
 
@@ -288,8 +314,7 @@ class Custody:
         for check, bad in zip(checks, flags, strict=True):
             if not bad:
                 continue
-            p = check.held.tensor
-            dtype, shape = local_shard(p).dtype, (check.seal.hi - check.seal.lo,)
+            dtype, shape = check.held.dtype, (check.seal.hi - check.seal.lo,)
             out.append(
                 Violation(
                     check.held,
@@ -297,7 +322,6 @@ class Custody:
                     check.step,
                     finalize(check.seal.words, dtype, shape),
                     finalize(check.now, dtype, shape),
-                    dtype,
                 )
             )
         return out
@@ -311,7 +335,7 @@ class Custody:
                 schema=VERDICT_SCHEMA,
                 run_id=run_id,
                 step=v.step,
-                surface=SURFACE,
+                surface=v.surface,
                 mode=Mode.EXACT,
                 status=Status.ATTRIBUTED,
                 failure=Failure.SDC,
@@ -337,5 +361,29 @@ class Custody:
         self.forget()
 
 
-def _flat(p: torch.Tensor) -> torch.Tensor:
-    return local_shard(p).detach().reshape(-1)
+def _slots(opt: torch.optim.Optimizer, p: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """``p``'s element-wise floating slots in ``opt`` (Adam's ``exp_avg``, ``exp_avg_sq``),
+    by name; scalar slots (``step``) are left out."""
+    n = local_shard(p).numel()
+    state = opt.state.get(p)
+    if not state:
+        return []
+    return sorted(
+        (k, v)
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor)
+        and v.is_floating_point()
+        and v.numel() > 1
+        and local_shard(v).numel() == n
+    )
+
+
+def _values(opt: torch.optim.Optimizer, held: _Held) -> torch.Tensor | None:
+    """The flat local elements ``held`` stands for now: the parameter, or its slot (None
+    when the optimizer holds no such slot any more)."""
+    if not held.key:
+        return local_shard(held.tensor).detach().reshape(-1)
+    value = opt.state.get(held.tensor, {}).get(held.key)
+    if not isinstance(value, torch.Tensor):
+        return None
+    return local_shard(value).detach().reshape(-1)

@@ -175,6 +175,16 @@ class Trigger:
         partition, which no module names)."""
         return self._add("param_after", param, how)
 
+    def corrupt_optimizer_state_after_step(
+        self, param: str, how: Corruption, *, key: str = ""
+    ) -> Faults:
+        """Corrupt an optimizer slot of ``param`` (``key``; default its first element-wise
+        floating slot, ``exp_avg`` for Adam) right after each scheduled optimizer step:
+        :meth:`corrupt_param_after_step` for optimizer state (a stuck cell in a ZeRO or
+        FSDP optimizer partition), attached after ``scout.enable`` for the same reason.
+        ``param`` names a parameter or ``"#<group>.<position>"``."""
+        return self._add("optim_after", param, (how, key))
+
     def corrupt_grad(self, param: str, how: Corruption) -> Faults:
         """Corrupt a parameter's (already reduced) gradient before the optimizer step."""
         return self._add("grad", param, how)
@@ -341,13 +351,20 @@ class Faults:
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._advance = True
         for f in self.faults:
-            if f.kind != "param_after" or not self._active(f):
+            if f.kind not in {"param_after", "optim_after"} or not self._active(f):
                 continue
             assert f.target is not None
             param = self._stepped(opt, f.target)
             if param is None:
                 continue  # not held by this step (ZeRO steps one group at a time)
-            f.payload.apply_(local_shard(param))
+            if f.kind == "param_after":
+                f.payload.apply_(local_shard(param))
+            else:
+                how, key = f.payload
+                slot = _slot(opt, param, key)
+                if slot is None:
+                    continue  # no state yet
+                how.apply_(local_shard(slot))
             self._fire(f)
 
     def _stepped(self, opt: torch.optim.Optimizer, target: str) -> torch.Tensor | None:
@@ -419,15 +436,10 @@ class Faults:
                     f.payload.apply_(local_shard(p.grad))
                 else:
                     how, key = f.payload
-                    state = optimizer.state.get(param, {})
-                    slots = [
-                        k
-                        for k, v in state.items()
-                        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1
-                    ]
-                    if not slots:
+                    slot = _slot(optimizer, param, key)
+                    if slot is None:
                         continue  # no state yet (first step): nothing to corrupt
-                    how.apply_(local_shard(state[key or slots[0]]))
+                    how.apply_(local_shard(slot))
                 self._fire(f)
 
         return hook
@@ -449,6 +461,20 @@ class Faults:
             return False
 
         return veto
+
+
+def _slot(opt: torch.optim.Optimizer, param: torch.Tensor, key: str) -> torch.Tensor | None:
+    """``param``'s optimizer slot ``key`` (default: its first element-wise floating slot);
+    None before the optimizer made any."""
+    state = opt.state.get(param, {})
+    slots = [
+        k
+        for k, v in state.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1
+    ]
+    if not slots:
+        return None
+    return state[key or slots[0]]  # type: ignore[no-any-return]
 
 
 @contextmanager

@@ -5,8 +5,9 @@ as the campaign builds them) and DeepSpeed ZeRO 1-3 (the DeepSpeed campaign's en
 SCOUT attaches first; then, on the victim only, a bit of one parameter's local values
 flips right after every optimizer step from ``start`` on
 (:meth:`~scout_core.testing.Trigger.corrupt_param_after_step`, a step post-hook
-registered after SCOUT's). Each rank returns the verdicts it saw, what fired and, with
-the gate on, what the gate holds.
+registered after SCOUT's), or, with ``spec["slot"]``, a bit of that parameter's optimizer
+slot (``corrupt_optimizer_state_after_step``). Each rank returns the verdicts it saw,
+what fired and, with the gate on, what the gate holds.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ def _arm(spec: dict[str, Any], model: Any, opt: Any) -> Faults | None:
     if spec.get("victim") is None:
         return None
     faults = Faults()
-    faults.at(
-        rank=int(spec["victim"]), steps=range(int(spec["start"]), 100_000)
-    ).corrupt_param_after_step(
-        str(spec["param"]), BitFlip(bit=int(spec["bit"]), index=int(spec["index"]))
-    )
+    when = faults.at(rank=int(spec["victim"]), steps=range(int(spec["start"]), 100_000))
+    how = BitFlip(bit=int(spec["bit"]), index=int(spec["index"]))
+    if spec.get("slot"):  # a stuck cell in the optimizer state, not the parameter
+        when.corrupt_optimizer_state_after_step(str(spec["param"]), how, key=str(spec["slot"]))
+    else:
+        when.corrupt_param_after_step(str(spec["param"]), how)
     return faults.attach(model, opt)
 
 

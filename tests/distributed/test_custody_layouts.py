@@ -1,9 +1,10 @@
-"""Parameter custody on real layouts (Gloo, CPU): a weight bit that turns over after
-every optimizer step on one rank is named exactly, rank scope, within one rotation of
-``custody_slices`` steps, on layouts with two copies (DDP x 2, HSDP 2 x 2, DP 2 x TP 2)
-and with one (pure FSDP2 x 4, DeepSpeed ZeRO 1-3 x 4), where replay's consensus has
-no majority or no peer at all; clean runs give no record; with the gate on, the
-custody verdict makes the gate select verified state (a localized SDC).
+"""Custody on real layouts (Gloo, CPU): a weight bit, or a bit of its optimizer state
+(``optimizer/custody``), that turns over after every optimizer step on one rank is named
+exactly, rank scope, within one rotation of ``custody_slices`` steps, on layouts with
+two copies (DDP x 2, HSDP 2 x 2, DP 2 x TP 2) and with one (pure FSDP2 x 4, DeepSpeed
+ZeRO 1-3 x 4), where replay's consensus has no majority or no peer at all; clean runs
+give no record; with the gate on, the custody verdict makes the gate select verified
+state (a localized SDC).
 
 The victim rank, the parameter, the element, the bit and the first faulty step come
 from the seed in each test id (printed, so a failure can be replayed).
@@ -36,9 +37,9 @@ PARAMS = (
 )
 
 
-def _draw(seed: int, world: int, params: tuple[str, ...]) -> dict[str, Any]:
+def _draw(seed: int, world: int, params: tuple[str, ...], *, slot: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
-    spec = {
+    spec: dict[str, Any] = {
         "victim": rng.randrange(world),
         "param": rng.choice(params),
         "index": rng.randrange(1 << 12),  # taken modulo the victim's local elements
@@ -46,6 +47,8 @@ def _draw(seed: int, world: int, params: tuple[str, ...]) -> dict[str, Any]:
         "start": rng.randrange(2, 6),
         "slices": SLICES,
     }
+    if slot:  # a moment estimate of that parameter, not the parameter
+        spec["slot"] = rng.choice(["exp_avg", "exp_avg_sq"])
     spec["steps"] = spec["start"] + SLICES + 2
     print(f"seed {seed}: {spec}")
     return spec
@@ -64,8 +67,9 @@ def _check_named(results: list[Any], spec: dict[str, Any]) -> None:
     victim, start = spec["victim"], spec["start"]
     fired = results[victim]["fired"]
     assert fired and fired[0][2] == start, f"the fault did not fire from step {start}: {fired}"
-    custody = [v for res in results for v in res["verdicts"] if v["surface"] == "params/custody"]
-    assert custody, "custody named no one"
+    surface = "optimizer/custody" if spec.get("slot") else "params/custody"
+    custody = [v for res in results for v in res["verdicts"] if v["surface"] == surface]
+    assert custody, f"custody named no one on {surface}"
     # Named exactly: every record that names a culprit names the victim, and only it.
     for res in results:
         for v in res["verdicts"]:
@@ -77,6 +81,7 @@ def _check_named(results: list[Any], spec: dict[str, Any]) -> None:
     # round within SLICES steps and is checked before the next step.
     assert start < first["step"] <= start + SLICES, first
     assert first["detail"]["signed_step"] == first["step"] - 1
+    assert first["detail"].get("slot") == spec.get("slot"), first["detail"]
     for res in results:
         assert res["checked"] > 0 and res["total"] > 0  # custody ran on every rank
 
@@ -123,6 +128,33 @@ def test_stuck_bit_named_within_one_rotation(layout: str, world: int, seed: int)
 def test_stuck_bit_named_within_one_rotation_zero(stage: int, seed: int) -> None:
     pytest.importorskip("deepspeed")
     spec = _draw(seed, 4, ("#0.0",))
+    _check_named(_run("deepspeed", stage, 4, spec, 420), spec)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("layout", "world", "seed"), [(*lw, 40 + i) for i, lw in enumerate(TORCH)])
+def test_stuck_optimizer_state_bit_named_within_one_rotation(
+    layout: str, world: int, seed: int
+) -> None:
+    spec = _draw(seed, world, PARAMS, slot=True)
+    _check_named(_run("torch", layout, world, spec, 300), spec)
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize(
+    ("stage", "seed"),
+    [
+        pytest.param(1, 51, marks=pytest.mark.slow),
+        pytest.param(2, 52, marks=pytest.mark.slow),
+        (3, 53),
+    ],
+)
+def test_stuck_optimizer_partition_bit_named_within_one_rotation_zero(
+    stage: int, seed: int
+) -> None:
+    """ZeRO 1-3: a bit of the flat optimizer partition's moment on one rank."""
+    pytest.importorskip("deepspeed")
+    spec = _draw(seed, 4, ("#0.0",), slot=True)
     _check_named(_run("deepspeed", stage, 4, spec, 420), spec)
 
 

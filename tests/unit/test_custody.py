@@ -19,7 +19,7 @@ from scout_core.decision.gate import Action, Gate, Outcome
 from scout_core.decision.gate_wire import merge_flags
 from scout_core.records.record import Record
 from scout_core.replay.boundary import Boundary
-from scout_core.replay.custody import SURFACE, Custody, Violation
+from scout_core.replay.custody import SLOT_SURFACE, SURFACE, Custody, Violation
 from scout_core.replay.runner import RoundOutcome
 from scout_core.replay.schedule import HIDDEN, Recipe
 from scout_core.testing.injectors import BitFlip, Faults, flip_bit
@@ -70,9 +70,10 @@ def _setup(
     return model, opt, clock, Custody([opt], slices=slices, every=every, step=clock)
 
 
-def _signed(custody: Custody) -> dict[int, tuple[int, int]]:
-    """id(tensor) -> the range its current seal covers."""
-    return {pid: (s.lo, s.hi) for pid, s in custody._seals.items()}
+def _signed(custody: Custody, key: str = "") -> dict[int, tuple[int, int]]:
+    """id(parameter) -> the range its current seal covers (of its slot ``key``, or of the
+    parameter itself)."""
+    return {pid: (s.lo, s.hi) for (pid, k), s in custody._seals.items() if k == key}
 
 
 def coverage_gaps(custody: Custody, opt: torch.optim.Optimizer, clock: _Clock) -> list[str]:
@@ -101,7 +102,7 @@ def test_rotation_covers_every_parameter_within_slices_steps(slices: int) -> Non
     assert coverage_gaps(custody, opt, clock) == []
     # No step signs more than one slice's worth.
     opt.step()
-    assert sum(hi - lo for lo, hi in _signed(custody).values()) <= custody.width()
+    assert sum(s.hi - s.lo for s in custody._seals.values()) <= custody.width()
 
 
 @pytest.mark.parametrize(("slices", "every"), [(8, 4), (7, 3), (64, 16), (5, 9), (6, 1)])
@@ -185,6 +186,72 @@ def test_a_flip_after_the_step_is_named_within_one_rotation(seed: int) -> None:
     assert rec.outliers == (3,) and rec.group == (3,) and rec.hosts == ("h3",)
     assert rec.detail["signed_step"] == first.step - 1
     assert rec.detail["elements"] == [first.seal.lo, first.seal.hi]
+
+
+def test_adam_slots_join_the_rotation_and_are_covered_within_slices_steps() -> None:
+    model, opt, clock, custody = _setup(layers=3, slices=7, adamw_lr=1e-3)
+    n = sum(p.numel() for p in model.parameters())
+    assert custody.total == n  # no optimizer state before the first step
+    _train(model, opt, custody, clock, 1)
+    assert custody.total == 3 * n  # the parameters, exp_avg and exp_avg_sq
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert all(opt.state[p][key].numel() == p.numel() for p in params)
+    seen = {
+        k: {id(p): torch.zeros(p.numel(), dtype=torch.bool) for p in params}
+        for k in ("", "exp_avg", "exp_avg_sq")
+    }
+    for _ in range(custody.slices):
+        _train(model, opt, custody, clock, 1)
+        for key, marks in seen.items():
+            for pid, (lo, hi) in _signed(custody, key).items():
+                marks[pid][lo:hi] = True
+    gaps = [
+        (k, i)
+        for k, marks in seen.items()
+        for i, p in enumerate(params)
+        if not bool(marks[id(p)].all())
+    ]
+    assert gaps == []
+    assert not any(k == "step" for _, k in custody._seals)  # a scalar slot is not held
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_moment_that_changes_after_every_step_is_named_on_the_slot_surface(seed: int) -> None:
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model = TinyLM(dim=16, layers=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    clock = _Clock()
+    slices = rng.choice([1, 4, 9])
+    custody = Custody([opt], slices=slices, step=clock)
+    name = rng.choice([n for n, _ in model.named_parameters()])
+    param = model.get_parameter(name)
+    key = rng.choice(["exp_avg", "exp_avg_sq"])
+    index = rng.randrange(param.numel())
+    start = rng.randrange(2, 6)
+    print(f"seed={seed} slices={slices} param={name} slot={key} index={index} from {start}")
+    faults = Faults()
+    faults.at(rank=0, steps=range(start, 10_000)).corrupt_optimizer_state_after_step(
+        name, BitFlip(bit=20, index=index), key=key
+    )
+    faults.attach(model, opt, rank=0)  # after custody: its post-hook runs second
+    found = _train(model, opt, custody, clock, start + slices + 1)
+    assert found, "a slot that changes after every write must be named within a rotation"
+    first = found[0]
+    assert start < first.step <= start + slices
+    assert (first.held.tensor, first.held.key) == (param, key)
+    assert first.seal.lo <= index < first.seal.hi
+    rec = custody.records(found, run_id="r", rank=1, hosts={})[0]
+    assert (rec.surface, rec.failure, rec.scope, rec.outliers) == (
+        SLOT_SURFACE,
+        Failure.SDC,
+        Scope.RANK,
+        (1,),
+    )
+    assert rec.detail["slot"] == key and "optimizer state" in rec.detail["reason"]
+    # Only the struck tensor: the parameter itself was written by the step alone.
+    assert {(v.held.tensor is param, v.held.key) for v in found} == {(True, key)}
 
 
 def test_a_one_time_flip_outside_the_signed_slice_is_not_seen() -> None:
@@ -297,7 +364,7 @@ def test_zero_style_group_steps_are_signed_and_checked(swap: bool) -> None:
     for _ in range(4):  # the first step discovers swapped-in tensors; then 3 = one rotation
         opt.step()
         for i, t in enumerate(tensors):
-            seal = custody._seals.get(id(t))
+            seal = custody._seals.get((id(t), ""))
             if seal is not None and clock.step >= 1:
                 seen[i][seal.lo : seal.hi] = True
         assert custody.collect() == []
