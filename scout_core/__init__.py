@@ -1,18 +1,15 @@
 """SCOUT: symmetric consensus outlier detection for distributed LLM training.
 
-The public API. Everything not listed in ``__all__`` is private, but for three published
-modules with their own ``__all__``: ``scout_core.plugin_api`` (for framework plugins),
-``scout_core.testing`` (for tests) and ``scout_core.moe`` (the MoE shape catalogs,
-docs/moe.md)::
+The public API: everything outside ``__all__`` is private, but for ``scout_core.plugin_api``,
+``scout_core.testing`` and ``scout_core.moe`` (docs/moe.md), each with its own ``__all__``::
 
     import scout_core as scout
     session = scout.enable(model, optimizer, config=scout.Config(report_dir="runs/scout"))
     ...            # the training loop, unchanged
     session.close()
 
-``enable`` also accepts a framework object (a DeepSpeed engine, a TorchTitan trainer,
-Megatron model chunks) and hands it to the plugin registered for it under the
-``scout.plugins`` entry-point group.
+``enable`` also hands a framework object (a DeepSpeed engine, a TorchTitan trainer, Megatron
+model chunks) to the plugin registered for it under ``scout.plugins``.
 """
 
 from __future__ import annotations
@@ -76,9 +73,8 @@ __all__ = [
 __version__ = "0.1.0"
 
 _LAZY = {"attach_gate", "restore_from_disk"}
-"""Public names of :mod:`scout_core.checkpoint`, imported on first use: ``import
-scout_core`` stays light, and the gate's modules (which import the session) load after
-this package."""
+"""Imported on first use: ``import scout_core`` stays light, and the gate's modules (which
+import the session) load after this package."""
 
 
 def __getattr__(name: str) -> Any:
@@ -113,15 +109,12 @@ def enable(
 ) -> Any:
     """Attach SCOUT to a training job and return its session.
 
-    ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``: one
-    ``torch.optim.Optimizer`` or a list of them, and optionally ``mesh=``) or a
-    framework object that an installed plugin handles. ``config`` is a
-    :class:`Config`, a mapping of its keys, a path to a TOML/JSON file, or None (the
-    framework's own SCOUT section, ``SCOUT_CONFIG``, ``SCOUT_*`` environment variables
-    and defaults).
-    ``callback`` receives every verdict record. Bad configuration raises
-    :class:`ConfigError` here, before anything is attached. Collective over the job;
-    enabling the same object twice returns the live session.
+    ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``, one or a list, and optionally
+    ``mesh=``) or a framework object an installed plugin handles. ``config`` is a
+    :class:`Config`, a mapping of its keys, a TOML/JSON path, or None (the framework's SCOUT
+    section, ``SCOUT_CONFIG``, ``SCOUT_*`` variables, defaults). ``callback`` receives every
+    verdict record. Bad configuration raises :class:`ConfigError` before anything is
+    attached. Collective; enabling the same object twice returns the live session.
     """
     from scout_core.integration.registry import describe_unsupported, select_plugin
 

@@ -1,9 +1,8 @@
 """The errors SCOUT raises, in one place.
 
-Contract: everything SCOUT raises on purpose derives from :class:`ScoutError`, so a caller
-catches the family with one ``except``; :class:`ConfigError` is also a ``ValueError``.
-Errors name what is wrong and, where there is a fixed set of valid values, list them. The
-hierarchy, one line each: docs/operations.md, "Errors SCOUT raises".
+Contract: everything SCOUT raises on purpose derives from :class:`ScoutError`;
+:class:`ConfigError` is also a ``ValueError``. Errors name what is wrong and list a fixed
+set's valid values. The hierarchy: docs/operations.md, "Errors SCOUT raises".
 """
 
 from __future__ import annotations

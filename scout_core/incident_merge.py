@@ -1,12 +1,10 @@
 """Where incidents are made: job-wide, at the replay boundary, on a diagnostic group.
 
-Contract: :class:`IncidentMerger` collects the verdict records this rank writes between two
-boundaries; at each due boundary one ``MAX`` word (a seat of the session's
-:class:`~scout_core.decision.vote.BoundaryVote`, or its own reduction without one) asks
-whether any rank collected anything, and only then do the records travel as JSON in one
-all-gather, every rank merges them alike (:func:`~scout_core.records.incidents.merge_window`)
-and the job's lowest rank writes the incidents. Docs: docs/evidence.md, "Where incidents
-are made".
+Contract: :class:`IncidentMerger` collects this rank's verdict records between boundaries;
+at each due boundary one ``MAX`` word (a :class:`~scout_core.decision.vote.BoundaryVote`
+seat, or its own reduction) asks whether any rank has any; only then do they travel as JSON
+in one all-gather, every rank merges them alike and the lowest rank writes the incidents.
+Docs: docs/evidence.md, "Where incidents are made".
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ _COUPLING = (Axis.S, Axis.T, Axis.C, Axis.E)
 
 
 def coupled_partners(layout: MeshLayout) -> Callable[[int], frozenset[int]]:
-    """For each rank, the ranks it exchanges data with inside a replayed layer: its
-    FSDP shard, tensor, context and expert partners (fixed coordinates elsewhere)."""
+    """Per rank, its FSDP shard, tensor, context and expert partners (the ranks it exchanges
+    data with inside a replayed layer)."""
     axes = [a for a in _COUPLING if layout.size(a) > 1]
     cache: dict[int, frozenset[int]] = {}
 
@@ -88,9 +86,9 @@ class IncidentMerger:
         self.partners = coupled_partners(layout)
         self.book = IncidentBook(run_id)
         self.incidents: deque[Record] = deque(maxlen=INCIDENTS_KEPT)
-        """The incidents (newest revision last) of this run; the same on every rank."""
+        """This run's incidents, newest revision last; the same on every rank."""
         self.dropped = 0
-        """Records not sent because one window held more than a rank may send."""
+        """Records not sent because a window held more than ``_MAX_PENDING``."""
         self._pending: list[Record] = []
         self._writer_rank = min(layout.ranks)
         self._seat = None if vote is None else vote.seat("incident merger", 1, self._words)
@@ -106,11 +104,9 @@ class IncidentMerger:
         return found is not None and found[0] == 1
 
     def collect(self, record: Record) -> None:
-        """Take a verdict the replay driver delivered on this rank. Every member of the
-        judging group delivers the same record (same id); the lowest member of the
-        record's group keeps it, and so does every rank outside that group (a record
-        about another group, e.g. a slow shard group seen from a replica group, whose
-        own lowest rank may not have judged it): duplicates merge by id."""
+        """Take a verdict delivered on this rank. Every member of the judging group delivers
+        the same record; its group's lowest member keeps it, and so does every rank outside
+        that group (whose lowest rank may not have judged it): duplicates merge by id."""
         if record.schema != VERDICT_SCHEMA:
             return
         if record.failure is None and record.status is not Status.INCONCLUSIVE:

@@ -3,9 +3,7 @@
 Contract: a framework plugin imports only the names in ``scout_core.__all__``, in this
 module's ``__all__`` and, in its tests and examples, in ``scout_core.testing.__all__``
 (``tests/unit/test_import_rules.py`` enforces it); anything else in the core may change
-without notice. This module's names: the plugin base and its helpers, the adapter side,
-SCOUT's groups and agreement helpers, :func:`injected_delay`, checkpoints the framework
-owns, and the session and its events. How the pieces fit: docs/plugins.md.
+without notice. How the pieces fit: docs/plugins.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """A SCOUT session: the composition root of one job's replay, observer and gate.
 
-Contract: :func:`compose` (called by ``FrameworkPlugin.enable``) builds the parts around a
-framework adapter in this order: the evidence writer, the replay driver (the one step
-clock and its boundary events), the checkpoint gate (in-memory, or the framework's own
-checkpoints: one ``CheckpointGate``) and the hang observer. Each part subscribes to what it
-needs and registers its own undo; the :class:`Session` only holds the parts and delivers
-verdicts. ``close`` removes every hook and runs the closers in reverse order, idempotently.
+Contract: :func:`compose` builds the parts around a framework adapter in this order: the
+evidence writer, the replay driver (the one step clock and its boundary events), the
+checkpoint gate and the hang observer. Each part subscribes to what it needs and registers
+its own undo; the :class:`Session` only holds the parts and delivers verdicts. ``close``
+runs the closers in reverse order, idempotently.
 """
 
 from __future__ import annotations
@@ -59,21 +58,17 @@ class Session:
         self.config = config
         self.callback = callback
         self.verdicts: deque[Record] = deque(maxlen=VERDICTS_KEPT)
-        """The verdicts this rank learned of, newest last (agreeing rounds are not
-        recorded; bounded: the evidence files hold everything)."""
+        """The verdicts this rank learned of, newest last (agreeing rounds are not recorded)."""
         self.incidents: deque[Record] = deque(maxlen=1)
-        """The job-level incidents (``scout.incident/1``) merged at replay boundaries,
-        newest revision last; the same on every rank (bounded)."""
+        """The job's merged incidents, newest revision last; the same on every rank."""
         self.adapter: FrameworkAdapter | None = None
-        """The framework adapter (None when SCOUT is disabled)."""
+        """None when SCOUT is disabled, like :attr:`replay`."""
         self.replay: ReplayDriver | None = None
-        """The replay driver, owner of the step clock (None when SCOUT is disabled)."""
+        """The replay driver, owner of the step clock."""
         self.observer: ObserverHandle | None = None
         """This rank's hang observer (None when ``Config.observer`` is off)."""
         self.checkpoints: CheckpointGate | None = None
-        """The checkpoint gate: in-memory generations or the framework's own
-        checkpoints, one :class:`~scout_core.checkpoint.coordinator.CheckpointGate`;
-        None when off."""
+        """The checkpoint gate (in-memory or the framework's own checkpoints); None when off."""
         self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
         self._closed = False
@@ -145,20 +140,15 @@ class Session:
     # -- what users call during training --------------------------------------------------
 
     def watch_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
-        """Wrap a DataLoader (any iterable) so the observer sees each batch fetch.
-
-        A rank still fetching after its peers moved on gets an ``input_stall``
-        verdict. Returns ``loader`` unchanged when the observer is off.
-        """
+        """Wrap a DataLoader (any iterable) so the observer sees each fetch (``input_stall``);
+        ``loader`` itself when the observer is off."""
         if self.observer is None:
             return loader
         return watch_dataloader(loader, self.observer.publisher)
 
     def checkpoint_stage(self, kind: str = "write") -> AbstractContextManager[None]:
-        """Context around a checkpoint write (or ``kind="read"``) for the observer.
-
-        A rank still inside it after its peers moved on gets a ``checkpoint_stall``.
-        """
+        """Context around a checkpoint write (or ``kind="read"``), watched for
+        ``checkpoint_stall``."""
         if self.observer is None:
             return contextlib.nullcontext()
         return checkpoint_stage(self.observer.publisher, kind)
@@ -166,14 +156,10 @@ class Session:
     def recover(
         self, failure: Failure | str | None, *, machines_accessible: bool = True
     ) -> Recovery:
-        """Restore the checkpoint the gate trusts after ``failure`` (collective).
-
-        SDC or an unreachable machine restores *verified*, a straggler *latest*; any
-        other failure first replays the whole recipe catalog (paper Algorithm 3).
-        With the in-memory gate it returns what was restored (step, role, source,
-        reason); with a framework's gate, the tag it loaded from the directory the
-        framework last used. Writes a checkpoint record.
-        """
+        """Restore the checkpoint the gate trusts after ``failure`` (collective; paper
+        Algorithm 3): SDC or an unreachable machine restores *verified*, a straggler
+        *latest*, anything else first replays the whole recipe catalog. Returns what was
+        restored, or the tag a framework's gate loaded; writes a checkpoint record."""
         if self.checkpoints is None:
             raise UnsupportedSetupError(
                 "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
@@ -183,14 +169,9 @@ class Session:
         return self.checkpoints.recover(found, machines_accessible=machines_accessible)
 
     def resume(self) -> Recovery | None:
-        """After a job restart, restore the gate's verified generation from
-        ``checkpoint_dir`` (collective; call once at start, before the first step).
-
-        The same script serves the first start and every restart: ``None`` when there
-        is nothing to resume, else what was restored (training continues at
-        ``step + 1``). Needs the in-memory gate; a framework's gate loads its own
-        checkpoints (``session.checkpoints.load(io)``).
-        """
+        """After a restart, restore the verified generation from ``checkpoint_dir`` (collective,
+        once before the first step; in-memory gate). ``None`` if there is nothing to resume,
+        else what was restored (training continues at ``step + 1``)."""
         if self.checkpoints is not None:
             return self.checkpoints.resume()
         raise UnsupportedSetupError(
@@ -199,11 +180,8 @@ class Session:
         )
 
     def emit(self, record: Record) -> None:
-        """Hand one verdict to the user: :attr:`verdicts` and the callback.
-
-        Replay (trainer thread) and the observer (a listener thread) both deliver
-        here, hence the lock. Writing evidence files is the producer's job.
-        """
+        """Hand one verdict to :attr:`verdicts` and the callback; locked, as replay (trainer
+        thread) and the observer (listener thread) both deliver here."""
         with self._lock:
             self.verdicts.append(record)
             if self.callback is not None:
@@ -220,16 +198,10 @@ def compose(
 ) -> Session:
     """Start a session on ``adapter``: replay, the checkpoint gate and the observer.
 
-    Collective over the job (SCOUT's diagnostic groups are created here), so every
-    rank calls it at the same point. ``gates_checkpoints`` (implied by
-    ``wire_checkpoints``) picks the :class:`FrameworkGate` over the in-memory
-    :class:`GateHandle`; ``wire_checkpoints(gate)`` routes the framework's checkpoint
-    seam through it and returns the undo, run at close.
-
-    First the ranks agree on the run id (``session.config.run_id``: the configured
-    one, torchrun's, or a fresh one unique per launch) and check that ``report_dir``
-    and ``checkpoint_dir`` are writable everywhere (a :class:`ConfigError` naming the
-    key on every rank otherwise), so no part learns of either on its own later.
+    Collective. ``gates_checkpoints`` (implied by ``wire_checkpoints``) picks
+    :class:`FrameworkGate` over :class:`GateHandle`; ``wire_checkpoints(gate)`` routes the
+    framework's checkpoint seam through it and returns the undo. First the ranks agree on the
+    run id and the storage check (a :class:`ConfigError` on every rank).
     """
     session = Session(config, callback=callback)
     if not config.enabled:
@@ -297,12 +269,9 @@ def _compose(
 
 
 def _terminate_on_sdc(session: Session, step: int) -> None:
-    """``on_sdc = "terminate"``: an SDC at the boundary of ``step`` made the gate select
-    the verified generation, on every rank at once (the decision is job-wide). Log it,
-    write torchelastic's error file and exit with ``sdc_exit_code``, so the launcher
-    restarts the job and ``session.resume()`` restores verified. The evidence is
-    already on disk (every record is flushed as it is written); the observer dies with
-    its trainer."""
+    """``on_sdc = "terminate"``: the job-wide SDC decision at ``step`` ends every rank at once
+    with torchelastic's error file and ``sdc_exit_code``, so the launcher restarts the job and
+    ``session.resume()`` restores verified. Every record is already flushed to disk."""
     config = session.config
     named = [v for v in session.verdicts if v.outliers and v.failure is Failure.SDC][-8:]
     rank = session.adapter.rank() if session.adapter is not None else 0
@@ -321,8 +290,7 @@ def _gate(
     framework: bool,
     wire: Callable[[FrameworkGate], Callable[[], None]] | None,
 ) -> CheckpointGate | None:
-    """The checkpoint gate for this job, or None (logged) when nothing can be gated.
-    Its job-wide combine rides ``vote`` (on the job's diagnostic group)."""
+    """The checkpoint gate for this job (its combine rides ``vote``), or None, logged."""
     config, group = session.config, vote.group
     catalog = agreed_catalog(replay, config, group)
     if catalog is None:

@@ -1,8 +1,7 @@
 """The words SCOUT's decisions are made of, named once.
 
-C3 results, evidence records, mesh attribution and the checkpoint gate all speak
-in these enums. Each is a ``str`` enum whose value is exactly what appears in
-evidence JSON, so ``Status("agree")`` round-trips a record field.
+Each is a ``str`` enum whose value is exactly what appears in evidence JSON, so
+``Status("agree")`` round-trips a record field.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The SCOUT configuration every campaign trial runs under, and its fault's timing.
 
-One configuration for every setup and fault kind, so a score is about SCOUT and not
-about a per-fault tuning: replay every step (a hidden layer each step, the optimizer
-slice every step, embedding and LM head every fourth), the hang observer on with a
-short hang timeout (:data:`HANG_TIMEOUT_S`, still several healthy steps long on a
-loaded CPU box), the checkpoint gate off (a trial scores localization, not recovery),
-and the report directory and run id of the trial. The runner sends the settings
-to the rank bodies as plain JSON (``trial["scout"]``).
+One configuration for every setup and fault kind, so a score is about SCOUT, not a
+per-fault tuning (docs/campaign.md). The hang timeout is short but still several healthy
+steps long on a loaded CPU box; the gate is off because a trial scores localization, not
+recovery. The runner sends the settings to the rank bodies as JSON (``trial["scout"]``).
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from scout_core.config import Config
 __all__ = ["HANG_TIMEOUT_S", "STALL_S", "fault_spec", "trial_settings"]
 
 HANG_TIMEOUT_S = 3.0
-"""The observer's hang timeout in every trial (seconds)."""
 STALL_S = HANG_TIMEOUT_S + 3.0
 """How long a hang or stall lasts: past the verdict, then training goes on."""
 DELAY_S = 0.2
@@ -40,8 +36,7 @@ def fault_spec(kind: str, victim: int | None, step: int) -> dict[str, Any]:
 
 
 def trial_settings(report_dir: str, trial: Mapping[str, Any]) -> dict[str, Any]:
-    """The SCOUT settings of one trial (module doc), as ``Config`` keyword arguments: a
-    plugin's rank body passes them the way its framework takes SCOUT settings."""
+    """The SCOUT settings of one trial (module doc), as ``Config`` keyword arguments."""
     fields: dict[str, Any] = {
         "report_dir": report_dir,
         "run_id": f"campaign-{trial['index']}",

@@ -1,11 +1,9 @@
-"""The campaign setups where every peer group holds two replicas, as multi-rank tests
-use them: a vote names nobody there, so what names a rank must come from elsewhere
-(the observers' wait-for graph, a timing pool, a rank's own history).
+"""The campaign setups where every peer group holds two replicas, for multi-rank tests.
 
-Each is a real training job of ``scout campaign``'s rank bodies, Gloo on CPU: DDP x 2,
-HSDP 2 x 2 (FSDP2), DP 2 x TP 2 (DTensor TP + DDP), and 2 pipeline stages x DP 2
-(DeepSpeed ``PipelineEngine``, rank = stage * 2 + data index; only where the DeepSpeed
-plugin registers its setups).
+A vote names nobody there, so what names a rank must come from elsewhere (the wait-for
+graph, a timing pool, a rank's own history). Layouts: DDP x 2, HSDP 2 x 2, DP 2 x TP 2,
+and, where the DeepSpeed plugin registers it, 2 pipeline stages x DP 2 (rank = stage * 2 +
+data index).
 """
 
 from __future__ import annotations
@@ -28,5 +26,4 @@ PAIR_LAYOUTS: Mapping[str, Setup] = {
 """The layouts (module doc), by test name."""
 
 BLOCKS: Mapping[str, int] = {"ddp2": 4, "hsdp2x2": 4, "dp2xtp2": 4, "pp2xdp2": 2}
-"""Repeated blocks each rank holds (and a trial's compute fault spreads its delay over):
-TinyLM's four, or two per pipeline stage."""
+"""Repeated blocks each rank holds, which a compute fault spreads its delay over."""

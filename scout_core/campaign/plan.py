@@ -1,13 +1,10 @@
 """The campaign's plan: which setups and fault kinds exist, and the trials a seed draws.
 
-Contract: :func:`draw_plan` draws each trial (a setup, a fault kind, a victim rank and an
-injection step) from ``random.Random(seed)`` alone, so the same seed gives the same plan
-on any machine with the same plugins installed. Kinds are dealt like cards, every kind
-once per shuffled round, so ``n`` trials hold each kind ``n // len(kinds)`` or one more
-times; setup, victim and step are drawn independently. :data:`SETUPS` is
-:data:`CORE_SETUPS`, then the setups installed plugins register under the entry-point
-group ``scout.campaign_setups``, by entry-point name; a broken entry is logged and
-skipped, never fatal. The plan and its setups: docs/campaign.md, "What a trial is".
+Contract: :func:`draw_plan` draws each trial from ``random.Random(seed)`` alone, so the
+same seed gives the same plan on any machine with the same plugins installed. Kinds are
+dealt like cards, every kind once per shuffled round. :data:`SETUPS` is :data:`CORE_SETUPS`,
+then the plugins' setups by entry-point name; a broken entry is skipped, never fatal.
+Docs: docs/campaign.md, "What a trial is".
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ CORE_SETUPS: tuple[Setup, ...] = (
 
 
 def plugin_setups(taken: Sequence[str] = ()) -> tuple[Setup, ...]:
-    """The setups installed plugins register under ``scout.campaign_setups``, by
-    entry-point name; a broken entry, or a setup whose name is in ``taken`` or already
-    registered, is logged and skipped."""
+    """The setups installed plugins register, by entry-point name; a broken entry, or a
+    setup whose name is in ``taken`` or already registered, is logged and skipped."""
     names = set(taken)
     found: list[Setup] = []
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -113,7 +109,6 @@ class Trial:
     step: int
     """The injection step (0-based); for a clean control, where a fault would have been."""
     steps: int
-    """Training steps the trial runs."""
     world: int
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,8 +122,7 @@ class Trial:
 FIRST_STEP = 2
 """The earliest injection step: steps before it are clean in every trial."""
 AFTER = 5
-"""Steps a trial runs after its injection step: time for the rotation of replayed
-layers to come round and for two straggler rounds."""
+"""Steps run after the injection: time for the replay rotation and two straggler rounds."""
 
 
 def draw_plan(

@@ -1,15 +1,12 @@
 """Running a campaign's trials one after another, and scoring each from its evidence.
 
-Each trial is a fresh job of :func:`scout_core.testing.run_ranks` (its own ranks,
-store, ports and hard timeout) writing to its own report directory,
-``<out_dir>/trial-<index>-<setup>-<kind>/``; ``scout report`` renders any of them.
-Trials run sequentially: they time stragglers and hangs, which concurrent jobs on
-the same cores would blur.
+Each trial is a fresh job of :func:`scout_core.testing.run_ranks` with its own report
+directory. Trials run sequentially: they time stragglers and hangs, which concurrent jobs
+on the same cores would blur.
 
-A ``hang_sigstop`` trial is driven from here: its victim marks the moment it is
-about to enter the step (:data:`~scout_core.testing.trial.STOP_MARKER`), the
-runner ``SIGSTOP``\\ s that rank's process, waits until a hang verdict is on disk (or
-the stall time has passed), and ``SIGCONT``\\ s it so the job ends normally.
+A ``hang_sigstop`` trial is driven from here: when the victim marks that it is about to
+enter the step (:data:`~scout_core.testing.trial.STOP_MARKER`), the runner ``SIGSTOP``\\ s
+it until a hang verdict is on disk (or the stall time has passed), then ``SIGCONT``\\ s it.
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ from scout_core.campaign.score import TrialScore, score_trial
 __all__ = ["CampaignResult", "run_campaign", "run_trial"]
 
 _STEP_BUDGET_S = 8.0
-"""Hard-timeout allowance per training step on a loaded CPU box (generous: a timed-out
-trial is scored from what it wrote, and counted as an error)."""
+"""Hard-timeout allowance per step on a loaded CPU box; generous, as a timed-out trial is
+an error (scored from what it wrote)."""
 
 
 @dataclass
@@ -93,10 +90,9 @@ def run_trial(
     fault: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> TrialScore:
-    """Run one trial and score it from its evidence; ``fault``: extra keys of the
-    fault's spec (a test kind's, such as the group a ``collective_stall`` holds open);
-    ``settings``: SCOUT's settings instead of the campaign's (``Config`` keyword
-    arguments; the trial's report directory is always its own)."""
+    """Run one trial and score it from its evidence; ``fault`` adds keys to the fault's
+    spec, ``settings`` replaces the campaign's ``Config`` keyword arguments (the report
+    directory stays the trial's own)."""
     from scout_core.errors import ScoutError
     from scout_core.records.reading import load_report
     from scout_core.testing.harness import port_clash, run_ranks
@@ -134,8 +130,7 @@ def run_trial(
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             log.write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")  # the ranks' logs
             if attempt == 1 and port_clash(str(exc)):
-                # another process took the free port between the harness's pick and the
-                # bind: not the trial's doing; run it again from scratch, once
+                # another process took the port between the pick and the bind: run again
                 shutil.rmtree(report_dir, ignore_errors=True)
                 continue
         break

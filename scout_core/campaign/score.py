@@ -1,17 +1,10 @@
 """Scoring a campaign from the evidence its trials wrote (definitions: docs/campaign.md).
 
-The evidence is read with :func:`scout_core.records.reading.load_report`, leniently,
-the reader ``scout report`` uses. From a trial's verdict records (``scout.verdict/1``
-with a ``failure``) it takes **claims**: each distinct (failure, outliers) pair, at
-its first step and first record time. A claim *names ranks* when its outliers are
-non-empty; a claim is **true** when it names the victim and its failure is one the
-fault kind accepts (:data:`ACCEPTED`).
-
-Per trial (:func:`score_trial`): the outcome (``detected``, ``wrong_rank``,
-``wrong_class``, ``missed``, ``clean``, ``false_alarm``, ``error``, ``not_injected``), the claims,
-time to verdict, clean steps and findings at clean steps. Over trials
-(:func:`summarize`): precision, recall, exact-rank accuracy, time to verdict
-(median, worst; seconds and steps) and false positives per 1,000 clean steps.
+A **claim** is a distinct (failure, outliers) pair among a trial's failing verdicts; it is
+**true** when it names the victim with a failure the fault kind accepts (:data:`ACCEPTED`).
+:func:`score_trial` gives one trial's outcome, claims, time to verdict and clean-step
+findings; :func:`summarize` gives precision, recall, exact-rank accuracy, time to verdict
+and false positives per 1,000 clean steps.
 """
 
 from __future__ import annotations
@@ -55,7 +48,6 @@ class Claim:
     time: float
     surface: str
     records: int
-    """Verdict records carrying this claim."""
 
 
 def _failing(report: Report, run_id: str | None) -> Iterator[Record]:
@@ -82,8 +74,7 @@ def claims(report: Report, run_id: str | None = None) -> list[Claim]:
 def _findings_at_clean_steps(
     report: Report, run_id: str | None, before: int | None
 ) -> list[tuple[int, str, tuple[int, ...]]]:
-    """Distinct (step, failure, outliers) of verdicts at clean steps: every step of a
-    clean control (``before`` None), else the steps before the injection."""
+    """Distinct (step, failure, outliers) of verdicts at clean steps (all, or before ``before``)."""
     out: set[tuple[int, str, tuple[int, ...]]] = set()
     for r in _failing(report, run_id):
         if r.failure is not None and (before is None or r.step < before):
@@ -106,8 +97,7 @@ class TrialScore:
     named_claims: int
     """Claims that name ranks (the denominator of precision)."""
     exact_rank: bool | None
-    """Whether the first claim of an accepted class names exactly the victim; None when
-    there is no such claim (or for a clean control)."""
+    """Whether the first claim of an accepted class names exactly the victim; None if none."""
     ttv_s: float | None
     ttv_steps: int | None
     clean_steps: int
@@ -132,10 +122,10 @@ def score_trial(
     error: str | None = None,
     fired: bool = True,
 ) -> TrialScore:
-    """Score one trial (``trial``: a :class:`~scout_core.campaign.plan.Trial` as a dict)
-    from its ``report``; ``injected_at`` is the Unix time the fault struck, ``trained``
-    the steps the trial completed, ``fired`` false when the fault never struck (the
-    trial is then ``not_injected`` and left out of every score)."""
+    """Score one trial (a :class:`~scout_core.campaign.plan.Trial` as a dict) from ``report``.
+
+    ``injected_at`` is the Unix time the fault struck, ``trained`` the steps completed;
+    ``fired`` false makes the trial ``not_injected``, left out of every score."""
     kind, victim, step = str(trial["kind"]), trial["victim"], int(trial["step"])
     found = claims(report, run_id)
     named = [c for c in found if c.outliers]

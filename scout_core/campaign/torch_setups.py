@@ -1,18 +1,12 @@
 """The rank body of a campaign trial under the core's own setups: DDP, FSDP2, HSDP, DP x TP.
 
-:func:`trial_rank` runs on every rank of a trial (spawned by
-:func:`scout_core.testing.run_ranks`): it builds :class:`~scout_core.testing.TinyLM`
-under the setup's parallelism, enables SCOUT through the torch plugin with the
-campaign's settings (``trial["scout"]``, from
-:func:`scout_core.campaign.config.trial_settings`), arms the trial's fault
-(:class:`~scout_core.testing.trial.TrialFault`) and trains. The evidence
-goes to the trial's report directory; the runner scores it from there.
+:func:`trial_rank` runs on every rank of a trial: it builds
+:class:`~scout_core.testing.TinyLM` under the setup's parallelism, enables SCOUT through the
+torch plugin with ``trial["scout"]``, arms the trial's fault and trains.
 
-The layouts are PyTorch's own recipes: ``ddp`` (pure data parallel), ``fsdp``
-(FSDP2 ``fully_shard`` per block, then the root), ``hsdp`` (FSDP2 on a 2-D mesh,
-world/2 replicas of 2 shards), ``dptp`` (TP degree 2: each block's ``fc1``/``fc2``
-colwise/rowwise on the ``tp`` sub-mesh, then ``DistributedDataParallel`` over ``dp``).
-SCOUT derives each layout itself.
+The layouts are PyTorch's own recipes: ``ddp``, ``fsdp`` (``fully_shard`` per block, then
+the root), ``hsdp`` (world/2 replicas of 2 shards), ``dptp`` (each block's ``fc1``/``fc2``
+colwise/rowwise on a TP-2 sub-mesh, then DDP over ``dp``). SCOUT derives each layout itself.
 """
 
 from __future__ import annotations

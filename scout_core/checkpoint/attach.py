@@ -107,13 +107,9 @@ class GateHandle(SessionGate):
     def recover(
         self, failure: Failure | str | None, *, machines_accessible: bool = True
     ) -> Restored:
-        """Select and restore the generation the gate trusts for ``failure``. Collective.
-
-        Model, optimizer, RNG streams and the caller state are restored bitwise;
-        ``extra_state()``'s mapping is updated in place (its tensors copied into)
-        and ``restore_extra`` receives the restored caller state. Replay resumes at
-        the iteration after the restored step (``session.step``).
-        """
+        """Select and restore the generation the gate trusts for ``failure``, bitwise; collective.
+        ``extra_state()``'s mapping is updated in place and ``restore_extra`` gets the restored
+        caller state. Replay resumes at the iteration after the restored step."""
         restored = self.coordinator.recover(
             None if failure is None else Failure(failure),
             step=max(self.driver.step - 1, 0),
@@ -130,13 +126,9 @@ class GateHandle(SessionGate):
         return restored
 
     def resume(self) -> Restored | None:
-        """After a restart: restore the newest verified generation of ``checkpoint_dir``.
-        Collective; call it once at start, after :meth:`set_extra_state` and before the
-        first training step.
-
-        Returns what was restored (training continues at ``step + 1``, and so does
-        replay's clock) or ``None`` on a first start, when there is nothing to resume.
-        """
+        """After a restart: restore the newest verified generation of ``checkpoint_dir``, or
+        return ``None``. Collective; call it once, after :meth:`set_extra_state` and before the
+        first step (training and replay go on at ``step + 1``)."""
         restored = self.coordinator.resume(extra=self._live_extra())
         if restored is None:
             return None
@@ -154,12 +146,9 @@ def attach_gate(
 ) -> GateHandle:
     """The in-memory gate ``scout.enable`` attached to ``session``, with caller state.
 
-    ``extra_state`` returns the caller-owned state to capture with each checkpoint
-    (a dict of tensors and JSON-safe values: step counter, data-loader position);
-    ``restore_extra`` receives it back on recovery. The gate is configured by the
-    session's ``Config`` (``gate``, ``checkpoint_dir``, ``catalog_size``,
-    ``peer_replication``) and closed with the session. Raises
-    :class:`~scout_core.errors.UnsupportedSetupError` when the session has none.
+    ``extra_state`` returns caller-owned state to capture with each checkpoint (tensors and
+    JSON-safe values: step counter, data-loader position); ``restore_extra`` gets it back on
+    recovery. The gate closes with the session; without one, UnsupportedSetupError.
     """
     handle = session.checkpoints
     if session.closed or not isinstance(handle, GateHandle):

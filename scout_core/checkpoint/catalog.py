@@ -1,13 +1,10 @@
 """What a replay boundary means for the checkpoint gate: catalog slots and one outcome.
 
-Contract: both gates read the same thing off each
-:class:`~scout_core.replay.boundary.Boundary`: the due recipes mapped to catalog slots by
-``(kind, path)``, and this rank's outcome, the worst of :func:`round_outcome` over them
-(a due recipe without a round is missing; a custody verdict naming this rank is SDC).
-:func:`agreed_catalog` builds the gate's catalog (replay's, minus recipes the job can
-never run, folded onto ``Config.catalog_size`` slots) and refuses catalogs that differ in
-shape across ranks. The table and the catalog: docs/checkpoint_gate.md, "What the wiring
-does".
+Contract: both gates read the due recipes of a boundary as catalog slots (by ``(kind,
+path)``) and this rank's outcome, the worst of :func:`round_outcome` over them (a due recipe
+without a round is missing; a custody verdict naming this rank is SDC). :func:`agreed_catalog`
+folds replay's catalog, minus recipes the job can never run, onto ``Config.catalog_size``
+slots. Docs: docs/checkpoint_gate.md, "What the wiring does".
 """
 
 from __future__ import annotations
@@ -65,8 +62,7 @@ class GateCatalog:
         return {_key(r): i % self.size for i, r in enumerate(self.recipes)}
 
     def evaluate(self, boundary: Boundary) -> tuple[Outcome, list[int]] | None:
-        """This rank's outcome and the catalog slots checked at ``boundary``; None when
-        no catalog recipe was due (the gate has nothing to decide)."""
+        """This rank's outcome and the catalog slots checked at ``boundary``; None if none due."""
         if not boundary.due:
             return None
         slots = self.slots
@@ -83,12 +79,10 @@ class GateCatalog:
 
 
 class GateAgreement:
-    """How a gate agrees job-wide at a boundary. In a session its flag words ride the
-    boundary's one reduction (a seat of :class:`~scout_core.decision.vote.BoundaryVote`,
-    next to the incident merger's word); without a vote it combines alone
-    (:func:`~scout_core.decision.gate_wire.combine` on ``group``). Both gates use it;
-    ``gate`` returns the gate's state machine, ``holding`` whether a selection is
-    pending (then the gate decides nothing, on every rank)."""
+    """How both gates agree job-wide at a boundary: the flag words ride the boundary's one
+    reduction (a :class:`~scout_core.decision.vote.BoundaryVote` seat), or without a vote
+    combine alone on ``group``. ``gate`` returns the state machine; ``holding`` says a
+    selection is pending (then the gate decides nothing, on every rank)."""
 
     def __init__(
         self,
@@ -112,17 +106,15 @@ class GateAgreement:
         return words(self._gate().local_flags(boundary.step, *found))
 
     def job(self, boundary: Boundary) -> JobFlags | None:
-        """The voted job-wide flags of ``boundary`` (the vote's reduction on the first
-        read of any seat), or None without a vote or where the gate decides nothing.
-        Read at every due boundary, so the vote is cast even where this gate is idle."""
+        """The voted job-wide flags of ``boundary``, or None without a vote or where the gate
+        decides nothing. Read at every due boundary, so the vote is cast even when idle."""
         if self._seat is None or not boundary.due:
             return None
         maxima = self._seat.result(boundary)
         return None if maxima is None else fold_words(maxima)
 
     def agree(self, boundary: Boundary) -> tuple[JobFlags, LocalFlags] | None:
-        """The job-wide and this rank's flags of ``boundary``; None where the gate decides
-        nothing (no catalog recipe due, or a selection pending). Collective."""
+        """Job-wide and this rank's flags of ``boundary``, or None as :meth:`words`; collective."""
         voted = self.job(boundary)
         found = self.catalog.evaluate(boundary)
         if found is None or self._holding():

@@ -1,13 +1,10 @@
 """Which framework checkpoint tags the gate vouches for: the ledger and its JSON sidecar.
 
-Contract: :class:`Ledger` keeps one :class:`TagEntry` per saved tag and moves its role
-(``latest``, ``candidate``, ``verified``, ``uncertified``, ``suspect``) as the gate's
-cycles complete; it is pure data, identical on every rank, and framework-free.
-:func:`write_sidecar` mirrors a directory's entries into
-``<directory>/scout-certification.json`` atomically (temp file, fsync, rename, fsync the
-directory), written only by the rank that writes the framework's "latest" marker; sidecars
-of ``scout.deepspeed.certification/1`` are still read. The roles and how tags move:
-docs/checkpoint_gate.md, "Checkpoints the framework owns".
+Contract: :class:`Ledger` keeps one :class:`TagEntry` per saved tag and moves its role as
+the gate's cycles complete; it is pure data, identical on every rank, and framework-free.
+:func:`write_sidecar` mirrors a directory's entries into its sidecar atomically (only the
+rank that writes the framework's "latest" marker); ``scout.deepspeed.certification/1``
+sidecars are still read. Docs: docs/checkpoint_gate.md, "Checkpoints the framework owns".
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ __all__ = [
 ]
 
 SIDECAR = "scout-certification.json"
-"""File name of the certification sidecar inside a checkpoint directory."""
 SIDECAR_SCHEMA = "scout.certification/1"
 _LEGACY_SCHEMAS = frozenset({SIDECAR_SCHEMA, "scout.deepspeed.certification/1"})
 
@@ -106,9 +102,8 @@ class Ledger:
         return entry
 
     def _bound(self, where: str) -> None:
-        """Keep at most :data:`MAX_ENTRIES` entries per directory: the oldest go first,
-        tags SCOUT would never select (``suspect``, ``uncertified``) before the others,
-        and the newest ``verified`` tag always stays."""
+        """At most :data:`MAX_ENTRIES` per directory: oldest first, unselectable roles before
+        the others; the newest ``verified`` tag always stays."""
         held = [e for e in self.entries.values() if e.directory == where]
         if len(held) <= MAX_ENTRIES:
             return
@@ -179,11 +174,8 @@ def write_sidecar(
 
 
 def read_sidecar(directory: str | Path) -> list[TagEntry] | None:
-    """The entries of ``directory``'s sidecar; None when there is none.
-
-    A corrupt, truncated or foreign sidecar raises :class:`CheckpointError`: it is
-    never silently ignored, because it decides which tag a resume trusts.
-    """
+    """``directory``'s sidecar entries, or None; a corrupt, truncated or foreign one raises
+    :class:`CheckpointError`, never ignored: it decides which tag a resume trusts."""
     path = Path(directory) / SIDECAR
     if not path.exists():
         return None

@@ -1,11 +1,9 @@
 """The checkpoint coordinator: the one place Algorithm 3 is carried out.
 
 Contract: :class:`GateCoordinator` owns one rank's :class:`~scout_core.decision.gate.Gate`
-and, per replay boundary, carries the decision out on a :class:`GenerationStore`
-(:mod:`.host_store` or :mod:`.framework_gate`); a session holds its gate as one
-:class:`CheckpointGate` with one ``recover(failure)``. Collective: every rank calls it at
-the same boundaries with the same catalog. Which store call each decision makes:
-docs/internals.md, "The checkpoint gate".
+and carries each boundary's decision out on a :class:`GenerationStore`. Collective: every
+rank calls it at the same boundaries with the same catalog. Which store call each decision
+makes: docs/internals.md, "The checkpoint gate".
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class GenerationStore(Protocol[R_co]):
     """Where a gate's generations live; the coordinator calls it for each decision."""
 
     def capture(self, decision: Decision, extra: Mapping[str, Any] | None) -> float | None:
-        """CAPTURE / ROTATE, before the gate commits: the seconds the copy blocked,
-        or None when a routine capture is not taken."""
+        """CAPTURE / ROTATE, before the gate commits: seconds blocked, or None if not taken."""
         ...
 
     def promote(self, decision: Decision, detail: Mapping[str, Any]) -> None:
@@ -85,8 +82,7 @@ class GenerationStore(Protocol[R_co]):
         sweep: Callable[[], Outcome] | None = None,
         boundary: Decision | None = None,
     ) -> Retrieval:
-        """Algorithm 3's retrieval over the store's generations (at a RETRIEVE
-        ``boundary``, or for a recovery when None)."""
+        """Algorithm 3's retrieval (at a RETRIEVE ``boundary``, or for a recovery when None)."""
         ...
 
     def restore(
@@ -136,12 +132,9 @@ class BoundaryResult:
 
 
 class GateCoordinator(Generic[R]):
-    """Algorithm 3 over one :class:`GenerationStore` (module doc); one per rank.
-
-    ``group`` is a diagnostic Gloo group over the whole job; ``sweep`` runs the full
-    recipe catalog now and returns this rank's outcome (retrieval after failures that
-    are neither SDC nor slowness needs it).
-    """
+    """Algorithm 3 over one :class:`GenerationStore` (module doc); one per rank. ``group`` is
+    a diagnostic Gloo group over the whole job; ``sweep`` runs the full catalog now and
+    returns this rank's outcome (retrieval after neither SDC nor slowness needs it)."""
 
     def __init__(
         self,
@@ -156,7 +149,6 @@ class GateCoordinator(Generic[R]):
         self.store = store
         self.sweep = sweep
         self.pending: Retrieval | None = None
-        """The selection of a boundary that found SDC or a hang, until a restore."""
 
     def on_boundary(
         self,
@@ -167,13 +159,9 @@ class GateCoordinator(Generic[R]):
         extra: Mapping[str, Any] | None = None,
         job: JobFlags | None = None,
     ) -> BoundaryResult:
-        """Algorithm 3's ``CheckpointSave`` at the replay boundary of ``step``.
-
-        ``outcome`` is this rank's result for the boundary and ``recipes`` the catalog
-        indices checked (``None`` when this rank has no result); ``extra`` is the
-        caller's state to capture with the model. Collective over ``group`` unless
-        ``job`` carries the flags every rank already combined for this boundary.
-        """
+        """Algorithm 3's ``CheckpointSave`` at the replay boundary of ``step``: ``recipes`` are
+        the catalog indices ``outcome`` checked (``None``: no result here); ``extra`` is caller
+        state to capture. Collective unless ``job`` carries the flags already combined."""
         local = self.gate.local_flags(step, outcome, recipes)
         return self.decide(combine(local, group=self.group) if job is None else job, local, extra)
 
@@ -230,8 +218,7 @@ class GateCoordinator(Generic[R]):
 
 
 class CheckpointCoordinator(GateCoordinator[Restored]):
-    """The coordinator over host memory (:class:`~.host_store.HostMemoryStore`): one
-    rank's gate, in-memory generations, replicas and durable store."""
+    """The coordinator over host memory (:class:`~.host_store.HostMemoryStore`)."""
 
     store: HostMemoryStore
 
@@ -275,6 +262,5 @@ class CheckpointCoordinator(GateCoordinator[Restored]):
         self.durable = store.durable
 
     def resume(self, *, extra: MutableMapping[str, Any] | None = None) -> Restored | None:
-        """After a job restart: the newest verified generation on disk
-        (:meth:`.host_store.HostMemoryStore.resume`). Collective."""
+        """After a job restart: :meth:`.host_store.HostMemoryStore.resume`. Collective."""
         return self.store.resume(extra=extra)

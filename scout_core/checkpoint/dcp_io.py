@@ -1,16 +1,10 @@
 """DCP storage for one rank's shard, with its metadata as JSON: nothing is unpickled.
 
-``torch.distributed.checkpoint``'s ``FileSystemWriter`` stores the checkpoint
-metadata (which tensor lives at which byte range of which file) with ``pickle``, and
-``FileSystemReader.read_metadata`` reads it back with ``pickle.load``. SCOUT keeps
-DCP's writer, so the standard ``.metadata`` file is still there for tools that read
-DCP checkpoints, but also writes the same metadata as JSON (``.metadata.json``) and
-loads through a reader that reads only the JSON. Tensor data itself is read by DCP
-with ``torch.load(weights_only=True)``.
-
-Gate checkpoints put only tensors into DCP (everything else goes into the JSON shard
-description, :mod:`.durable`), so the JSON metadata has one kind of entry:
-a tensor's dtype, global size and chunks, and where each chunk's bytes are.
+DCP pickles its metadata (which tensor lives at which byte range of which file). SCOUT
+keeps DCP's writer (the standard ``.metadata`` stays for other tools), also writes the
+metadata as ``.metadata.json`` and reads only that; DCP reads tensor data with
+``torch.load(weights_only=True)``. Gate checkpoints put only tensors into DCP, so the JSON
+has one kind of entry: a tensor's dtype, global size and chunks, and where their bytes are.
 """
 
 from __future__ import annotations
@@ -76,9 +70,8 @@ def _no_constant(name: str) -> Any:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """Parse a JSON file; :class:`CheckpointError` when it is missing, corrupt or
-    truncated, or holds what no SCOUT writer writes (``Infinity``, ``NaN``, nesting deep
-    enough to exhaust the parser, an integer of thousands of digits)."""
+    """Parse a JSON file; :class:`CheckpointError` when it is missing, corrupt, truncated or
+    holds what no SCOUT writer writes (``NaN``, nesting that exhausts the parser, huge ints)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except FileNotFoundError:
@@ -93,8 +86,7 @@ def read_json(path: Path, what: str) -> Any:
 
 @contextlib.contextmanager
 def per_rank_dcp() -> Iterator[None]:
-    """DCP with ``no_dist=True`` warns that it assumes a single process; that is the
-    intent here (one independent DCP checkpoint per rank), so that one warning is muted."""
+    """Mute DCP's ``no_dist=True`` single-process warning: one checkpoint per rank is meant."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=r"torch\.distributed is .*assuming the intent", category=UserWarning

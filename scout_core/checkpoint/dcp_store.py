@@ -1,11 +1,9 @@
 """The core's own checkpoints as a :class:`~scout_core.checkpoint.io.CheckpointIO`.
 
 Contract: :class:`DcpCheckpointIO` writes the state a bitwise resume needs as one tag per
-step (``step-00000012``, the generation directory of :mod:`.durable`), so a plain-PyTorch
-job can keep durable checkpoints under the
-:class:`~scout_core.checkpoint.framework_gate.FrameworkGate`; it is the reference the
-shared conformance test (:func:`scout_core.testing.check_checkpoint_io`) checks the
-plugins' IOs against.
+step (``step-00000012``, a :mod:`.durable` generation), so a plain-PyTorch job can keep
+durable checkpoints under the :class:`~scout_core.checkpoint.framework_gate.FrameworkGate`;
+it is the reference :func:`scout_core.testing.check_checkpoint_io` checks plugins against.
 """
 
 from __future__ import annotations
@@ -41,13 +39,9 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 class DcpCheckpointIO:
-    """Model, optimizers, RNG streams and caller state as DCP tags in ``directory``.
-
-    Collective at construction (it makes its diagnostic group unless ``group`` is
-    given) and in :meth:`save` / :meth:`load`. ``extra_state()`` returns the caller
-    state to save with each tag (tensors and JSON-safe values); on load its mapping
-    is updated in place.
-    """
+    """Model, optimizers, RNG streams and caller state as DCP tags in ``directory``;
+    collective at construction (unless ``group`` is given) and in :meth:`save` / :meth:`load`.
+    ``extra_state()`` returns caller state to save with each tag; load updates it in place."""
 
     def __init__(
         self,

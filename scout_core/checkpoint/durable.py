@@ -1,13 +1,10 @@
 """Durable gate checkpoints: DCP shards, a JSON manifest per generation, atomic commit.
 
 Contract: candidates and verified generations outlive the process in ``checkpoint_dir``
-(one shared file system): each rank writes its shard as its own DCP checkpoint
-(``no_dist=True``, so nothing is unpickled), one reduction confirms every shard, and the
-rename of the temp directory is the commit point, so a ``.tmp-*`` directory is never
-selected. A load picks the newest committed generation of the wanted role, checks the
-manifest and the shard's sha256 sums, and agrees on the pick job-wide before anything is
-applied; a mismatch raises :class:`~scout_core.errors.CheckpointError` on every rank. The
-layout and the commit: docs/checkpoint_gate.md, "On disk".
+(one shared file system). Each rank writes its shard as its own DCP checkpoint, one
+reduction confirms every shard, and renaming the temp directory commits, so a ``.tmp-*``
+directory is never selected. A load checks the manifest and sha256 sums and agrees on the
+pick job-wide before anything is applied. Layout and commit: docs/checkpoint_gate.md, "On disk".
 """
 
 from __future__ import annotations
@@ -78,9 +75,9 @@ log = logging.getLogger(__name__)
 class DurableStore:
     """Persists, promotes, discards and loads gate generations for one rank.
 
-    Every method that changes or reads the store is collective over ``group``, a
-    diagnostic Gloo group over the whole job (never ``WORLD``); ``ranks`` are its
-    global ranks and the first one coordinates (writes manifests, renames).
+    Every method that changes or reads the store is collective over ``group`` (a diagnostic
+    Gloo group over the whole job, never ``WORLD``); a failure on any rank raises
+    :class:`CheckpointError` on all. The first of ``ranks`` coordinates (manifests, renames).
     """
 
     def __init__(
@@ -101,8 +98,6 @@ class DurableStore:
             raise ValueError(
                 f"the durable store needs the whole job in rank order, got {self.ranks}"
             )
-
-    # -- collectives ---------------------------------------------------------------------
 
     def _all_ok(self, ok: bool) -> bool:
         return all_ok(ok, self.group)
@@ -135,12 +130,9 @@ class DurableStore:
         write_json(rank_dir / SHARD, shard)
 
     def _agree(self, error: BaseException | None, what: str) -> None:
-        """Agree job-wide that every rank's part of ``what`` worked; else raise
-        :class:`CheckpointError` on every rank, naming the lowest failing rank and, on
-        the ranks that did not fail, its ``errno`` text (so the record the job writes
-        says why, whichever rank writes it)."""
-        # One word: the lowest failing rank in the high part (MAX of -rank picks it),
-        # its errno in the low 16 bits.
+        """Agree job-wide that every rank's part of ``what`` worked; else raise on every rank,
+        naming the lowest failing rank and its ``errno`` text (whichever rank writes the record)."""
+        # One word: the lowest failing rank high (MAX of -rank picks it), its errno low.
         word = -self.rank * _CODE_SPAN + min(error_code(error), _CODE_SPAN - 1) if error else -_FAR
         failed, lowest = reduce_max([int(error is not None), word], self.group)
         if failed:
@@ -152,13 +144,9 @@ class DurableStore:
             raise CheckpointError(f"{what} failed on rank {rank}{why}") from error
 
     def persist(self, step: int, tree: Mapping[str, Any], *, role: str = "candidate") -> Generation:
-        """Write this rank's ``tree`` as generation ``step``; commit atomically, job-wide.
-
-        A local failure on any rank (an ``OSError`` such as a full or read-only disk,
-        DCP's ``CheckpointException``) is agreed at the next phase boundary: every
-        rank raises :class:`CheckpointError`, nothing is committed and the temporary
-        directory is removed, so no rank is left waiting in a collective.
-        """
+        """Write this rank's ``tree`` as generation ``step`` and commit atomically, job-wide. A
+        local failure (a full disk, DCP's ``CheckpointException``) is agreed at the next phase:
+        nothing is committed, the temp dir is removed, and no rank is left waiting."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         tmp = self.root / f"{TMP_PREFIX}{generation_name(step)}"
@@ -235,8 +223,7 @@ class DurableStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def set_role(self, step: int, role: str) -> None:
-        """Change generation ``step``'s role (promotion); collective. Raises
-        :class:`CheckpointError` on every rank when the coordinator could not."""
+        """Change generation ``step``'s role (promotion); collective."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         error: BaseException | None = None
@@ -261,8 +248,7 @@ class DurableStore:
         self.discard_where(lambda s: s not in keep)
 
     def discard_where(self, drop: Callable[[int], bool]) -> None:
-        """Remove every committed generation whose step ``drop`` selects; collective.
-        Raises :class:`CheckpointError` on every rank when the coordinator could not."""
+        """Remove every committed generation whose step ``drop`` selects; collective."""
         error: BaseException | None = None
         if self.coordinator:
             try:
@@ -278,8 +264,7 @@ class DurableStore:
     # -- reading -------------------------------------------------------------------------
 
     def _verify_shard(self, gen: Generation) -> tuple[dict[str, Any], dict[str, Spec]]:
-        """This rank's shard description and tensor specs, every checksum, path and size
-        checked (:mod:`.validate`); local, no collective."""
+        """This rank's shard description and specs, every checksum, path and size checked."""
         if gen.world_size != len(self.ranks):
             raise CheckpointError(
                 f"generation step {gen.step} was written by {gen.world_size} ranks; "
@@ -341,15 +326,10 @@ class DurableStore:
     def load(
         self, role: str | None, *, run_id: str | None = None, step: int | None = None
     ) -> tuple[Generation, dict[str, Any]]:
-        """Select and read the newest generation of ``role`` (``None``: any role), or the
-        one of ``step`` when given, into staging (nothing live is touched).
-
-        Collective. Returns the generation and this rank's state tree, only once every
-        rank has read and checked its own: any rank that lacks the generation, holds
-        a different one, or finds its shard corrupt, malformed or pointing outside the
-        generation makes every rank raise :class:`CheckpointError`. The caller applies
-        the tree only after agreeing that every rank can (:func:`.state.check_tree`).
-        """
+        """Read the newest generation of ``role`` (``None``: any), or the one of ``step``, into
+        staging. Every rank checks its shard first; one that lacks it, holds another or finds
+        it damaged makes every rank raise. The caller applies the tree only once every rank
+        can (:func:`.state.check_tree`)."""
         error: BaseException | None = None
         gen: Generation | None = None
         shard: dict[str, Any] = {}

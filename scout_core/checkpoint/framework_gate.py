@@ -1,16 +1,11 @@
 """Gating a framework's own checkpoints with the replay evidence: :class:`FrameworkGate`.
 
-A plugin says how its checkpoints are written and read
-(:class:`~scout_core.checkpoint.io.CheckpointIO`) and routes the framework's save and load
-through :meth:`FrameworkGate.save` and :meth:`FrameworkGate.load`; the rest happens here,
-once, for every framework. Contract: the one coordinator drives
-:class:`~.framework_store.FrameworkStore`,
-which moves the saved tags' roles in the :class:`~.certification.Ledger`; a save is
-refused while an SDC awaits recovery; a load without a tag picks the newest verified tag,
-agreed job-wide before the framework reads anything, and resets the gate's cycle and the
-step clock; :meth:`FrameworkGate.recover` is Algorithm 3's retrieval over the ledger.
-Every rank calls these at the same point. Docs: docs/checkpoint_gate.md, "Checkpoints the
-framework owns".
+A plugin gives a :class:`~scout_core.checkpoint.io.CheckpointIO` and routes the framework's
+save and load through :meth:`FrameworkGate.save` and :meth:`FrameworkGate.load`. Contract:
+a save is refused while an SDC awaits recovery; a load without a tag picks the newest
+verified tag, agreed job-wide before the framework reads anything, and resets the gate's
+cycle and step clock. Every rank calls these at the same point. Docs:
+docs/checkpoint_gate.md, "Checkpoints the framework owns".
 """
 
 from __future__ import annotations
@@ -95,8 +90,7 @@ class FrameworkGate(SessionGate):
         pass  # the store logged the selection and the refusal of saves
 
     def target(self, io: CheckpointIO) -> None:
-        """Make ``io`` (a directory and how to read it) what :meth:`recover` loads from;
-        by default, the IO of the last save or load."""
+        """Make ``io`` what :meth:`recover` loads from (default: that of the last save or load)."""
         self.store.io = io
 
     # -- save ----------------------------------------------------------------------------
@@ -205,8 +199,7 @@ class FrameworkGate(SessionGate):
     def recover(
         self, failure: Failure | str | None, *, machines_accessible: bool = True
     ) -> Recovered:
-        """Load the tag the gate trusts after ``failure`` from the directory of the last
-        save, load or :meth:`target`. Collective; writes a retrieve record."""
+        """Load the tag the gate trusts after ``failure`` from :attr:`last_io`; collective."""
         got = self.coordinator.recover(
             None if failure is None else Failure(failure),
             step=self.step,

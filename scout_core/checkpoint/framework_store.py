@@ -1,11 +1,9 @@
 """A framework's own checkpoints as the gate's generation store: :class:`FrameworkStore`.
 
-Contract: the one coordinator (:mod:`.coordinator`) calls it at each boundary; it moves
-the saved tags' roles in the :class:`~.certification.Ledger` (ROTATE: candidate to
-verified, latest to candidate; SKIP: both uncertified; RETRIEVE: every tag not verified
-becomes suspect), mirrors them into each directory's sidecar, and loads the tag a
-retrieval selects, agreed job-wide first. Collective. Docs: docs/checkpoint_gate.md,
-"Checkpoints the framework owns".
+Contract: the coordinator (:mod:`.coordinator`) calls it at each boundary; it moves the
+saved tags' roles in the :class:`~.certification.Ledger`, mirrors them into each
+directory's sidecar, and loads the tag a retrieval selects, agreed job-wide first.
+Collective. Docs: docs/checkpoint_gate.md, "Checkpoints the framework owns".
 """
 
 from __future__ import annotations
@@ -182,8 +180,7 @@ class FrameworkStore:
         step: int | None = None,
         extra: MutableMapping[str, Any] | None = None,
     ) -> Recovered:
-        """Load the tag ``found`` selected from the directory of :attr:`io`; writes a
-        retrieve record. Collective."""
+        """Load the tag ``found`` selected from :attr:`io`'s directory and record it. Collective."""
         io = self._io()
         roles = ("verified",) if found.selected is Selection.VERIFIED else SELECTABLE_AS_LATEST
         entry = self.ledger.newest(roles, directory=io.directory)
@@ -205,9 +202,8 @@ class FrameworkStore:
         return Recovered(entry.tag, entry.step, found.selected.value, found.reason)
 
     def load(self, io: CheckpointIO, entry: TagEntry | None, tag: str | None) -> tuple[Any, int]:
-        """Load ``tag`` through ``io``, agreed job-wide first; the cycle restarts and the
-        tags newer than what was loaded are no longer trusted. The framework's load
-        result and the step loaded. Collective."""
+        """Load ``tag`` through ``io``, agreed job-wide first; the framework's result and the
+        step. The cycle restarts and newer tags are no longer trusted. Collective."""
         if not same_value((tag, None if entry is None else entry.step), self.group):
             raise CheckpointError(f"ranks disagree about the tag to load (this rank: {tag!r})")
         out = io.load(tag)
@@ -221,13 +217,9 @@ class FrameworkStore:
     # -- sidecars ------------------------------------------------------------------------
 
     def use(self, io: CheckpointIO, *, strict: bool = True) -> bool:
-        """Adopt ``io``'s directory sidecar into the ledger once; whether one exists.
-
-        Collective: every rank reads the sidecar and the ranks agree that each could.
-        An unreadable one (malformed, tampered, unreadable disk) raises
-        :class:`CheckpointError` on every rank when ``strict`` (a load must not pick a
-        tag on a ledger it cannot trust); otherwise it is logged and ignored (a save).
-        """
+        """Adopt ``io``'s directory sidecar into the ledger once; whether one exists. Collective:
+        one any rank cannot read raises on every rank when ``strict`` (a load must not pick a tag
+        from a ledger it cannot trust), else it is logged and ignored (a save)."""
         self.io = io
         self._writes = io.writes_metadata()
         where = str(Path(io.directory).resolve())

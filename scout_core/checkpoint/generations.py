@@ -1,11 +1,8 @@
 """The on-disk layout of durable generations: names, manifests, and the scan.
 
 Contract: generation ``step`` lives in ``<checkpoint_dir>/step-NNNNNNNN`` with one
-``rank-NNNNN`` directory per rank and a JSON ``manifest.json`` (format
-``scout.generation/1``) written last; :func:`scan` lists the committed generations,
-oldest first, each manifest type-checked, and raises
-:class:`~scout_core.errors.CheckpointError` on one it cannot trust. Temp and trash
-directories are never listed. Writing and loading: :mod:`.durable`.
+``rank-NNNNN`` directory per rank and a ``manifest.json`` written last; :func:`scan` lists
+the committed ones and refuses one it cannot trust. Writing and loading: :mod:`.durable`.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ __all__ = [
 MANIFEST_FORMAT = "scout.generation/1"
 SHARD_FORMAT = "scout.shard/1"
 ROLES: tuple[str, ...] = ("candidate", "verified", "saved")
-"""``candidate`` / ``verified``: the in-memory gate's generations; ``saved``: a checkpoint
-written through :class:`~scout_core.checkpoint.dcp_store.DcpCheckpointIO` (its gate role
-lives in the certification sidecar)."""
+"""``candidate`` / ``verified``: the in-memory gate's; ``saved``: written through
+:class:`~scout_core.checkpoint.dcp_store.DcpCheckpointIO` (role in the certification sidecar)."""
 MANIFEST = "manifest.json"
 SHARD = "shard.json"
 PREFIX = "step-"
@@ -132,12 +128,8 @@ def read_manifest(gen: Path) -> Generation:
 
 
 def scan(checkpoint_dir: str | os.PathLike[str]) -> list[Generation]:
-    """Every committed generation under ``checkpoint_dir``, oldest first.
-
-    Temp and trash dirs are ignored (they were never committed). A committed dir
-    whose manifest is missing, corrupt or truncated raises :class:`CheckpointError`:
-    its role is unknown, so no choice around it can be trusted silently.
-    """
+    """Every committed generation under ``checkpoint_dir``, oldest first; a committed dir
+    whose manifest is missing or corrupt raises :class:`CheckpointError` (its role is unknown)."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return []

@@ -1,13 +1,11 @@
 """The host-memory generation store: the gate's generations in host memory, peer
 replicas and, with a ``checkpoint_dir``, the durable DCP store.
 
-One of the two :class:`~.coordinator.GenerationStore` implementations the
-:class:`~.coordinator.GateCoordinator` drives (the other holds a framework's own
-checkpoints: :mod:`.framework_gate`). It carries each gate decision out on the copies
-it holds and writes the ``scout.checkpoint/1`` records; a routine capture, which only
-moves ``latest``, writes nothing. ``docs/checkpoint_gate.md`` explains the memory
-modes (``full`` / ``lean``) and the capture cadence; restoring takes the cheapest
-place every rank can serve the selected generation from: memory, a peer, disk.
+One of the two :class:`~.coordinator.GenerationStore` implementations (the other is
+:mod:`.framework_gate`). It carries each gate decision out on the copies it holds and
+writes the ``scout.checkpoint/1`` records; a routine capture writes nothing. A restore
+takes the cheapest place every rank can serve the generation from: memory, a peer, disk.
+Memory modes and capture cadence: docs/checkpoint_gate.md.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ class HostMemoryStore:
         self.lean = memory == "lean"
         """At most two generations in host memory (``Config.gate_memory``)."""
         self.capture_interval = capture_interval
-        """Routine captures at most once every this many steps
-        (``Config.gate_capture_interval``)."""
+        """Routine captures at most every this many steps (``Config.gate_capture_interval``)."""
         self.memory = InMemoryCheckpoints(model, optimizers, rng_streams)
         self.ranks = tuple(ranks)
         self.record = GateRecorder(writer, run_id=run_id, ranks=self.ranks)
@@ -87,8 +84,7 @@ class HostMemoryStore:
     # -- the boundary --------------------------------------------------------------------
 
     def capture(self, decision: Decision, extra: Mapping[str, Any] | None) -> float | None:
-        """Copy the live state for a CAPTURE or ROTATE; the seconds it blocked, or None
-        when a routine capture is not taken (lean, or within ``capture_interval``)."""
+        """Copy the live state for a CAPTURE or ROTATE; seconds blocked, or None if skipped."""
         rotating = decision.action is Action.ROTATE
         if not rotating and self._skip_copy(decision.step):
             return None
@@ -144,8 +140,7 @@ class HostMemoryStore:
             return
         dropped = decision.dropped
         self.discard_durable(lambda s: s == dropped, step=decision.step)
-        # Same action as the record that made it a candidate, so a reader following one
-        # generation sees both; ``dropped`` tells them apart.
+        # Same action as the candidate record, so a reader following one generation sees both.
         why = f"candidate step {dropped} dropped: {decision.reason}"
         self.record(
             "candidate",
@@ -185,8 +180,7 @@ class HostMemoryStore:
         sweep: Callable[[], Outcome] | None = None,
         boundary: Decision | None = None,
     ) -> Retrieval:
-        """Algorithm 3's ``CheckpointRetrieval`` over the gate's generations; at a
-        ``boundary`` it writes a retrieve record (phase ``select``)."""
+        """Algorithm 3's ``CheckpointRetrieval``; at a ``boundary`` it writes a retrieve record."""
         found = self.gate.retrieve(failure, machines_accessible=machines_accessible, sweep=sweep)
         if boundary is not None:
             self.record(
@@ -211,9 +205,8 @@ class HostMemoryStore:
         step: int | None = None,
         extra: MutableMapping[str, Any] | None = None,
     ) -> Restored:
-        """Restore the selected generation on every rank: from memory when every rank
-        holds it, else from a peer replica, else from disk. Collective; ``extra`` is the
-        caller's live state, updated in place."""
+        """Restore the selected generation on every rank from memory, else a peer replica,
+        else disk. Collective; ``extra`` (the caller's live state) is updated in place."""
         at = step if step is not None else (self.gate.latest or 0)
         detail: dict[str, Any] = {
             "reason": found.reason,
@@ -304,12 +297,9 @@ class HostMemoryStore:
         return tree, "disk"
 
     def resume(self, *, extra: MutableMapping[str, Any] | None = None) -> Restored | None:
-        """After a job restart: restore the newest *verified* generation on disk into
-        this fresh gate (it becomes latest and verified, the cycle restarts, newer
-        generations on disk are discarded) and write a retrieve record naming the run it
-        came from. None, changing nothing, when no rank holds one (a first start);
-        :class:`CheckpointError` on every rank, before anything is applied, when the
-        ranks hold different generations or a shard is damaged. Collective."""
+        """After a job restart: restore the newest *verified* generation on disk (newer ones
+        are discarded); None on a first start. Collective: if ranks disagree or a shard is
+        damaged, every rank raises before anything is applied."""
         durable = self.durable
         if durable is None:
             raise CheckpointError("resuming after a restart needs Config.checkpoint_dir")

@@ -1,11 +1,9 @@
 """``CheckpointIO``: how one framework writes and reads its own checkpoints, by tag.
 
-Contract: the protocol names the five framework facts about one checkpoint directory that
-the core needs to certify a framework's own checkpoints;
-:class:`~scout_core.checkpoint.framework_gate.FrameworkGate` does everything else, once,
-for every framework. Every method that reads or writes is collective over the job: every
-rank calls it at the same point with the same tag. :func:`scout_core.testing.check_checkpoint_io`
-checks every implementation. Docs: docs/plugins.md.
+Contract: the protocol names the framework facts the core needs about one checkpoint
+directory; :class:`~scout_core.checkpoint.framework_gate.FrameworkGate` does the rest. Every
+method that reads or writes is collective: every rank calls it at the same point with the
+same tag. :func:`scout_core.testing.check_checkpoint_io` checks implementations (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -36,10 +34,9 @@ class CheckpointIO(Protocol):
         ...
 
     def load(self, tag: str | None) -> Any:
-        """Restore training state from ``tag`` (None: the framework's own default, such
-        as its "latest"); returns what the framework's load returns. Raises
-        :class:`~scout_core.errors.CheckpointError` when the tag does not exist.
-        Collective."""
+        """Restore training state from ``tag`` (None: the framework's default, such as its
+        "latest"); return the framework's load result. Raises
+        :class:`~scout_core.errors.CheckpointError` for a missing tag. Collective."""
         ...
 
     def restored_step(self) -> int:
@@ -52,8 +49,7 @@ class CheckpointIO(Protocol):
         ...
 
     def writes_metadata(self) -> bool:
-        """Whether this rank writes SCOUT's sidecar: the rank that writes the
-        framework's own "latest" marker."""
+        """Whether this rank writes SCOUT's sidecar (it writes the framework's "latest")."""
         ...
 
 
@@ -62,7 +58,6 @@ class Recovered(NamedTuple):
 
     tag: str
     step: int
-    """SCOUT step of the restored checkpoint."""
     role: str
     """What the retrieval selected: ``verified`` or ``latest``."""
     reason: str

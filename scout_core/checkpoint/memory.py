@@ -1,15 +1,11 @@
 """In-memory gate checkpoints in the spirit of GEMINI: capture, three generations, buffer reuse.
 
-Contract: :class:`InMemoryCheckpoints` captures the post-optimizer training state
-(:mod:`.state`) into host memory at an accepted boundary and keeps the generations the
-gate names (``latest``, ``candidate``, ``verified``; one object when latest is the
-candidate), so never more than three host copies (two under a lean gate). The copy of what
-only an optimizer step writes overlaps the next iteration and finishes before the next
-step writes (a side stream on CUDA, a thread on CPU); :meth:`Snapshot.wait` blocks only a
-reader, :meth:`InMemoryCheckpoints.settle` waits for every copy in flight. A released
-generation's host buffers are reused and must not be read any more. How the capture
-overlaps and why every tensor is copied: docs/checkpoint_gate.md, "Capture cost". Peer
-replication is :mod:`.replicas`.
+Contract: :class:`InMemoryCheckpoints` copies the post-optimizer training state into host
+memory at an accepted boundary and keeps the gate's ``latest``, ``candidate`` and
+``verified``: at most three copies, two under a lean gate. The copy of what only an
+optimizer step writes overlaps the next iteration and ends before the next step writes. A
+released generation's buffers are reused and must not be read any more. How and why:
+docs/checkpoint_gate.md, "Capture cost".
 """
 
 from __future__ import annotations
@@ -65,20 +61,17 @@ class Snapshot:
 
 
 Buffers = dict[tuple[Any, ...], list[torch.Tensor]]
-"""Host buffers by the layout they hold (dtype, shape, stride, whether the source is
-on a CUDA device: its buffers are pinned)."""
+"""Host buffers by layout: dtype, shape, stride, and a CUDA source (pinned buffers)."""
 
 
 def _source_key(t: torch.Tensor) -> tuple[Any, ...]:
     # Any buffer of the same layout will do: every capture copies every tensor whole.
-    # (``torch.Size`` is a tuple: hashable and equal to the plain tuple; ``is_cuda`` is
-    # a fifth of the cost of ``device.type``, and this runs once per tensor.)
+    # Runs once per tensor: ``is_cuda`` costs a fifth of ``device.type``.
     return (t.dtype, t.shape, t.stride(), t.is_cuda)
 
 
 class _CpuCopy:
-    """The deferred CPU copies of one capture, run by the copier's worker thread; the
-    same ``synchronize`` / ``query`` as a CUDA event (see the module doc)."""
+    """One capture's deferred CPU copies, run on the worker thread; acts as a CUDA event."""
 
     def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self._pairs = pairs
@@ -107,15 +100,9 @@ class _CpuCopy:
 
 
 class _CopyWorker:
-    """One long-lived thread that runs the gate's CPU copies in order.
-
-    Starting a thread per capture made the capture wait until the new thread had
-    started (``Thread.start`` blocks for it), which on a busy host took milliseconds;
-    handing a copy to a waiting thread is a queue put. The thread starts with the
-    first copy and ends at :meth:`stop` (the gate's ``close``), or once the worker is
-    garbage collected (a gate dropped without ``close``): it holds the queue, not the
-    worker. It is a daemon, so a job that never closes the gate still exits.
-    """
+    """One long-lived daemon thread that runs the gate's CPU copies in order (a thread per
+    capture made it wait for ``Thread.start``: milliseconds on a busy host). It ends at
+    :meth:`stop` or when the worker is garbage collected (it holds the queue, not the worker)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_CpuCopy | None] = queue.SimpleQueue()
@@ -148,9 +135,8 @@ def _serve(jobs: queue.SimpleQueue[_CpuCopy | None]) -> None:
 
 
 class _HostCopier:
-    """Copies tensors to host memory: async on a side stream for CUDA; on CPU the
-    tensors only the optimizer writes (:meth:`later`) on a background thread, the rest at
-    once; into a released buffer of the same source when the pool has one."""
+    """Copies tensors into host buffers (a pooled one of the same layout if any): on CUDA
+    on a side stream; on CPU, :meth:`later` tensors on the worker thread, the rest at once."""
 
     def __init__(self) -> None:
         self._stream: Any = None
@@ -158,7 +144,6 @@ class _HostCopier:
         self.pool: Buffers = {}
         """Released buffers, reused by the next capture (which frees what it leaves)."""
         self.made: Buffers = {}
-        """The buffers of the capture in progress."""
         self._deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.fresh = False
         """Whether the capture in progress allocated a buffer (the pool lacked one)."""
@@ -175,18 +160,15 @@ class _HostCopier:
         return free.pop() if free else self._allocate(t, pinned)
 
     def _allocate(self, t: torch.Tensor, pinned: bool) -> torch.Tensor:
-        """A new host buffer for ``t`` (the pool had none of its layout)."""
         self.fresh = True
         # empty_like keeps a dense tensor's strides (as clone does) and makes an
         # overlapping one (an expanded view) contiguous, so the copy can write it.
         return torch.empty_like(t, device="cpu", pin_memory=pinned)
 
     def later(self, t: torch.Tensor) -> torch.Tensor:
-        """Copy ``t``, which only an optimizer step writes: on CPU after the capture
-        returns (:meth:`finish` hands it to the worker thread), on CUDA as any other."""
-        # Most of a capture's tensors come here (parameters and optimizer state): the
-        # CPU case is :meth:`__call__`'s, inlined, which took 12-15% off the capture's
-        # blocking time (docs/replay.md, *Measured*).
+        """Copy ``t``, which only an optimizer step writes: on CPU after the capture returns."""
+        # Inlines :meth:`__call__`'s CPU case: most tensors come here, and it took 12-15%
+        # off the capture's blocking time (docs/replay.md, *Measured*).
         key = _source_key(t)
         if key[3]:
             return self(t)
@@ -201,8 +183,7 @@ class _HostCopier:
         return host
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        # Called once per tensor of the state (hundreds to thousands per capture), so
-        # it does as little Python as it can: this is what the capture blocks for.
+        # Runs once per tensor and the capture blocks for it: as little Python as it can.
         # (capture_tree detaches a tensor that requires grad before it gets here.)
         key = _source_key(t)
         if not key[3]:
@@ -212,8 +193,7 @@ class _HostCopier:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=t.device)  # type: ignore[no-untyped-call]  # torch.cuda.Stream is unannotated
             if not self._used:
-                # The copy must see the optimizer's writes, which are queued on the
-                # training stream.
+                # The copy must see the optimizer's writes, queued on the training stream.
                 self._stream.wait_stream(torch.cuda.current_stream(t.device))
                 self._used = True
             host = self._buffer(key, t, pinned=True)
@@ -254,24 +234,20 @@ class InMemoryCheckpoints:
         self.verified: Snapshot | None = None
         self._copier = _HostCopier()
         self.overlap = True
-        """On CPU, copy parameters and optimizer state on a background thread while the
-        next iteration's forward and backward run (module doc); ``False`` copies
-        everything before :meth:`capture` returns."""
+        """On CPU, copy parameters and optimizer state on the worker thread during the next
+        forward and backward; ``False`` copies everything before :meth:`capture` returns."""
         self.reuse = True
-        """Copy into released generations' buffers (the default). ``False`` allocates
-        fresh host buffers at every capture, as the gate did before buffer reuse: the
-        baseline ``benchmarks/checkpoint_capture.py`` measures against."""
+        """Reuse released generations' buffers. ``False`` allocates fresh ones at every
+        capture: the baseline of ``benchmarks/checkpoint_capture.py``."""
         self.peak_bytes = 0
-        """The most host bytes the gate held at any moment (measured at the end of each
-        capture's copy, when old generations, leftover pool and the new copy coexist)."""
+        """The most host bytes the gate held at once (measured when a capture's buffers exist)."""
         self._hooks: list[RemovableHandle] = [
             opt.register_step_pre_hook(self._before_step) for opt in self.optimizers
         ]
 
     def _before_step(self, *_: Any) -> None:
-        # The step writes what the copy reads: it starts after the copy. On CUDA a
-        # device-side wait (the host runs on); on CPU the background copy, long done
-        # by now (it ran during this iteration's forward and backward), is waited for.
+        # The step writes what the copy reads, so it waits for the copy: device-side on
+        # CUDA; on CPU for the worker thread (long done: it ran during forward and backward).
         snap = self.latest
         if snap is None or snap._event is None:
             return
@@ -281,8 +257,7 @@ class InMemoryCheckpoints:
             torch.cuda.current_stream().wait_event(snap._event)
 
     def settle(self) -> None:
-        """Wait for every generation's copy (before anything writes the live state
-        outside an optimizer step: a restore)."""
+        """Wait for every generation's copy; due before a restore writes the live state."""
         for snap in (self.latest, self.candidate, self.verified):
             if snap is not None:
                 snap.wait()
@@ -298,13 +273,8 @@ class InMemoryCheckpoints:
     def capture(
         self, step: int, extra: Mapping[str, Any] | None = None, *, rotating: bool = False
     ) -> Snapshot:
-        """Copy the live state into host memory as the new ``latest`` generation.
-
-        The replaced ``latest`` is released first (unless it is the candidate or the
-        verified generation), and so is the ``verified`` generation when ``rotating``
-        (a cycle close follows: :meth:`rotate` replaces it), so the copy reuses their
-        buffers and the gate holds at most three generations at any moment.
-        """
+        """Copy the live state into host memory as the new ``latest`` generation, first
+        releasing the old one and, when ``rotating``, ``verified`` (their buffers are reused)."""
         start = time.monotonic()
         old = self.latest
         self.latest = None
@@ -319,8 +289,7 @@ class InMemoryCheckpoints:
         tree = capture_tree(
             self.model, self.optimizers, self.rng_streams, extra, self._copier, later=later
         )
-        # Every buffer of this capture exists now: the most the gate holds at once. A
-        # capture that only reused released buffers holds no more than before.
+        # The peak is now; a capture that only reused released buffers cannot raise it.
         if self._copier.fresh:
             self.peak_bytes = max(self.peak_bytes, self._bytes(self._copier.made))
         event = self._copier.finish()  # last: the CPU copy starts here
@@ -355,8 +324,7 @@ class InMemoryCheckpoints:
         return dropped
 
     def held_bytes(self) -> int:
-        """Host bytes this rank's gate holds: every distinct buffer of the generations
-        and of the reuse pool (a generation named twice counts once)."""
+        """Host bytes of every distinct buffer of the generations and the reuse pool."""
         return self._bytes()
 
     def _bytes(self, *more: Buffers) -> int:

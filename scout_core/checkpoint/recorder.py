@@ -1,9 +1,8 @@
 """The one writer of checkpoint-gate evidence: ``scout.checkpoint/1`` records.
 
-Every decision of either gate (the in-memory coordinator, the framework gate) and
-every restore is one record, written once for the job by its lowest rank, with the
-fields ``docs/evidence.md`` documents: ``action`` (capture, candidate, promote,
-retrieve), ``selected``, ``checkpoint_step`` and a ``detail`` mapping.
+Every decision of either gate and every restore is one record, written once for the job
+by its lowest rank, with the fields docs/evidence.md documents (``action``, ``selected``,
+``checkpoint_step``, ``detail``).
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ def write_gate_record(
     failure: Failure | None = None,
     detail: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write one gate decision as a ``scout.checkpoint/1`` record, once for the job (by
-    its lowest rank); nothing when there is no writer."""
+    """Write one gate decision as a ``scout.checkpoint/1`` record, by the job's lowest rank."""
     if writer is None:
         return
     writer.write_group(

@@ -1,10 +1,9 @@
 """Restoring a generation's tree into the live training state, agreed first.
 
-:func:`restore_agreed` applies a tree only once every rank has checked it can apply
-its own; :func:`restore_from_disk` is the restore of a *fresh* set of processes from
-the checkpoint directory alone. Selecting what to restore is the gate coordinator's
-job (:mod:`.coordinator`); restoring a live gate's generation, from memory, a peer
-or disk, is the host store's (:mod:`.host_store`).
+:func:`restore_agreed` applies a tree only once every rank has checked it can apply its
+own; :func:`restore_from_disk` restores a *fresh* set of processes from the checkpoint
+directory alone. Selecting what to restore is :mod:`.coordinator`'s job; restoring a live
+gate's generation is :mod:`.host_store`'s.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ class Restored:
     source: str
     """``memory``, ``peer`` or ``disk``."""
     reason: str
-    """Why this generation (the retrieval's reason)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The caller state saved with the generation."""
 
@@ -61,9 +59,8 @@ def restore_agreed(
     group: dist.ProcessGroup,
     what: str,
 ) -> dict[str, Any]:
-    """Apply ``tree`` only once every rank of ``group`` has checked that it can apply
-    its own (:func:`~.state.check_tree`); else :class:`CheckpointError` on every rank and
-    nothing is applied anywhere. Collective."""
+    """Apply ``tree`` only once every rank of ``group`` has checked it can apply its own;
+    else :class:`CheckpointError` on every rank and nothing is applied. Collective."""
     error: BaseException | None = None
     try:
         check_tree(tree, model, optimizers, rng_streams)
@@ -93,12 +90,9 @@ def restore_from_disk(
 ) -> Restored:
     """Restore a fresh process from ``checkpoint_dir`` alone. Collective over the job.
 
-    Picks the newest ``role`` generation (``"verified"`` by default; ``None`` takes
-    the newest of any role, i.e. trusts the latest), checks every rank holds it,
-    verifies this rank's shard and restores model, optimizer(s), RNG streams (the
-    adapter's, else CPU and CUDA) and ``extra`` in place. ``group`` defaults to a
-    new Gloo group over the whole job. With ``report_dir`` (and ``run_id``) a
-    retrieve record is written.
+    Picks the newest ``role`` generation (``None``: any), checks every rank holds it, verifies
+    this rank's shard and restores model, optimizers, RNG streams (the adapter's, else CPU
+    and CUDA) and ``extra`` in place; ``report_dir`` gets a retrieve record.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise CheckpointError("restore_from_disk needs torch.distributed to be initialised")

@@ -1,10 +1,9 @@
 """Peer replication of in-memory gate checkpoints: a ring of sends on a diagnostic group.
 
 With replication on, each rank sends its flattened snapshot to the next rank of a
-diagnostic Gloo group (a ring) and keeps the one it receives, so a machine that is
-lost can get its shard back from its peer (:func:`fetch_from_peer`). The wire is
-three tensors (sizes, a JSON skeleton as bytes, the tensors' bytes back to back):
-no objects are pickled.
+diagnostic Gloo ring and keeps the one it receives, so a lost machine can get its shard
+back from its peer (:func:`fetch_from_peer`). The wire is three tensors (sizes, a JSON
+skeleton as bytes, the tensors' bytes back to back): nothing is pickled.
 """
 
 from __future__ import annotations
@@ -124,11 +123,8 @@ def _swap(
 def replicate_to_peer(
     snap: Snapshot, *, group: dist.ProcessGroup, ranks: Sequence[int]
 ) -> PeerReplica:
-    """Ring replication: send ``snap`` to the next rank of ``ranks``, keep the previous one's.
-
-    Collective over ``group`` (a diagnostic Gloo group whose members are ``ranks``).
-    Returns the replica received from the previous rank of the ring.
-    """
+    """Ring replication over ``group`` (a diagnostic Gloo group of ``ranks``): send ``snap``
+    to the next rank and return the previous one's."""
     me, nxt, prev = _ring(group, ranks)
     snap.wait()
     header, payload = _encode(snap.step, me, snap.tree)
@@ -142,11 +138,8 @@ def replicate_to_peer(
 def fetch_from_peer(
     held: PeerReplica | None, *, group: dist.ProcessGroup, ranks: Sequence[int]
 ) -> PeerReplica | None:
-    """Reverse ring: return ``held`` to its owner and receive this rank's own replica.
-
-    Collective over ``group``. A rank that holds nothing sends nothing; the result is
-    ``None`` when the next rank holds nothing for this rank.
-    """
+    """Reverse ring, collective: return ``held`` to its owner and receive this rank's own
+    replica, or None when the next rank holds none (a rank holding nothing sends nothing)."""
     me, nxt, prev = _ring(group, ranks)
     if held is not None and held.owner != prev:
         raise CheckpointError(f"rank {me} holds a replica of rank {held.owner}, expected {prev}")

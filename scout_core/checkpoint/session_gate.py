@@ -1,13 +1,10 @@
 """What both checkpoint gates of a session share: :class:`SessionGate`.
 
-A session's gate (the in-memory :class:`~.attach.GateHandle` or the
-:class:`~.framework_gate.FrameworkGate`) follows the replay driver's boundaries,
-agrees job-wide through one :class:`~.catalog.GateAgreement` and hands each agreed
-boundary to its :class:`~.coordinator.GateCoordinator`. After an SDC or a hang
-selects a generation, it decides nothing more (on every rank: the decision is
-job-wide) until a restore. The full-catalog sweep that retrieval after other
-failures needs runs every catalog recipe now, on the last complete captures, which
-the gate asks the driver to keep.
+A session's gate (:class:`~.attach.GateHandle` or :class:`~.framework_gate.FrameworkGate`)
+follows the replay driver's boundaries, agrees job-wide through a
+:class:`~.catalog.GateAgreement` and hands each agreed boundary to its coordinator. After
+an SDC or a hang selects a generation, it decides nothing more, on every rank, until a
+restore.
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ class SessionGate:
         coordinator: GateCoordinator[Any],
         vote: BoundaryVote[Boundary] | None,
     ) -> None:
-        """Subscribe to ``driver``'s boundaries with ``coordinator`` (call once, from
-        the subclass's constructor)."""
+        """Subscribe to ``driver``'s boundaries (once, from the subclass's constructor)."""
         self.driver = driver
         self.catalog = catalog
         self.coordinator = coordinator
@@ -113,8 +109,7 @@ class SessionGate:
             self.on_sdc(boundary.step)
 
     def sweep(self) -> Outcome:
-        """Run every catalog recipe now and return this rank's outcome. Collective over
-        the job (every rank runs the same recipes in the same order)."""
+        """Run every catalog recipe now, in the same order on every rank; this rank's outcome."""
         if self.driver.peer_size < 2:
             return Outcome.MISSING
         self.sweep_rounds = self.driver.sweep(self.catalog.recipes)

@@ -21,12 +21,8 @@ __all__ = ["flatten", "unflatten"]
 
 
 def flatten(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """Split ``tree`` into a JSON-safe skeleton and ``{key: host tensor}``.
-
-    Dict keys keep their type (optimizer state is keyed by int), tuples stay tuples;
-    tensors are named by their path. A value that is neither a tensor, a container
-    nor a JSON scalar raises :class:`CheckpointError` naming its path.
-    """
+    """Split ``tree`` into a JSON-safe skeleton and ``{path: host tensor}``; dict keys keep
+    their type (optimizer state is keyed by int), tuples stay tuples."""
     tensors: dict[str, torch.Tensor] = {}
 
     def enc(value: Any, path: str) -> Any:

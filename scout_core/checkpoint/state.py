@@ -1,13 +1,9 @@
 """One rank's training state as a tree: captured, flattened for storage, restored.
 
 Contract: this is the one place that walks the tree a bitwise resume needs (model and
-optimizer state dicts, every RNG stream the adapter names, the caller's state), so the
-in-memory store, peer replication and the durable store agree on its shape.
-:func:`capture_tree` copies it through the caller's copy function (:mod:`.skeleton`
-stores it without pickle); :func:`check_tree` and :func:`restore_tree` check it against and write it
-into the live objects, bitwise. A DTensor is kept as its local :class:`HostShard` with its
-global shape, stride and placements, and restores only onto the same layout (else
-:class:`~scout_core.errors.CheckpointError`).
+optimizer state dicts, every RNG stream the adapter names, the caller's state), so every
+store agrees on its shape. A DTensor is kept as its local :class:`HostShard` and restores
+only onto the same layout (else :class:`~scout_core.errors.CheckpointError`).
 """
 
 from __future__ import annotations
@@ -36,13 +32,11 @@ Copy = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True, slots=True)
 class HostShard:
-    """A DTensor's local shard in host memory, and the layout it came from."""
+    """A DTensor's local shard in host memory, with the global shape and stride."""
 
     local: torch.Tensor
     shape: tuple[int, ...]
-    """Global shape of the DTensor."""
     stride: tuple[int, ...]
-    """Global stride of the DTensor."""
     placements: str
     """``repr`` of the placements, checked against the live layout on restore."""
 
@@ -85,9 +79,8 @@ def _address(t: torch.Tensor) -> int:
 
 
 def _model_tree(model: torch.nn.Module, copy: Copy, later: Copy | None) -> dict[str, Any]:
-    """The model's state dict copied; its parameters through ``later`` when given (a
-    buffer changes in the forward and goes through ``copy``, and so does a parameter
-    that shares a buffer's storage)."""
+    """The model's state dict copied; parameters through ``later`` when given, except one
+    sharing a buffer's storage (buffers change in the forward and go through ``copy``)."""
     if later is None:
         return _copy_tree(model.state_dict(), copy)  # type: ignore[no-any-return]  # a dict in, a dict out
     # (Parameter's isinstance goes through a metaclass hook: asked once per entry.)
@@ -108,8 +101,7 @@ def _model_tree(model: torch.nn.Module, copy: Copy, later: Copy | None) -> dict[
 
 
 def _optim_tree(opt: torch.optim.Optimizer, copy: Copy, later: Copy | None) -> Any:
-    """An optimizer's state dict copied; its per-parameter state through ``later`` when
-    given (only an optimizer step writes it), the rest (param groups) through ``copy``."""
+    """An optimizer's state dict copied; per-parameter state through ``later`` if given."""
     sd = opt.state_dict()
     if later is None:
         return _copy_tree(sd, copy)
@@ -119,13 +111,8 @@ def _optim_tree(opt: torch.optim.Optimizer, copy: Copy, later: Copy | None) -> A
 
 
 def _copy_state(state: Any, later: Copy) -> Any:
-    """An optimizer's per-parameter state (a dict of slot dicts) through ``later``.
-
-    The capture's hot loop, one pass per tensor of the optimizer state: a plain tensor
-    slot goes straight to ``later``, without the generic walk's per-node checks and
-    calls (with the same shortcut for parameters, about a tenth less blocking time per
-    capture: docs/replay.md, *Measured*); anything else takes the generic walk.
-    """
+    """An optimizer's per-parameter state through ``later``, the capture's hot loop: a plain
+    tensor slot skips the generic walk (with the parameter shortcut, a tenth less blocking)."""
     if type(state) is not dict:
         return _copy_tree(state, later)
     out: dict[Any, Any] = {}
@@ -149,17 +136,11 @@ def capture_tree(
     *,
     later: Copy | None = None,
 ) -> dict[str, Any]:
-    """Copy the live training state into a tree whose tensors ``copy`` produced.
-
-    ``later``, when given, copies what only an optimizer step writes (the model's
-    parameters and the optimizer state): the gate's copier hands those to a copy that
-    runs while training goes on (:mod:`.memory`). Buffers, RNG states and ``extra``
-    always go through ``copy``.
-    """
+    """Copy the live training state into a tree whose tensors ``copy`` produced; ``later``, if
+    given, copies what only an optimizer step writes while training goes on (:mod:`.memory`)."""
     extra_tree = {}
     if extra is not None:
-        # The caller keeps using its own tensors right after capture, so device
-        # tensors are cloned first and the clone is what ``copy`` may move lazily.
+        # The caller reuses its tensors at once: clone device ones so ``copy`` may be lazy.
         extra_tree = {
             str(k): _copy_tree(
                 v.detach().clone() if isinstance(v, torch.Tensor) and v.device.type != "cpu" else v,
@@ -225,8 +206,7 @@ def _rebuild_optim(path: str, value: Any, param: torch.Tensor | None) -> Any:
             stride=value.stride,
         )
     if isinstance(value, torch.Tensor):
-        # A fresh clone: load_state_dict may keep the tensor it is given, and the
-        # checkpoint must stay intact for a later restore.
+        # A fresh clone: load_state_dict may keep it, and the checkpoint must stay intact.
         return value.clone()
     if isinstance(value, Mapping):
         return {k: _rebuild_optim(f"{path}/{k}", v, param) for k, v in value.items()}
@@ -326,12 +306,8 @@ def check_tree(
     optimizers: Sequence[torch.optim.Optimizer],
     rng_streams: Sequence[RngStream],
 ) -> None:
-    """Everything :func:`restore_tree` would refuse, checked without changing anything.
-
-    A tree from disk or from a peer is checked on every rank first, and the ranks agree
-    that each one can apply its own before any applies (:mod:`.recovery`), so no rank
-    is left restored while another failed halfway.
-    """
+    """Everything :func:`restore_tree` would refuse, checked without changing anything, so
+    the ranks can agree before any applies (:mod:`.recovery`) and none is left half restored."""
     if not isinstance(tree, Mapping):
         raise CheckpointError("the checkpoint holds no state tree")
     optims = tree.get("optim", [])
@@ -367,14 +343,9 @@ def restore_tree(
     rng_streams: Sequence[RngStream],
     extra: MutableMapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write ``tree`` back into the live objects; return the restored caller state.
-
-    Model tensors are copied in place (parameters keep their identity, so the
-    optimizers still hold them); optimizer state goes through ``load_state_dict``;
-    each RNG stream is set; caller tensors in ``extra`` are copied in place and other
-    values replaced. The tree itself is never aliased, so it can be restored again.
-    Everything is checked (:func:`check_tree`) before anything is written.
-    """
+    """Write ``tree`` back into the live objects, checked first; return the caller state.
+    Tensors are copied in place (parameters keep their identity, so the optimizers still hold
+    them); the tree is never aliased, so it can be restored again."""
     check_tree(tree, model, optimizers, rng_streams)
     optims = tree.get("optim", [])
     rng = tree.get("rng", {})

@@ -1,10 +1,8 @@
 """SCOUT's own storage: writability checked at ``enable``, and what counts as a storage fault.
 
-Contract: :func:`check_storage` probes ``report_dir`` and ``checkpoint_dir`` on every rank
-at ``enable`` and agrees job-wide, raising :class:`~scout_core.errors.ConfigError` on every
-rank before training starts when any rank fails; at run time a local failure is caught as
-one of :data:`STORAGE_ERRORS` (which includes DCP's ``CheckpointException``, a
-``BaseException``) and reported into the agreement that follows it. Docs:
+Contract: :func:`check_storage` fails ``enable`` on every rank when any rank cannot write
+(before training starts); at run time a local failure is caught as one of
+:data:`STORAGE_ERRORS` and reported into the agreement that follows it. Docs:
 docs/checkpoint_gate.md, "When SCOUT's own storage fails".
 """
 
@@ -79,10 +77,9 @@ def probe_writable(directory: str | os.PathLike[str]) -> str | None:
 
 
 def check_storage(config: Config, group: dist.ProcessGroup) -> None:
-    """Probe ``report_dir`` (this run's directory in it) and ``checkpoint_dir`` on this
-    rank and agree job-wide; :class:`ConfigError` on every rank when any rank failed.
-    Collective over ``group`` (a diagnostic group over the whole job); ``config`` must
-    carry the agreed run id."""
+    """Probe ``report_dir`` (this run's directory in it) and ``checkpoint_dir``, agree
+    job-wide, and raise :class:`ConfigError` on every rank when any failed. Collective over
+    ``group`` (the whole job); ``config`` must carry the agreed run id."""
     run = config.resolved_run_id()
     checks = [("report_dir", config.report_dir, Path(config.report_dir) / run_directory(run))]
     if config.checkpoint_dir is not None:

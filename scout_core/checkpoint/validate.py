@@ -1,12 +1,10 @@
 """What a checkpoint on disk may claim, checked before anything is allocated or applied.
 
-A shard may be damaged, or tampered with and its checksums rewritten to match; the sha256
-sums of :mod:`.durable` catch only the first. Contract: every field that steers the loader
-is checked here, locally and before any collective payload (paths stay inside the
-generation's directory, sizes are bounded by the checkpoint's own totals, values have
-their types and nesting is bounded, iteratively), and every problem is a
-:class:`~scout_core.errors.CheckpointError`. Docs: docs/checkpoint_gate.md, "Restoring
-atomically".
+A shard may be tampered with and its checksums rewritten, which sha256 cannot catch.
+Contract: every field that steers the loader is checked here, locally, before any
+collective payload (paths stay inside the generation, sizes within the checkpoint's own
+totals, types checked, nesting bounded); every problem is a
+:class:`~scout_core.errors.CheckpointError`. Docs: docs/checkpoint_gate.md, "Restoring atomically".
 """
 
 from __future__ import annotations
@@ -87,8 +85,7 @@ def specs_nbytes(specs: Mapping[str, Spec]) -> int:
 
 
 def skeleton_specs(skeleton: object) -> dict[str, Spec]:
-    """``{key: (dtype, local shape)}`` of every tensor a skeleton names, after checking
-    the whole skeleton's structure and types, iteratively (no recursion)."""
+    """``{key: (dtype, local shape)}`` of a skeleton's tensors, all of it checked iteratively."""
     out: dict[str, Spec] = {}
     stack: list[tuple[object, int]] = [(skeleton, 0)]
     while stack:
@@ -140,10 +137,9 @@ def skeleton_specs(skeleton: object) -> dict[str, Spec]:
 def check_dcp_metadata(
     data: object, *, files: Mapping[str, int], specs: Mapping[str, Spec], where: Path
 ) -> None:
-    """Check the JSON DCP metadata of one shard against the shard's own description:
-    it names exactly the tensors of ``specs`` (same dtype and size), reads only files
-    in ``files`` (name → bytes on disk) and only byte ranges inside them, and every
-    chunk lies inside its tensor."""
+    """Check one shard's JSON DCP metadata against its description: exactly the tensors of
+    ``specs`` (same dtype and size), only byte ranges inside ``files`` (name → bytes on
+    disk), and every chunk inside its tensor."""
     if not isinstance(data, dict):
         raise CheckpointError(f"DCP metadata {where} is not an object")
     tensors, storage = data.get("tensors"), data.get("storage")

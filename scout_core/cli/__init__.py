@@ -1,4 +1,4 @@
-"""The ``scout`` command line: ``demo``, ``c3-round``, ``report``, ``simulate``, ``catalog``."""
+"""The ``scout`` command line (:mod:`.main` lists its subcommands)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """``scout c3-round``: one C3 round across local ranks, printed as a verdict.
 
-Every rank builds the same seeded tensor; one rank flips a single low-mantissa bit.
-The ranks exchange 64-bit signatures of their tensors plus a timing in ONE C3
-AllGather on a diagnostic Gloo group and each applies the decision rule locally.
-All ranks reach the same verdict; rank 0 prints it. It is the smallest end-to-end
-use of the core: signatures, C3, peer groups and evidence records.
+Every rank builds the same seeded tensor; one rank flips a low-mantissa bit. The ranks
+exchange 64-bit signatures and a timing in ONE C3 AllGather on a diagnostic Gloo group,
+each applies the decision rule locally, and rank 0 prints the common verdict: the
+smallest end-to-end use of the core.
 """
 
 from __future__ import annotations

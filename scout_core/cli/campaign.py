@@ -1,12 +1,9 @@
 """``scout campaign``: randomized fault injections across setups, scored from evidence.
 
-The plan (setup, fault kind, victim rank, injection step per trial) is drawn from
-``--seed`` (:mod:`scout_core.campaign.plan`); ``--plan`` prints it without training.
-Trials run one after another (:mod:`scout_core.campaign.runner`), each scored from
-the evidence it wrote (:mod:`scout_core.campaign.score`). A progress bar goes to
-stderr when it is a terminal (``--no-progress`` turns it off); the scores go to
-stdout as a table (per fault kind, per setup, and the totals) and, with
-``--json PATH``, to a file. Definitions: docs/campaign.md.
+The plan is drawn from ``--seed`` (:mod:`scout_core.campaign.plan`); ``--plan`` prints it
+without training. Trials run one after another (:mod:`scout_core.campaign.runner`), each
+scored from the evidence it wrote (:mod:`scout_core.campaign.score`); the scores go to
+stdout as a table and, with ``--json``, to a file. Definitions: docs/campaign.md.
 
 [Exit codes]
 ``0``: the campaign ran (whatever its scores). ``2``: bad options, or no trial could run.

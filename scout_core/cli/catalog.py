@@ -1,15 +1,12 @@
 """``scout catalog``: build and inspect MoE shape catalogs (paper §6.2).
 
 ``scout catalog discover`` profiles every admitted expert shape of one or more expert
-classes, keeps the minimum cover of representatives and writes the catalog file
-(JSON, bound to this environment); ``scout catalog show`` prints one. The workload
-is given either as projections (``--projection KxN``, repeatable) crossed with
-``--experts-per-kernel`` and admitted ``--tokens`` per expert, or as explicit
-per-expert ``--token-vectors``, or as a model description (``--model``: a JSON list
-of MoE layers, grouped into classes as :func:`scout_core.moe.expert_classes` does).
-The profiler is the analytic tile model (default, any host) or ``cublas`` (on a GPU).
-
-A progress bar is drawn with ``rich`` when it is installed, plain lines otherwise.
+classes, keeps the minimum cover of representatives and writes the catalog file (JSON,
+bound to this environment); ``scout catalog show`` prints one. The workload is
+projections crossed with experts per kernel and admitted tokens, explicit per-expert token
+vectors, or a model (grouped into classes as :func:`scout_core.moe.expert_classes` does).
+The profiler is the analytic tile model (any host) or ``cublas`` (a GPU). The progress
+bar uses ``rich`` when it is installed, plain lines otherwise.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """``scout demo``: a small multi-rank CPU training job with injected faults, and its verdicts.
 
-Four local ranks (Gloo, spawned by :func:`scout_core.testing.run_ranks`) train a
-tiny transformer-style model under DDP with SCOUT enabled, replaying one layer at
-every step. After a few clean steps one rank's sampled layer flips a single
-low-mantissa bit of its output (an SDC no tolerance check would see), and later
-another rank's sampled layer turns 200 ms slow (a compute straggler). The demo
-prints each verdict the way a person reads it (step, failure, culprit rank,
-surface, peers) and exits 0 only if both faults were localized to the right ranks
-and nothing else was flagged.
-
-The model and training loop are :mod:`scout_core.testing.models`, shared with the tests.
+Four local Gloo ranks train a tiny model (:mod:`scout_core.testing.models`) under DDP with
+SCOUT on. One rank's sampled layer flips a low-mantissa bit of its output (an SDC no
+tolerance check would see); later another rank's turns 200 ms slow. The demo prints each
+verdict; it exits 0 only if both faults land on the right ranks and nothing else is flagged.
 """
 
 from __future__ import annotations
@@ -143,9 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sdc = [v for v in verdicts if v["failure"] == "sdc" and v["outliers"] == [sdc_rank]]
     slow = [v for v in verdicts if v["failure"] == "straggler" and v["outliers"] == [slow_rank]]
     other = [v for v in verdicts if v not in sdc and v not in slow]
-    # Replay runs a hidden layer every step, and a straggler needs straggler_rounds (2)
-    # consecutive slow hidden rounds: slow at steps s, s+1, s+2 is reported at s+1 and s+2,
-    # whatever other recipes ran in between.
+    # A straggler needs straggler_rounds (2) consecutive slow hidden rounds, one per step:
+    # slow at s, s+1, s+2 is reported at s+1 and s+2, whatever other recipes ran between.
     expected = [args.slow_step + 1, args.slow_step + 2]
     on_time = sorted(v["step"] for v in slow) == expected
     ok = bool(sdc) and on_time and not other

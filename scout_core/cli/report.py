@@ -1,15 +1,13 @@
 """``scout report PATH``: what SCOUT decided in a run, for a person or a machine.
 
-PATH is a report directory (``report_dir``) or one rank file. The report is read
-leniently: a truncated line, a damaged or odd file is skipped and named, the rest is
-shown. Output: a terminal timeline (incidents, verdicts, gate decisions, the restore),
-or ``--json`` for machines; ``--html FILE`` and ``--png DIR`` also write the pictures.
+PATH is a report directory or one rank file, read leniently: a damaged line or file is
+skipped and named, the rest is shown. Output: a terminal timeline, or ``--json`` for
+machines; ``--html FILE`` and ``--png DIR`` also write the pictures.
 
 [Exit codes]
-``0``: nothing in the selection reports a failure. ``1``: something does (an incident,
-or a verdict naming a failure), so a launcher can act on the code alone. ``2``: the
-report could not be read: no such path, no readable rank file, an unknown ``--run-id``,
-bad options, or a file that could not be written.
+``0``: nothing in the selection reports a failure. ``1``: something does (an incident or
+a verdict naming a failure), so a launcher can act on the code alone. ``2``: the report
+could not be read (or a file written), an unknown ``--run-id``, or bad options.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``scout simulate LAYOUT...``: SCOUT's grouping and decisions on large layouts, no processes.
 
-Each layout (``"TP8 PP16 DP128"``; ``--table2`` adds PAPER.md Table 2 and a 100k-rank
-layout) is simulated by :func:`scout_core.simulation.scale.simulate`: every rank's
-address and peer group, C3 on a planted culprit, cross-PG diagnosis on planted slow
-groups, each timed. Prints a table (or ``--json``); exits 0 when every planted culprit
-was found, 1 when one was not, 2 for a layout that does not parse.
+Each layout (``--table2`` adds PAPER.md Table 2 and a 100k-rank one) goes through
+:func:`scout_core.simulation.scale.simulate`. Prints a table (or ``--json``); exits 0 when
+every planted culprit was found, 1 when one was not, 2 for a layout that does not parse.
 """
 
 from __future__ import annotations

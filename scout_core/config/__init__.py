@@ -1,9 +1,8 @@
 """SCOUT's configuration: the schema, where values come from, and the per-field checks.
 
-* :mod:`.schema`: :class:`Config`, the one flat, frozen dataclass (a docstring under
-  every field), and :func:`fields_doc`, which ``docs/configuration.md`` is written from;
-* :mod:`.sources`: files, ``SCOUT_*`` environment variables, framework sections;
-* :mod:`.checks`: one type check and value rule per field.
+:mod:`.schema` holds :class:`Config` and :func:`fields_doc` (which docs/configuration.md is
+written from), :mod:`.sources` files, ``SCOUT_*`` variables and sections, :mod:`.checks` the
+per-field rules.
 """
 
 from __future__ import annotations

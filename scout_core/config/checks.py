@@ -1,11 +1,10 @@
 """Per-field checks of SCOUT's configuration: one rule per field, whatever the source.
 
-Contract: :func:`check` type-checks a value against the field's annotation (:class:`Spec`:
-a list stands for a tuple, an int for a float, never a bool for a number), normalises it
-and runs the field's rule, including its range in :data:`RANGES`, compared on the exact
-value; a bad value is a :class:`~scout_core.errors.ConfigError` naming the key (and the
-valid values of a fixed set), never an ``OverflowError``. Messages show values through
-:func:`shown`, a bounded ``repr``. Docs: docs/configuration.md.
+Contract: :func:`check` type-checks a value against the field's annotation (a list stands
+for a tuple, an int for a float, never a bool for a number), normalises it and runs the
+field's rule, including its exact range in :data:`RANGES`; a bad value is a
+:class:`~scout_core.errors.ConfigError` naming the key (and a fixed set's valid values),
+never an ``OverflowError``. Docs: docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -97,15 +96,12 @@ RANGES: Mapping[str, tuple[float, float, bool]] = {
     "catalog_size": (1, 1_000_000, False),
     "gate_capture_interval": (1, 1_000_000, False),
 }
-"""Sane range of each numeric key: ``(low, high, low_is_open)``. A value outside is a
-mistake (module note): the hang timeouts start at 1 s because a healthy step takes
-longer than a few milliseconds, the thread count stops at 1,024 and the intervals at
-a million steps."""
+"""Sane range of each numeric key: ``(low, high, low_is_open)``; a value outside is a mistake
+(hang timeouts start at 1 s because a healthy step takes longer than a few milliseconds)."""
 
 MAX_VARIANTS = 8
 """At most this many input scale variants (each one is a whole extra replay)."""
 VARIANT_RANGE: tuple[float, float] = (1e-4, 1e4)
-"""Each input scale variant must lie in this range."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,9 @@
 """Where SCOUT's configuration comes from: files, environment variables, mappings.
 
-Contract: the same :class:`~scout_core.config.schema.Config` is built from a TOML or JSON
-file (:func:`read_file`: keys at the top level or in one ``scout`` table), a framework's
-section (:func:`values_from_mapping`) and ``SCOUT_<FIELD>`` variables
-(:func:`env_overrides`, which override file values), every value through the one
-per-field check (:mod:`.checks`). An unknown key in a file or section is an error with a
-"did you mean" hint; an unknown ``SCOUT_*`` variable only warns, since the prefix is not
-SCOUT's alone. Hostile input is a :class:`~scout_core.errors.ConfigError` naming the file.
-Docs: docs/configuration.md.
+Contract: files (top level or one ``scout`` table), framework sections and ``SCOUT_<FIELD>``
+variables (which override files) all pass the one per-field check (:mod:`.checks`). An
+unknown key is an error with a "did you mean" hint; an unknown ``SCOUT_*`` variable only
+warns (the prefix is not SCOUT's alone). Hostile input is a ``ConfigError`` naming the file.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ from typing import Any
 from scout_core.config.checks import check, field_names, shown, specs
 from scout_core.errors import ConfigError
 
-# tomllib is in the standard library from 3.11; tomli is the same parser, backported.
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
@@ -48,8 +43,8 @@ NON_CONFIG_ENV: frozenset[str] = frozenset({"SCOUT_CONFIG"})
 """``SCOUT_*`` variables that are not field overrides (``SCOUT_CONFIG`` names a file)."""
 
 NON_CONFIG_ENV_PREFIXES: tuple[str, ...] = ("SCOUT_TEST_", "SCOUT_INTERNAL_")
-"""Prefixes reserved for the test harness and for SCOUT's own child processes; variables
-under them are never read as config, so a typo elsewhere cannot hide behind them."""
+"""Prefixes reserved for the test harness and SCOUT's child processes, never read as config
+(so a typo elsewhere cannot hide behind them)."""
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -1,9 +1,8 @@
 """What ranks agree on, in one place: min/max of a step, all-ok, any-flag, same value.
 
 Contract: each answer is one int64 ``MAX`` reduction (:func:`reduce_max`) on a group SCOUT
-created, never ``WORLD`` or a training group, and every rank gets the same answer. Why a
-gather rather than an all-reduce, and why only SCOUT's groups: docs/internals.md,
-"Agreement: one reduction, every rank the same branch".
+created, never ``WORLD`` or a training group, and every rank gets the same answer. Why:
+docs/internals.md, "Agreement: one reduction, every rank the same branch".
 """
 
 from __future__ import annotations
@@ -44,23 +43,17 @@ def check_group(group: object) -> dist.ProcessGroup:
 
 
 GATHER_WORDS = 1 << 16
-"""Most words (ranks x words per rank) :func:`reduce_max` gathers instead of all-reducing
-(512 KiB received per rank)."""
+"""Most words (ranks x words) :func:`reduce_max` gathers, not all-reduces (512 KiB per rank)."""
 
 
 def all_gather_single() -> Any:
-    """The single-tensor AllGather: ``all_gather_single`` where torch has it.
-
-    torch 2.13 deprecates ``all_gather_into_tensor`` (a ``FutureWarning`` on every
-    call) in favour of ``all_gather_single``; older releases only have the former.
-    Looked up at call time so tests can count calls by patching ``torch.distributed``.
-    """
+    """``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``
+    with a ``FutureWarning`` per call); looked up per call so tests can patch it."""
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def reduce_max(words: Sequence[int], group: dist.ProcessGroup) -> list[int]:
-    """Element-wise maximum of ``words`` over every rank of ``group`` (int64); one
-    collective, a gather while it is small (module doc)."""
+    """Element-wise int64 maximum of ``words`` over ``group``: one collective."""
     pg = check_group(group)
     tensor = torch.tensor(list(words), dtype=torch.int64)
     size = dist.get_world_size(pg)
@@ -79,12 +72,8 @@ def min_max(value: int, group: dist.ProcessGroup) -> tuple[int, int]:
 
 
 def all_ok(ok: bool, groups: dist.ProcessGroup | Sequence[dist.ProcessGroup]) -> bool:
-    """Whether every rank passed ``ok=True``.
-
-    With several groups the answer is folded through each in turn, so it covers
-    every rank reachable through them (under HSDP each shard group holds one member
-    of every replica group): every rank of every group must call it.
-    """
+    """Whether every rank passed ``ok=True``; several groups are folded in turn, covering
+    every rank reachable through them (HSDP: shard then replica group). All must call it."""
     chain = [groups] if isinstance(groups, dist.ProcessGroup) else list(groups)
     flag = 0 if ok else 1
     for g in chain:

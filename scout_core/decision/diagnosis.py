@@ -1,11 +1,10 @@
 """Cross-PG validation: turn slow process groups into a machine, group or job diagnosis.
 
 A communication straggler slows every member of a collective, so timing C3 inside one
-group can only name the group (paper Figure 2); groups of different parallelism dimensions
-that are slow together narrow the fault down to what they share (paper §6.1.2, Figure 3).
-Contract: :func:`diagnose` is a pure function of the slow groups and the host map, so
-every rank that sees the same slow groups reaches the same diagnosis. The rule, case by
-case: docs/concepts.md, "Cross-PG validation".
+group can only name the group (paper Figure 2); slow groups of different dimensions narrow
+the fault to what they share (paper §6.1.2, Figure 3). Contract: :func:`diagnose` is pure,
+so ranks that see the same slow groups reach the same diagnosis. The rule:
+docs/concepts.md, "Cross-PG validation".
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ class SlowGroup:
     kind: str
     """Label of the group's dimension (``"tp"``, ``"fsdp"``, ``"replica"`` ...)."""
     ranks: tuple[int, ...]
-    """Member global ranks; stored ascending."""
+    """Member global ranks, stored ascending."""
 
     def __post_init__(self) -> None:
         ranks = tuple(sorted(int(r) for r in self.ranks))
@@ -71,7 +70,6 @@ class Diagnosis:
     groups: tuple[SlowGroup, ...]
     """The slow groups behind the diagnosis, sorted by kind then ranks."""
     explanation: str
-    """One sentence for a person."""
 
 
 def _describe(group: SlowGroup) -> str:
@@ -83,13 +81,10 @@ def _hosts_of(group: SlowGroup, hosts: Mapping[int, str]) -> frozenset[str]:
 
 
 def diagnose(slow: Sequence[SlowGroup], hosts: Mapping[int, str]) -> Diagnosis | None:
-    """Combine slow groups of different kinds into one diagnosis.
+    """Combine slow groups of different kinds into one diagnosis (``None`` if none is slow).
 
-    The rule, case by case: docs/concepts.md, "Cross-PG validation".
-
-    ``hosts`` maps every global rank of every slow group to its machine; a missing
-    rank is a :class:`ValueError`, because guessing a host could blame the wrong
-    machine. Returns ``None`` when nothing is slow.
+    ``hosts`` maps every rank of every slow group to its machine; a missing rank is a
+    :class:`ValueError`, because guessing a host could blame the wrong machine.
     """
     groups = tuple(sorted(set(slow), key=lambda g: (g.kind, g.ranks)))
     if not groups:

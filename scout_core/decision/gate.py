@@ -1,12 +1,8 @@
 """The checkpoint gate (paper §8, Algorithm 3): which checkpoint recovery may trust.
 
-Contract: the gate is pure. :meth:`Gate.decide` maps job-wide flags (combined by
-:func:`scout_core.decision.gate_wire.combine`) to a :class:`Decision` without side
-effects, :meth:`Gate.apply` commits it, and :func:`retrieval` picks what recovery may
-restore; :mod:`scout_core.checkpoint` captures and persists what the decisions name. The
-generations (``latest``, ``candidate``, ``verified``), what a cycle is, what counts as not
-clean and the job-wide agreement: docs/checkpoint_gate.md, "Generations and cycles" and
-"Job-wide agreement".
+Contract: the gate is pure. :meth:`Gate.decide` maps job-wide flags to a :class:`Decision`,
+:meth:`Gate.apply` commits it, :func:`retrieval` picks what recovery may restore. Terms and
+agreement: docs/checkpoint_gate.md, "Generations and cycles" and "Job-wide agreement".
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ class Outcome(str, Enum):
     MISSING = "missing"
     """This rank has no result for the boundary: incomplete evidence."""
     HANG = "hang"
-    """The observer diagnosed a hang."""
 
 
 class Action(str, Enum):
@@ -54,11 +49,10 @@ class Action(str, Enum):
     CAPTURE = "capture"
     """Accepted check inside a cycle: capture ``latest``."""
     ROTATE = "rotate"
-    """Accepted check that closes the cycle: capture ``latest``, promote the candidate
-    to verified, make ``latest`` the new (persisted) candidate."""
+    """Accepted check that closes the cycle: capture ``latest``, promote the candidate to
+    verified, make ``latest`` the new (persisted) candidate."""
     SKIP = "skip"
-    """Not clean (inconclusive or missing somewhere): capture nothing, restart the
-    cycle, drop the candidate."""
+    """Not clean (inconclusive/missing): capture nothing, restart the cycle, drop the candidate."""
     RETRIEVE = "retrieve"
     """SDC or hang somewhere in the job: select a checkpoint for recovery."""
 
@@ -152,9 +146,8 @@ class Retrieval:
     sweep: Outcome | None = None
     """The full-catalog sweep's job-wide outcome, when one ran."""
     failure: Failure | None = None
-    """The failure a replay boundary found, when the selection was made there."""
+    """The failure a replay boundary (at step ``found_at``) found, when selected there."""
     found_at: int | None = None
-    """The step of that boundary."""
 
 
 class Gate:
@@ -197,11 +190,8 @@ class Gate:
     def local_flags(
         self, step: int, outcome: Outcome, recipes: int | Iterable[int] | None
     ) -> LocalFlags:
-        """This rank's flags for the boundary at ``step``.
-
-        ``recipes`` are the catalog indices of the recipes checked at this boundary
-        (one int, several, or ``None`` / empty when this rank has no result).
-        """
+        """This rank's flags at ``step``; ``recipes`` are the catalog indices checked here
+        (one int, several, or ``None`` / empty when this rank has no result)."""
         outcome = Outcome(outcome)
         if recipes is None:
             checked: tuple[int, ...] = ()
@@ -228,12 +218,8 @@ class Gate:
         )
 
     def decide(self, job: JobFlags, local: LocalFlags) -> Decision:
-        """Algorithm 3's ``CheckpointSave`` as a pure function of the job-wide flags.
-
-        ``local`` is this rank's own flags (from :meth:`local_flags`); it only
-        supplies the recipe indices, which :func:`combine` checked are the same on
-        every rank that has a result.
-        """
+        """Algorithm 3's ``CheckpointSave``, pure; ``local`` only supplies the recipe indices
+        (:func:`combine` checked they match on every rank with a result)."""
         if job.sdc or job.hang:
             failure = Failure.SDC if job.sdc else Failure.HANG
             return Decision(
@@ -270,9 +256,8 @@ class Gate:
     def apply(self, decision: Decision, *, captured: bool = True) -> None:
         """Commit ``decision`` (from :meth:`decide` on this gate) to the state.
 
-        ``captured=False`` commits a CAPTURE whose copy was not taken (a lean gate,
-        ``Config.gate_memory``): its recipes count toward the cycle, but ``latest``
-        stays the last generation actually held."""
+        ``captured=False`` is a CAPTURE not taken (lean ``Config.gate_memory``): its recipes
+        count toward the cycle, but ``latest`` stays the last generation actually held."""
         if decision.action is Action.CAPTURE:
             if captured:
                 self.latest = decision.step
@@ -290,12 +275,8 @@ class Gate:
         # RETRIEVE changes nothing until a generation is restored (after_restore).
 
     def after_restore(self, selection: Selection, step: int) -> None:
-        """Training resumes from generation ``step``, selected as ``selection``.
-
-        Restoring ``verified`` discards everything newer (the candidate may hold the
-        corruption that triggered recovery) and restarts the cycle; restoring
-        ``latest`` keeps the evidence, which was clean.
-        """
+        """Training resumes from generation ``step``. Restoring ``verified`` discards everything
+        newer (the candidate may hold the corruption) and restarts the cycle."""
         if Selection(selection) is Selection.VERIFIED:
             self.latest = step
             self.candidate = None
@@ -304,10 +285,7 @@ class Gate:
             self.latest = step
 
     def resumed(self, step: int) -> None:
-        """A fresh job restored the verified generation ``step`` from disk (a restart).
-
-        It is both verified and latest; nothing newer is trusted and the cycle restarts.
-        """
+        """A restarted job restored verified ``step`` from disk: verified and latest, new cycle."""
         self.latest = self.verified = step
         self.candidate = None
         self._accepted.clear()
@@ -339,12 +317,10 @@ def retrieval(
 ) -> Retrieval:
     """Algorithm 3's ``CheckpointRetrieval``: choose ``latest`` or ``verified``.
 
-    * SDC, or some machine unreachable (its latest shard cannot be inspected) →
-      verified;
+    * SDC, or a machine unreachable (its latest shard cannot be inspected) → verified;
     * a straggler (compute or communication) → latest: slowness is not divergence;
-    * anything else → run the full recipe catalog now via ``sweep`` (which must
-      return the *job-wide* outcome) and trust latest only when it is clean; an
-      SDC, inconclusive or missing sweep, or no sweep at all, selects verified.
+    * else run the full catalog via ``sweep`` (it returns the *job-wide* outcome): latest
+      only when clean; any other outcome, or no sweep, selects verified.
     """
     failure = None if failure is None else Failure(failure)
     if failure is Failure.SDC:

@@ -1,13 +1,11 @@
 """The checkpoint gate's wire format: one rank's flags as int64 words, combined job-wide.
 
 Before any change of gate state every rank's :class:`~scout_core.decision.gate.LocalFlags`
-are combined with one ``MAX`` reduction (:func:`scout_core.decision.agreement.reduce_max`)
-on a diagnostic group. Each flag is one word (any rank's flag wins); the step, the
-digest of the recipes checked and the digest of the gate state travel twice, once
-negated, so the fold sees both their maximum and their minimum and can tell that the
-ranks disagree (:func:`merge_flags` is the same fold as a pure function, for tests
-and for reasoning). Disagreement raises :class:`~scout_core.errors.ProtocolError` on
-every rank: a gate never guesses which rank is right.
+are combined with one ``MAX`` reduction on a diagnostic group. Each flag is one word (any
+rank's flag wins); the step, the recipes digest and the gate-state digest travel twice,
+once negated, so the fold sees their maximum and minimum and detects disagreement
+(:func:`merge_flags` is the same fold, pure). Disagreement raises
+:class:`~scout_core.errors.ProtocolError` on every rank: a gate never guesses which is right.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ __all__ = ["WIDTH", "combine", "combine_outcome", "fold_words", "merge_flags", "
 _NONE = -1  # wire value of "no recipes" (the rank has no result)
 _FAR = 1 << 62  # neutral element for a max over negated values of absent entries
 WIDTH = 12
-"""The number of words :func:`words` returns."""
 
 
 def words(flags: LocalFlags) -> list[int]:
@@ -48,9 +45,7 @@ def words(flags: LocalFlags) -> list[int]:
 
 
 def fold_words(maxima: Sequence[int]) -> JobFlags:
-    """Turn the MAX-reduced words back into :class:`JobFlags`, checking agreement
-    (the words may come from :func:`combine` or from a seat of a boundary vote,
-    :mod:`scout_core.decision.vote`)."""
+    """MAX-reduced words (from :func:`combine` or a vote seat) as checked :class:`JobFlags`."""
     (missing, sdc, hang, unclean, closes, not_closes, s_hi, s_lo, r_hi, r_lo, g_hi, g_lo) = (
         int(w) for w in maxima
     )
@@ -94,21 +89,14 @@ def merge_flags(flags: Sequence[LocalFlags]) -> JobFlags:
 
 
 def combine(local: LocalFlags, *, group: dist.ProcessGroup) -> JobFlags:
-    """Combine ``local`` with every other rank's flags: one MAX reduction on ``group``.
-
-    ``group`` must be a SCOUT diagnostic group spanning the whole job, never ``WORLD``
-    or a training group. Raises :class:`ProtocolError` on every rank when the ranks
-    disagree.
-    """
+    """Combine ``local`` with every rank's flags: one MAX reduction on ``group``, a SCOUT
+    group over the whole job. :class:`ProtocolError` on every rank when they disagree."""
     return fold_words(reduce_max(words(local), group))
 
 
 def combine_outcome(outcome: Outcome, *, group: dist.ProcessGroup) -> Outcome:
-    """The job-wide outcome of a check every rank ran (the full-catalog sweep).
-
-    SDC anywhere wins, then any hang, inconclusive or missing result (not clean);
-    clean only when every rank was clean. One MAX reduction on ``group``.
-    """
+    """The job-wide outcome of the full-catalog sweep (one MAX reduction on ``group``): SDC
+    anywhere wins; clean only when every rank was clean."""
     outcome = Outcome(outcome)
     sdc, unclean = reduce_max(
         [int(outcome is Outcome.SDC), int(outcome is not Outcome.CLEAN)], group

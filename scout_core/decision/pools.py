@@ -1,12 +1,10 @@
 """Timing pools and the pair's own history: naming a straggler where values have two copies.
 
-A timing comparison needs only the same *work*, not the same values, so a replay round's
-``t_M`` is judged over its timing pool (built by :mod:`scout_core.replay.pools`).
-:func:`work_key` digests what makes two replays cost the same; :func:`pool_classes` and
-:func:`excluded` keep work of another shape out; :class:`OwnHistory` judges a pair by each
-rank's own history. Contract: everything is a pure function of its inputs (and of an
-``OwnHistory`` fed the same rounds on every rank), so every rank decides alike. The
-rules: docs/replay.md, "Timing pools: equal work, not equal values".
+A timing comparison needs only the same *work*, not the same values: :func:`work_key`
+digests what makes two replays cost the same, :func:`pool_classes` and :func:`excluded`
+keep other work out, :class:`OwnHistory` judges a pair by each rank's own history.
+Contract: all is pure (an ``OwnHistory`` is fed the same rounds on every rank), so every
+rank decides alike. The rules: docs/replay.md, "Timing pools: equal work, not equal values".
 """
 
 from __future__ import annotations
@@ -45,11 +43,10 @@ def work_key(
     inputs: Iterable[Any],
     device: str,
 ) -> int:
-    """A nonzero 63-bit digest of the work one replay round does (module doc).
+    """A nonzero 63-bit digest of the work one replay round does.
 
-    ``params``: (dtype, shape) of each parameter in registration order (names are left
-    out: pipeline stages name the same block differently); ``inputs``: the captured
-    call's leaf metadata (tensor dtype and shape, or a plain value)."""
+    ``params`` is (dtype, shape) per parameter in order, without names (pipeline stages name
+    the same block differently); ``inputs`` the captured call's leaf metadata."""
     text = json.dumps(
         {
             "kind": kind,
@@ -92,8 +89,7 @@ def pool_classes(pool: PoolTiming) -> list[tuple[int, ...]]:
 
 
 def excluded(pool: PoolTiming) -> dict[int, str]:
-    """Members left out of the pool's comparison this round, with the reason: every rank
-    outside the largest key class (:func:`pool_classes`)."""
+    """Ranks outside the largest key class (:func:`pool_classes`), each with the reason."""
     classes = pool_classes(pool)
     main = set(classes[0]) if classes else set()
     out: dict[int, str] = {}
@@ -128,8 +124,8 @@ class PairCall:
 
 
 class OwnHistory:
-    """Each rank's own recent clean rounds, per timing series, and the pair rule (module
-    doc). One per judge; every rank feeds it the same rounds in the same order."""
+    """Each rank's recent clean rounds per timing series, and the pair rule; every rank feeds
+    it the same rounds in the same order."""
 
     def __init__(self, *, rounds: int, min_excess_s: float, min_ratio: float) -> None:
         self.rounds = rounds

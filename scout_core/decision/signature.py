@@ -1,11 +1,10 @@
 """Deterministic, position-sensitive 64-bit signatures of tensors (paper §5).
 
 Contract: equal tensors sign equal on every rank, run and device, and a single flipped bit
-anywhere changes the signature. :func:`fold` runs on the tensor's own device and reduces
-its bytes to at most :data:`MAX_FOLD_WORDS` 64-bit words; :func:`finalize` mixes those
-words with the dtype and shape on the CPU. The fold's definition, its guarantees and
-limits, and why it uses 32-bit lanes, an int32 ``mm`` on the CPU and NumPy for small
-tensors: docs/internals.md, "Signatures: the fold".
+anywhere changes the signature. :func:`fold` reduces the bytes on the tensor's device to at
+most :data:`MAX_FOLD_WORDS` 64-bit words; :func:`finalize` mixes them with dtype and shape
+on the CPU. Definition, limits, 32-bit lanes, CPU ``mm`` and NumPy: docs/internals.md,
+"Signatures: the fold".
 """
 
 from __future__ import annotations
@@ -53,12 +52,10 @@ _SEED_MANY = 0x3A7C4E9D12F6B085  # start of a sequence's chain
 _TAG_TENSOR = 1
 _TAG_NONE = 2
 
-# Rows per chunk. On one CPU thread 128 rows (512 KiB) keep the product buffer in
-# the core's own cache while the reduction reads it back. With several threads each
-# chunk is two parallel kernels, each waiting for every worker thread, so fewer and
-# larger chunks (4 MiB, the last-level cache) win, above all on a busy machine. An
-# accelerator pays per launch, so it takes larger chunks still, bounded to keep the
-# temporary small next to training memory. Any value gives the same lanes.
+# Rows per chunk (any value gives the same lanes). One CPU thread: 128 rows (512 KiB) stay in
+# the core's cache. Several threads: each chunk is two kernels waiting on every worker, so
+# larger chunks (4 MiB, the last-level cache) win. An accelerator pays per launch: larger
+# still, bounded to keep the temporary small next to training memory.
 _CPU_CHUNK_ROWS = 128
 _CPU_PARALLEL_CHUNK_ROWS = 1024
 _DEVICE_CHUNK_ROWS = 16384
@@ -92,16 +89,14 @@ def _absorb(h: int, value: int) -> int:
     return _mix64((h ^ (value & _MASK)) + _GOLDEN)
 
 
-# ``(1 << (64 - shift)) - 1`` per splitmix64 shift, as tensors: masking off the copied
-# sign bits of torch's arithmetic ``>>`` on int64 makes it the logical shift that
-# splitmix64 is defined with (a tensor operand skips converting a Python int per call).
+# Masks that turn torch's arithmetic ``>>`` on int64 into splitmix64's logical shift (as
+# tensors, so no Python int is converted per call).
 _LSR_MASKS = {shift: torch.tensor((1 << (64 - shift)) - 1) for shift in (30, 27, 31)}
 
 
 def _mix64_inplace(z: Tensor) -> Tensor:
-    """:func:`_mix64` element-wise on an int64 tensor, overwriting ``z`` (multiplication
-    wraps mod 2**64); in place, since on a few hundred words each op costs its dispatch
-    and its allocation, not its arithmetic."""
+    """:func:`_mix64` element-wise on int64 ``z``, in place (wrapping mod 2**64): on a few
+    hundred words each op costs its dispatch and allocation, not its arithmetic."""
     for shift, mult in ((30, to_int64(_MIX1)), (27, to_int64(_MIX2)), (31, None)):
         shifted = z >> shift
         shifted &= _LSR_MASKS[shift]
@@ -112,16 +107,12 @@ def _mix64_inplace(z: Tensor) -> Tensor:
 
 
 def _mix64_tensor(z: Tensor) -> Tensor:
-    """:func:`_mix64` element-wise on an int64 tensor, into a new tensor."""
     return _mix64_inplace(z.clone())
 
 
 class _Multipliers:
-    """Row multipliers ``r_i`` per device, grown by doubling and reused across calls.
-
-    They are made on the CPU, so every device gets bit-identical values, then copied
-    once to the device; they take 1/1024 of the largest tensor folded there.
-    """
+    """Row multipliers ``r_i`` per device, made on the CPU (bit-identical everywhere), grown
+    by doubling; they take 1/1024 of the largest tensor folded there."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -173,9 +164,8 @@ def _as_lanes(data: Tensor) -> Tensor:
 
 
 def _fold_rows(lanes: Tensor, mult: Tensor, chunk_rows: int | None) -> Tensor:
-    """``(lanes * mult).sum(0)`` mod 2**32 without a full-size temporary: one int32
-    matrix product when ``chunk_rows`` is None (the CPU's path: docs/internals.md),
-    else a product and a sum per chunk of ``chunk_rows`` rows."""
+    """``(lanes * mult).sum(0)`` mod 2**32 without a full-size temporary: one int32 ``mm``
+    when ``chunk_rows`` is None, else a product and a sum per chunk."""
     if chunk_rows is None:
         return torch.mm(mult.reshape(1, -1), lanes).reshape(-1)
     rows = lanes.shape[0]
@@ -208,8 +198,7 @@ def _fold(t: Tensor, chunk_rows: int | None) -> Tensor:
     else:
         acc = torch.zeros(_LANES, dtype=torch.int32, device=device)
     if rest:
-        # The last, partial row: copied (< 4 KiB) into a zeroed row so the padding
-        # lanes are 0 and contribute nothing.
+        # The partial last row, copied into a zeroed row: padding lanes contribute nothing.
         tail = torch.zeros(_ROW_BYTES, dtype=torch.uint8, device=device)
         tail[:rest] = data[full_rows * _ROW_BYTES :]
         acc = acc + tail.view(torch.int32) * mult[full_rows]
@@ -218,8 +207,7 @@ def _fold(t: Tensor, chunk_rows: int | None) -> Tensor:
 
 @functools.cache
 def _int_mm_folds() -> bool:
-    """Whether this build's CPU int32 ``torch.mm`` computes the fold's lanes exactly
-    (products and sums wrapping mod 2**32), checked once on data that overflows."""
+    """Whether this build's CPU int32 ``torch.mm`` wraps mod 2**32 exactly (probed once)."""
     gen = torch.Generator().manual_seed(0x5C07)
     lanes = torch.randint(-(1 << 31), 1 << 31, (67, _LANES), generator=gen, dtype=torch.int64)
     mult = _MULTIPLIERS.get(67, torch.device("cpu"))
@@ -231,8 +219,7 @@ def _int_mm_folds() -> bool:
 
 
 def _chunk_rows(device: torch.device) -> int | None:
-    """How :func:`fold` reduces rows on ``device``: None for one int32 matrix product
-    (the CPU, where exact), else rows per chunk."""
+    """Rows per chunk of :func:`fold` on ``device``; None: one int32 ``mm`` (CPU, if exact)."""
     if device.type != "cpu":
         return _DEVICE_CHUNK_ROWS
     if _int_mm_folds():
@@ -241,12 +228,8 @@ def _chunk_rows(device: torch.device) -> int | None:
 
 
 def fold(t: Tensor) -> Tensor:
-    """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``
-    (the fold's 32-bit lanes, two per word).
-
-    The words depend only on the bytes (docs/internals.md, "Signatures: the fold"), not
-    on the device or on how the work is chunked. Dtype and shape enter later, in :func:`finalize`.
-    """
+    """Reduce ``t``'s bytes to ``min(512, ceil(nbytes / 8))`` int64 words on ``t.device``;
+    they depend only on the bytes, not on the device or the chunking."""
     if not isinstance(t, Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
     if _np is not None and t.device.type == "cpu" and t.numel() * t.element_size() <= _ROW_BYTES:
@@ -255,8 +238,7 @@ def fold(t: Tensor) -> Tensor:
 
 
 def _fold_row_np(data: Tensor) -> Tensor:
-    """:func:`_fold` of at most one row of CPU bytes, on NumPy (module doc): the lanes
-    times row 0's multiplier, zero-padded to whole words."""
+    """:func:`_fold` of at most one row of CPU bytes, on NumPy: lanes times ``r_0``."""
     nbytes = data.numel()
     width = min(MAX_FOLD_WORDS, -(-nbytes // _WORD_BYTES))
     out = _np.zeros(width * _WORD_BYTES, dtype=_np.uint8)
@@ -268,7 +250,6 @@ def _fold_row_np(data: Tensor) -> Tensor:
 
 @functools.cache
 def _row0_multiplier() -> Any:
-    """Row 0's multiplier ``r_0`` as a NumPy ``uint32``."""
     return _np.uint32(int(_MULTIPLIERS.get(1, torch.device("cpu"))[0]) & _MASK32)
 
 
@@ -286,8 +267,7 @@ _POSITION_KEYS = (
 
 
 def _check_words(n: int, dtype: torch.dtype, shape: Sequence[int]) -> tuple[list[int], int]:
-    """The shape's dims and the byte count, after checking that ``n`` fold words belong
-    to a ``dtype`` tensor of that shape."""
+    """Dims and byte count, once ``n`` fold words are checked to fit ``dtype`` and ``shape``."""
     if n > MAX_FOLD_WORDS:
         raise ValueError(f"at most {MAX_FOLD_WORDS} words, got {n}")
     dims = [int(d) for d in shape]
@@ -303,9 +283,8 @@ def _check_words(n: int, dtype: torch.dtype, shape: Sequence[int]) -> tuple[list
 
 
 def _bodies(words: Tensor, counts: Sequence[int]) -> list[int]:
-    """Each run of ``counts`` consecutive CPU fold words, keyed by position in its run,
-    mixed and summed mod 2**64: one mix over all the runs, since each torch op on a few
-    hundred words costs its dispatch, not its arithmetic."""
+    """Each run of ``counts`` CPU fold words, keyed by position in its run, mixed and summed
+    mod 2**64; one mix covers all runs (per-op dispatch dominates)."""
     if _np is not None:
         return _bodies_np(words, counts)
     one = len(counts) == 1
@@ -341,12 +320,10 @@ def _bodies_np(words: Tensor, counts: Sequence[int]) -> list[int]:
 
 @functools.cache
 def _position_keys_np() -> Any:
-    """The position keys as NumPy ``uint64`` words (the same bits as the int64 ones)."""
     return _POSITION_KEYS.numpy().view(_np.uint64)
 
 
 def _close(dtype: torch.dtype, dims: Sequence[int], nbytes: int, n: int, body: int) -> int:
-    """Absorb the header (dtype name, rank, dims, byte count, word count) and the body."""
     return _absorb(_header(dtype, tuple(dims), nbytes, n), body)
 
 
@@ -363,11 +340,8 @@ def _header(dtype: torch.dtype, dims: tuple[int, ...], nbytes: int, n: int) -> i
 def finalize(words: Tensor, dtype: torch.dtype, shape: Sequence[int]) -> int:
     """Mix fold ``words`` with ``dtype`` and ``shape`` into an unsigned 64-bit signature.
 
-    Runs on the CPU (``words`` is copied there if needed). Each word is keyed by its
-    position and passed through a bijective mixer, so a change in any single word
-    always changes the result, and words swapped between positions change it but for
-    a 2**-64 coincidence. The header (dtype name, rank, dims, byte count, word count)
-    and the mixed words are absorbed into a chain of bijections.
+    Runs on the CPU. Words are keyed by position and bijectively mixed: any single-word change
+    changes the result, a swap does but for a 2**-64 coincidence.
     """
     if words.dtype != torch.int64 or words.dim() != 1:
         raise ValueError(
@@ -387,11 +361,8 @@ def signature(t: Tensor) -> int:
 def signature_many(tensors: Iterable[Tensor | None]) -> int:
     """Order-sensitive signature of a sequence of tensors (a flattened pytree).
 
-    ``None`` entries count as a distinct marker, so ``[a, None]`` differs from
-    ``[None, a]`` and from ``[a]``. All folds are issued first and their words leave
-    each device in one copy, so a list of accelerator tensors synchronises once per
-    device rather than once per tensor, and the words of all of them are mixed in one
-    pass on the CPU (the same values :func:`finalize` computes one tensor at a time).
+    ``None`` is a distinct marker: ``[a, None]``, ``[None, a]`` and ``[a]`` differ. The words
+    leave each device in one copy (one sync per device) and are mixed in one CPU pass.
     """
     items = list(tensors)
     folded: dict[int, Tensor] = {}

@@ -50,8 +50,7 @@ class Seat(Generic[E]):
         return [1, 0, *(int(w) for w in mine)]
 
     def result(self, event: E) -> list[int] | None:
-        """The job-wide ``MAX`` of every rank's words for ``event`` (collective on the
-        first read of any seat for ``event``); ``None`` when no rank was present."""
+        """The job-wide ``MAX`` of the words for ``event``; ``None`` when no rank was present."""
         present, absent, *words = self.vote.slice(self, event)
         if present and absent:
             raise ProtocolError(
@@ -70,7 +69,6 @@ class BoundaryVote(Generic[E]):
         self._event: E | None = None
         self._maxima: list[int] = []
         self.casts = 0
-        """How many reductions the vote ran (one per event read)."""
 
     def seat(self, name: str, width: int, words: Callable[[E], Sequence[int] | None]) -> Seat[E]:
         """A new seat of ``width`` words. Every rank adds the same seats in the same order."""

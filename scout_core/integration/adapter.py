@@ -1,14 +1,10 @@
 """The adapter protocol: what a framework plugin tells the core about a training job.
 
-The core never imports a framework. Contract: a :class:`FrameworkAdapter` gives the few
-facts replay, the observer and the gate need (the rank's mesh address and the
-:class:`~scout_core.topology.mesh.MeshLayout`, the training groups by name for reference
-only, the layers and other replayable modules, the optimizers and their ownership, the
-RNG streams, how to materialise and call a module without the framework's hooks, and the
-optimizer steps per iteration). Adapters do not count steps. The protocol is structural,
-so no framework object inherits anything; :class:`~.adapter_base.AdapterBase` holds the
-shared part and :func:`scout_core.testing.conformance.check_adapter` checks every plugin.
-Docs: docs/plugins.md, "The adapter".
+The core never imports a framework. Contract: a :class:`FrameworkAdapter` gives the few facts
+replay, the observer and the gate need (below); adapters do not count steps. The protocol is
+structural; :class:`~.adapter_base.AdapterBase` holds the shared part and
+:func:`scout_core.testing.conformance.check_adapter` checks every plugin. Docs:
+docs/plugins.md, "The adapter".
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ __all__ = [
 ]
 
 ROLES = ("embedding", "lm_head", "router", "experts")
-"""The roles ``special_modules()`` may report. An MoE model has one router and one
-experts container per MoE layer, keyed ``router:<i>`` / ``experts:<i>`` (``i`` the
-MoE layer's position in model order)."""
+"""The roles ``special_modules()`` may report; MoE keys are ``router:<i>`` / ``experts:<i>``
+for the ``i``-th MoE layer in model order."""
 
 
 def role_of(key: str) -> str:
@@ -81,23 +76,18 @@ class Ownership(str, Enum):
 class ModuleRef:
     """A module and its dotted path inside the model, as evidence records name it.
 
-    Frameworks often wrap a block (activation checkpointing, ``torch.compile``,
-    FSDP): the model calls the *outer* wrapper, and the block's own computation
-    lives inside it. Such a layer has two handles: ``module``, the block replay
-    materialises and calls, and ``outer``, where capture hooks go (its forward runs
-    once per training forward, while an activation-checkpointed block runs a second
-    time during backward). ``outer`` is None when the two are the same module.
+    A wrapped block (activation checkpointing, ``torch.compile``, FSDP) has two handles:
+    ``module``, the block replay materialises and calls, and ``outer``, the wrapper the model
+    calls, where capture hooks go (it runs once per forward, while a checkpointed block runs
+    again in backward). ``outer`` is None when the two are the same module.
     """
 
     path: str
     module: torch.nn.Module
-    """The block replay runs: its parameters, buffers and forward (wrappers looked through)."""
     outer: torch.nn.Module | None = None
-    """The module the model calls, when it wraps :attr:`module`; None: ``module`` itself."""
     capture_copy: Callable[[torch.Tensor], torch.Tensor] | None = None
-    """How a capture keeps one tensor it records (an input, an output's gradient): a
-    plain, full, detached copy. An adapter whose activations are sharded DTensors
-    gathers them here on SCOUT's own groups; None: ``tensor.detach().clone()``."""
+    """How a capture keeps a tensor it records: a plain, full, detached copy (sharded DTensors
+    are gathered on SCOUT's own groups); None: ``tensor.detach().clone()``."""
 
     @property
     def hooked(self) -> torch.nn.Module:
@@ -107,12 +97,8 @@ class ModuleRef:
 
 @dataclass(frozen=True)
 class RngStream:
-    """One random stream replay must reproduce and then restore.
-
-    ``get`` returns the state as a CPU ``uint8`` tensor (what
-    ``torch.get_rng_state`` returns), so it can be broadcast as bytes; ``set``
-    installs such a state.
-    """
+    """One random stream replay must reproduce and then restore; ``get`` returns the state as
+    a CPU ``uint8`` tensor (broadcast as bytes), ``set`` installs it."""
 
     name: str
     get: Callable[[], torch.Tensor]
@@ -147,10 +133,8 @@ class FrameworkAdapter(Protocol):
         ...
 
     def special_modules(self) -> Mapping[str, ModuleRef]:
-        """``"embedding"``, ``"lm_head"`` and MoE modules present: per MoE layer ``i`` its
-        router (``"router:<i>"``) and the container of its local experts
-        (``"experts:<i>"``, a ``ModuleList`` whose children each map a ``(rows, d_model)``
-        input to a ``(rows, d_model)`` output); see :func:`moe_modules`."""
+        """``"embedding"``, ``"lm_head"`` and, per MoE layer ``i``, ``"router:<i>"`` and
+        ``"experts:<i>"`` (a ``ModuleList`` of ``(rows, d_model)`` → ``(rows, d_model)``)."""
         ...
 
     def optimizers(self) -> Sequence[torch.optim.Optimizer]:
@@ -171,20 +155,13 @@ class FrameworkAdapter(Protocol):
         ...
 
     def materialize(self, ref: ModuleRef) -> AbstractContextManager[Mapping[str, torch.Tensor]]:
-        """Context yielding full, unsharded copies of ``ref.module``'s parameters by name.
-
-        Replicated parameters are simply cloned. Sharded frameworks gather only this
-        module, off the training path where they can (FSDP2: SCOUT's diagnostic shard
-        group; ZeRO-3: ``deepspeed.zero.GatheredParameters``). Replay times this gather.
-        """
+        """Context yielding full copies of ``ref.module``'s parameters by name; sharded
+        frameworks gather only this module, off the training path where they can (timed)."""
         ...
 
     def local_shards(self, ref: ModuleRef) -> Sequence[torch.Tensor]:
-        """This rank's local parameter shards of ``ref``, in name order.
-
-        Replica peers hold equal shards; comparing them localises a corrupted shard
-        to its holder before any gather mixes it into everyone's full tensor.
-        """
+        """This rank's local parameter shards of ``ref``, in name order: comparing them across
+        replica peers localises corruption before a gather spreads it."""
         ...
 
     def call(

@@ -1,13 +1,9 @@
 """What every framework adapter shares: RNG streams, optimizers and accessors.
 
-A plugin's adapter (plain PyTorch, DeepSpeed, ...) differs in how it derives the
-layout, materialises parameters and calls a module without framework hooks. The
-rest of the :class:`~scout_core.integration.adapter.FrameworkAdapter` protocol is the
-same everywhere and lives here once: the optimizers (one or several; stub
-optimizers are simply not listed) and how often each steps per iteration, the RNG
-streams replay reproduces (CPU, the current CUDA device, plus framework trackers),
-and the accessors over the layout and the discovered modules. Adapters attach
-nothing and count nothing: the replay driver owns the step clock.
+Adapters differ in how they derive the layout, materialise parameters and call a module
+without framework hooks; the rest of the protocol lives here once: the optimizers (stubs not
+listed) and their steps per iteration, the RNG streams (CPU, current CUDA device, framework
+trackers) and accessors. Adapters attach and count nothing: the replay driver owns the clock.
 """
 
 from __future__ import annotations
@@ -46,10 +42,9 @@ class AdapterBase:
     """The shared part of an adapter; subclasses add layout, materialise and call."""
 
     replays_ep_blocks: bool = False
-    """Whether a block holding an expert-parallel MoE layer may stay in the hidden-layer
-    rotation: True only for an adapter whose ``call`` re-points the layer's dispatch
-    all-to-all to SCOUT's own groups (the driver reads it with ``getattr``, so an
-    adapter not built on this base may set it too; absent means False)."""
+    """Whether a block with an expert-parallel MoE layer may stay in the hidden-layer rotation:
+    True only if ``call`` re-points its all-to-all to SCOUT's groups (read with ``getattr``;
+    absent means False)."""
 
     def __init__(
         self,

@@ -1,13 +1,11 @@
 """Find the modules replay samples: the repeated layers, the embedding and the LM head.
 
-Contract: :func:`discover` attaches to a model it has never seen: the repeated layers are
-the largest ``ModuleList`` or ``ModuleDict`` of same-class blocks (compared through
-activation-checkpoint and ``torch.compile`` wrappers), the embedding the first
-``nn.Embedding`` near the top, the LM head the last ``nn.Linear`` outside the blocks.
-``Config.layers`` / ``.embedding`` / ``.lm_head`` name them instead, and a name that does
-not resolve fails at ``enable``. Paths are relative to the unwrapped model; a wrapped
-block's :class:`~scout_core.integration.adapter.ModuleRef` carries the block replay runs
-and the wrapper capture hooks go on. Docs: docs/plugins.md, "The adapter".
+Contract: :func:`discover` attaches to a model it has never seen: the repeated layers are the
+largest ``ModuleList``/``ModuleDict`` of same-class blocks (seen through checkpoint and
+``torch.compile`` wrappers), the embedding the first ``nn.Embedding`` near the top, the LM
+head the last ``nn.Linear`` outside the blocks. ``Config.layers`` / ``.embedding`` /
+``.lm_head`` name them instead; a name that does not resolve fails at ``enable``. Paths are
+relative to the unwrapped model. Docs: docs/plugins.md, "The adapter".
 """
 
 from __future__ import annotations
@@ -32,26 +30,23 @@ __all__ = [
 ]
 
 WRAPPED = ("_checkpoint_wrapped_module", "_orig_mod")
-"""Attributes under which wrappers keep the module they wrap: torch's activation
-checkpoint wrapper and ``torch.compile``'s ``OptimizedModule``."""
+"""Where torch's checkpoint wrapper and ``torch.compile``'s ``OptimizedModule`` keep the module."""
 
 
 @dataclass(frozen=True)
 class Discovered:
-    """What discovery found in one model."""
+    """What discovery found in one model; each tuple is in model order."""
 
     layers: tuple[ModuleRef, ...]
-    """The repeated blocks in model order; paths like ``layers.3``."""
+    """The repeated blocks; paths like ``layers.3``."""
     embedding: ModuleRef | None
     lm_head: ModuleRef | None
     routers: tuple[ModuleRef, ...] = ()
-    """MoE routers in model order (:func:`find_moe`)."""
     experts: tuple[ModuleRef, ...] = ()
-    """The containers of each MoE layer's local experts, in model order."""
+    """The containers of each MoE layer's local experts."""
 
     def special(self) -> dict[str, ModuleRef]:
-        """The adapter protocol's ``special_modules()``: embedding and LM head, if found,
-        and each MoE layer's router and experts as ``router:<i>`` / ``experts:<i>``."""
+        """The adapter protocol's ``special_modules()``."""
         found = {"embedding": self.embedding, "lm_head": self.lm_head}
         out = {role: ref for role, ref in found.items() if ref is not None}
         out.update({f"router:{i}": ref for i, ref in enumerate(self.routers)})
@@ -78,9 +73,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 def _base_class(module: nn.Module) -> type:
     """The user's class of ``module``, looking through FSDP2's generated subclass.
 
-    ``fully_shard`` swaps a module's class for ``FSDP<Name>``, a subclass of both
-    ``FSDPModule`` and the original; blocks sharded individually must still count as
-    the same class.
+    ``fully_shard`` swaps the class for ``FSDP<Name>`` (subclassing ``FSDPModule`` and the
+    original); blocks sharded individually must still count as the same class.
     """
     cls = type(module)
     if cls.__name__.startswith("FSDP") and len(cls.__bases__) >= 2:
@@ -89,8 +83,7 @@ def _base_class(module: nn.Module) -> type:
 
 
 def look_through(module: nn.Module) -> nn.Module:
-    """The block inside activation-checkpoint / ``torch.compile`` wrappers (:data:`WRAPPED`);
-    ``module`` itself when it wraps nothing."""
+    """The block inside checkpoint / ``torch.compile`` wrappers, else ``module`` itself."""
     for _ in range(8):  # wrappers nest a few deep at most (compile over checkpoint)
         inner = next(
             (w for w in (getattr(module, a, None) for a in WRAPPED) if isinstance(w, nn.Module)),
@@ -117,9 +110,7 @@ ROUTER_NAMES = ("router", "gate")
 
 
 def _moe_layers(root: nn.Module) -> list[tuple[str, str, nn.Module, str, Blocks]]:
-    """(layer path, router path, router, experts path, experts) of every MoE layer:
-    a module with a non-empty ``experts`` ``ModuleList``/``ModuleDict`` and a
-    ``router`` or ``gate`` child module."""
+    """(layer path, router path, router, experts path, experts) of every MoE layer."""
     out: list[tuple[str, str, nn.Module, str, Blocks]] = []
     for path, module in root.named_modules():
         experts = getattr(module, "experts", None)
@@ -139,10 +130,9 @@ def _moe_layers(root: nn.Module) -> list[tuple[str, str, nn.Module, str, Blocks]
 def find_moe(model: nn.Module) -> tuple[tuple[ModuleRef, ...], tuple[ModuleRef, ...]]:
     """The MoE layers' routers and expert containers, in model order.
 
-    An MoE layer is a module with a non-empty ``experts`` ``ModuleList`` (or
-    ``ModuleDict``) of this rank's local experts and a ``router`` (or ``gate``) child:
-    the shape of SCOUT's test model, of megatron-core's ``MoELayer`` and of most
-    hand-written MoE blocks. A model with a different shape has no MoE recipes.
+    An MoE layer has a non-empty ``experts`` ``ModuleList``/``ModuleDict`` (this rank's local
+    experts) and a ``router`` or ``gate`` child, as in SCOUT's test model, megatron-core's
+    ``MoELayer`` and most hand-written blocks. Other shapes get no MoE recipes.
     """
     found = _moe_layers(unwrap(model))
     routers = tuple(ModuleRef(rp, r) for _, rp, r, _, _ in found)
@@ -151,9 +141,8 @@ def find_moe(model: nn.Module) -> tuple[tuple[ModuleRef, ...], tuple[ModuleRef, 
 
 
 def candidate_lists(model: nn.Module) -> list[tuple[str, Blocks]]:
-    """Every non-empty ``ModuleList`` or ``ModuleDict`` whose children all share one class
-    (looked up inside wrappers), largest first. An MoE layer's list of experts is no
-    candidate: those are the experts, not the model's repeated blocks."""
+    """Every non-empty ``ModuleList``/``ModuleDict`` whose children share one class (seen
+    through wrappers), largest first; an MoE layer's experts are no candidate."""
     found: list[tuple[str, Blocks]] = []
     root = unwrap(model)
     expert_lists = {id(e) for *_, e in _moe_layers(root)}
@@ -194,8 +183,7 @@ def _layer_ref(path: str, child: nn.Module) -> ModuleRef:
 
 
 def find_layers(model: nn.Module, path: str | None = None) -> tuple[ModuleRef, ...]:
-    """The repeated blocks: the ``ModuleList`` / ``ModuleDict`` at ``path``, or the largest
-    candidate. Wrapped blocks get both handles (see the module doc)."""
+    """The repeated blocks at ``path``, else the largest candidate (wrapped: both handles)."""
     root = unwrap(model)
     if path is not None:
         found = _resolve(root, path, "layers")
@@ -257,8 +245,8 @@ def discover(
     blocks = find_layers(model, layers)
     emb = find_embedding(model, embedding)
     head = find_lm_head(model, blocks, lm_head)
-    # A tied LM head (weight shared with the embedding) is still a separate call
-    # with its own inputs, so it keeps its own recipe.
+    # A head merely tied to the embedding's weight is a separate call with its own inputs,
+    # so it keeps its own recipe; only the very same module is dropped.
     if head is not None and emb is not None and head.module is emb.module:
         head = None
     routers, experts = find_moe(model)

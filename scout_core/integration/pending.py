@@ -1,9 +1,8 @@
 """Shared pieces for plugin distributions.
 
-:class:`PendingPlugin` is what a plugin registers while its adapter is not built
-yet: it recognises its framework's objects (so ``scout.enable(engine)`` reaches it
-instead of failing with "no plugin handles this") and then refuses clearly with
-:class:`~scout_core.errors.PluginNotReadyError`. It never pretends to work.
+:class:`PendingPlugin` is what a plugin registers while its adapter is not built: it
+recognises its framework's objects (so ``scout.enable`` does not say "no plugin handles
+this"), then refuses with :class:`~scout_core.errors.PluginNotReadyError`.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ __all__ = ["PendingPlugin", "object_from"]
 
 
 def object_from(obj: object, prefixes: Sequence[str]) -> bool:
-    """Whether ``obj`` (or, for a list of model chunks, its first item) comes from a package.
-
-    Looks only at ``type(obj).__mro__`` module names, so it never imports a framework.
-    """
+    """Whether ``obj`` (or a list's first item) comes from a package, judged by the module
+    names of ``type(obj).__mro__`` (never importing a framework)."""
     if isinstance(obj, (list, tuple)) and obj:
         obj = obj[0]
     for cls in type(obj).__mro__:

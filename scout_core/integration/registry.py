@@ -1,14 +1,10 @@
 """Plugin discovery and ``enable`` dispatch.
 
-Framework plugins are separate distributions (``scout-deepspeed``,
-``scout-megatron``, ``scout-torchtitan``) that register an object under the
-entry-point group ``scout.plugins``. The object follows :class:`ScoutPlugin`: it
-says whether it handles a given training object and, if so, enables SCOUT on it.
-
-Discovery goes through :func:`importlib.metadata.entry_points` once per process. A
-plugin that fails to import or does not follow the protocol is logged and skipped,
-never fatal to the others. The plain-PyTorch path (an ``nn.Module`` plus an
-optimizer) lives in the core and is tried after every plugin declined.
+Framework plugins are separate distributions (``scout-deepspeed``, ...) that register a
+:class:`ScoutPlugin` under the entry-point group ``scout.plugins``; it says whether it
+handles a training object and, if so, enables SCOUT on it. Contract: discovery runs once
+per process; a plugin that fails to import or does not follow the protocol is logged and
+skipped, never fatal. The core's plain-PyTorch path is tried after every plugin declined.
 """
 
 from __future__ import annotations
@@ -38,11 +34,8 @@ class ScoutPlugin(Protocol):
     name: str
 
     def handles(self, obj: object) -> bool:
-        """Whether ``obj`` (an engine, trainer, model chunks, ...) belongs to this framework.
-
-        Must be cheap and must not import the framework unless ``obj`` already comes
-        from it (check ``type(obj).__module__`` first).
-        """
+        """Whether ``obj`` (an engine, trainer, model chunks, ...) belongs to this framework;
+        cheap, and imports the framework only if ``obj`` already comes from it."""
         ...
 
     def enable(

@@ -1,16 +1,11 @@
 """The framework releases a plugin supports, checked when SCOUT is switched on.
 
-A plugin reads framework internals that the framework does not promise to keep
-stable (DeepSpeed's ``engine._config._param_dict``, Megatron's parallel state,
-TorchTitan's trainer attributes). A release outside the tested range may have moved
-them, so activation refuses it with a message naming both versions instead of
-failing later inside a replay. A plugin declares its range as a short specifier
-string (``FrameworkPlugin.supported = ">=0.19,<0.20"``); this module parses it and
-compares release numbers, without depending on the ``packaging`` distribution.
-
-Only the leading release numbers of a version count (``0.19.8+cafe`` and
-``0.19.8rc1`` are ``0.19.8``); missing components compare as zero, so
-``>=0.19,<0.20`` admits every ``0.19.x``.
+Plugins read framework internals that are not promised stable (DeepSpeed's
+``engine._config._param_dict``, Megatron's parallel state), so activation refuses a release
+outside the tested range, naming both versions, rather than fail later inside a replay. A
+plugin declares ``supported = ">=0.19,<0.20"``; this module compares release numbers
+without the ``packaging`` distribution. Only leading release numbers count (``0.19.8rc1`` is
+``0.19.8``) and missing components are zero, so ``>=0.19,<0.20`` admits every ``0.19.x``.
 """
 
 from __future__ import annotations
@@ -87,8 +82,8 @@ def installed_version(distribution: str) -> str | None:
 def check_version(
     distribution: str, supported: str, *, plugin: str, version: str | None = None
 ) -> str:
-    """Raise :class:`UnsupportedSetupError` unless ``distribution``'s version (default:
-    the installed one) is in ``supported``; returns the version that was checked."""
+    """The checked version of ``distribution`` (default: installed); raises
+    :class:`UnsupportedSetupError` unless it is in ``supported``."""
     found = installed_version(distribution) if version is None else version
     if found is None:
         raise UnsupportedSetupError(

@@ -2,10 +2,8 @@
 
 Expert GEMMs change shape with routing, and replaying every admitted shape online is too
 slow. This package builds, offline, the fewest representative shapes whose execution paths
-cover every admitted shape (:mod:`.coverage`, with profilers in :mod:`.tiles` and
-:mod:`.gpu`), binds them to their environment (:mod:`.environment`) and gives online replay
-a rotation through them (:mod:`.catalog`, :mod:`.catalog_set`); the ``experts`` recipe
-replays them. Docs: docs/moe.md.
+cover every admitted shape, binds them to their environment, and gives online replay a
+rotation through them. Docs: docs/moe.md.
 """
 
 from __future__ import annotations

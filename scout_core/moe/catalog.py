@@ -1,17 +1,9 @@
 """One expert class's shape catalog: discovery, rotation, JSON form, drift check.
 
-:func:`discover` profiles every admitted shape of an :class:`ExpertClass` with a
-:class:`ShapeProfiler`, derives the minimum cover (:func:`minimum_cover`) and binds
-the result to the :class:`Environment` it was found in. Online, replay rotates
-through the ``K`` representatives: :meth:`Catalog.at` is a pure function of the
-rotation index (representatives in admitted order, index modulo ``K``), so every
-rank that holds the same catalog picks the same shape for the same check without
-talking. One rotation is ``K`` consecutive checks.
-
-The JSON form (schema :data:`SCHEMA`) holds the environment, every admitted shape
-with its profile and representative, and a table of fingerprints with their path
-names. Loading re-verifies the cover, so a hand-edited or truncated file is refused
-rather than trusted. No pickle anywhere.
+Contract: :meth:`Catalog.at` is a pure function of the rotation index, so every rank
+holding the same catalog picks the same shape without talking; loading re-verifies the
+cover, so a hand-edited or truncated file is refused. No pickle. Docs: docs/moe.md,
+"Rotation" and "Environment binding and drift".
 """
 
 from __future__ import annotations
@@ -29,7 +21,6 @@ from scout_core.moe.shapes import ExpertClass, ExpertShape
 __all__ = ["SCHEMA", "Catalog", "Entry", "Progress", "discover"]
 
 SCHEMA = "scout.moe.catalog/1"
-"""Schema tag of one class's catalog in JSON."""
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)``, called after each profiled shape."""
@@ -203,9 +194,8 @@ def discover(
 ) -> Catalog:
     """Profile every admitted shape of ``workload`` and keep a minimum cover.
 
-    ``device`` names the target device (default: this host's, see
-    :func:`~scout_core.moe.environment.device_name`); ``environment`` overrides the
-    whole binding (tests use it to simulate another host).
+    ``device`` names the target device (default: this host's); ``environment`` overrides
+    the whole binding (tests use it to simulate another host).
     """
     env = environment or current_environment(
         workload.describe(), profiler.describe(), device=device

@@ -1,16 +1,8 @@
 """The catalogs of a whole MoE model: one per expert class, one file, one rotation.
 
-A model whose MoE layers differ in width or expert count has several expert classes
-(:func:`~scout_core.moe.routing.expert_classes`), and each gets its own catalog.
-:class:`CatalogSet` keeps them together: one JSON file (schema :data:`SET_SCHEMA`),
-one rotation over all their representatives (classes by name, each class's
-representatives in its own order; :meth:`CatalogSet.at` is a pure function of the
-index), and one environment check.
-
-:func:`load_or_discover` is what a job calls at start: it reuses every class whose
-catalog still matches the environment, and rediscovers (then saves) the classes that
-are missing or drifted, saying which and why. :meth:`CatalogSet.check` is the strict
-form, raising :class:`~scout_core.errors.CatalogDriftError`.
+Contract: :meth:`CatalogSet.at` rotates over every class (by name) as a pure function of
+the index. :func:`load_or_discover`, called at job start, reuses the classes that still
+match and rediscovers the rest; :meth:`CatalogSet.check` is the strict form. Docs: docs/moe.md.
 """
 
 from __future__ import annotations
@@ -32,7 +24,6 @@ from scout_core.moe.shapes import ExpertClass, ExpertShape
 __all__ = ["SET_SCHEMA", "CatalogSet", "load_or_discover"]
 
 SET_SCHEMA = "scout.moe.catalog-set/1"
-"""Schema tag of a catalog file."""
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +145,8 @@ def load_or_discover(
 ) -> tuple[CatalogSet, list[str]]:
     """Load ``path``, rediscovering every class that is missing or drifted.
 
-    Returns the set and what happened, one message per class that was (re)discovered
-    (empty when the file was reused as is). The file is rewritten only if something
-    was rediscovered. An unreadable or malformed file is rediscovered whole.
+    Returns the set and one message per change (empty: reused as is); the file is rewritten
+    only then. An unreadable or malformed file is rediscovered whole.
     """
     messages: list[str] = []
     old: dict[str, Catalog] = {}

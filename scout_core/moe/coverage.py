@@ -1,11 +1,9 @@
 """Shape coverage (paper §6.2): which admitted expert shapes online replay may skip.
 
-Contract: shape ``a`` covers ``b`` (:func:`covers`) iff their execution fingerprints are
-equal and ``a``'s path counts are componentwise at least ``b``'s; :func:`minimum_cover`
-returns the maximal count vectors of each fingerprint class, one shape each, which is
-exactly the minimum cover; a shape whose fingerprint or counts are uncertain is kept as
-its own representative. :func:`verify_cover` checks a cover. The rule and its proof:
-docs/moe.md, "The coverage rule".
+Contract: ``a`` covers ``b`` iff their fingerprints are equal and ``a``'s path counts are
+componentwise at least ``b``'s; the maximal count vectors of each fingerprint class, one
+shape each, are exactly the minimum cover; an uncertain shape represents itself. The rule
+and its proof: docs/moe.md, "The coverage rule".
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ class Profile:
     fingerprint: str | None
     """The kernel and scheduling configuration; ``None`` when it could not be determined."""
     paths: tuple[str, ...] = ()
-    """Names of the execution paths the components of :attr:`counts` refer to."""
     counts: tuple[int, ...] | None = None
-    """How many times the shape runs each path; ``None`` when it could not be determined."""
+    """How many times the shape runs each of :attr:`paths`; ``None`` when unknown."""
     note: str = ""
     """Why the profile is uncertain (empty when it is certain)."""
 
@@ -47,8 +44,7 @@ class Profile:
 def covers(a: Profile, b: Profile) -> bool:
     """``a >= b``: same fingerprint and ``a``'s count vector is no smaller anywhere.
 
-    An uncertain profile covers nothing and is covered by nothing (not even an equal
-    one): nothing can be shown about it.
+    An uncertain profile covers nothing and is covered by nothing, not even an equal one.
     """
     if not (a.certain and b.certain) or a.fingerprint != b.fingerprint:
         return False
@@ -68,8 +64,7 @@ class Cover:
     representatives: tuple[int, ...]
     """Indices of the retained shapes, ascending."""
     covered_by: tuple[int, ...]
-    """``covered_by[i]`` is the representative that covers shape ``i`` (itself for a
-    representative)."""
+    """``covered_by[i]`` covers shape ``i`` (a representative covers itself)."""
 
 
 def _dominates(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -79,12 +74,10 @@ def _dominates(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 def minimum_cover(profiles: Sequence[Profile], prefer: Sequence[float] | None = None) -> Cover:
     """The fewest representatives whose coverage sets contain every shape.
 
-    ``prefer`` breaks ties among shapes with the same fingerprint and count vector:
-    the one with the largest value is retained (the catalog passes the shape's total
-    rows, so that among equivalent shapes the one doing the most semantic work
-    represents them); remaining ties go to the lowest index. Runs in
-    ``O(n · |M|)`` per fingerprint class: vectors are visited by decreasing sum, and
-    a vector can only be dominated by one with a sum at least as large.
+    ``prefer`` breaks ties among equal profiles: the largest value is retained (the catalog
+    passes total rows, so the shape doing the most work represents them), then the lowest
+    index. ``O(n · |M|)`` per fingerprint class: vectors are visited by decreasing sum, as
+    only a vector with a sum at least as large can dominate.
     """
     n = len(profiles)
     if prefer is not None and len(prefer) != n:
@@ -125,11 +118,7 @@ def minimum_cover(profiles: Sequence[Profile], prefer: Sequence[float] | None = 
 
 
 def verify_cover(profiles: Sequence[Profile], cover: Cover) -> list[str]:
-    """Problems with ``cover`` for ``profiles``: empty when every shape is covered.
-
-    Checks that each shape's representative is retained and covers it, and that
-    uncertain shapes represent themselves. Used when a catalog is loaded from disk.
-    """
+    """Problems with ``cover`` for ``profiles`` (empty: all covered); run on catalog load."""
     problems: list[str] = []
     if len(cover.covered_by) != len(profiles):
         return [f"cover lists {len(cover.covered_by)} shapes, profiles {len(profiles)}"]

@@ -1,15 +1,11 @@
 """The environment a shape catalog is valid for, and how drift is named.
 
-Offline discovery is only valid for the environment that decides kernel selection:
-the device type, the software stack (torch, CUDA, Triton), the model configuration
-(the expert class: projection, experts per kernel, dtype, admitted rows) and the
-profiler with its settings. :class:`Environment` records all of it in the catalog;
-:meth:`Environment.drift` lists, field by field, what differs from the environment
-a job runs in now, so a stale catalog is refused (or rediscovered) with a message
-that says exactly what changed.
-
-Versions are read from package metadata, never by importing Triton (which is
-absent, or slow to import, on CPU hosts).
+Offline discovery is only valid for the environment that decides kernel selection: device,
+software stack, model configuration and profiler. :class:`Environment` records it in the
+catalog; :meth:`Environment.drift` lists, field by field, what differs now, so a stale
+catalog is refused with a message that says exactly what changed. Versions come from
+package metadata, never by importing Triton (absent, or slow to import, on CPU hosts).
+Docs: docs/moe.md, "Environment binding and drift".
 """
 
 from __future__ import annotations
@@ -34,11 +30,8 @@ def package_version(*distributions: str) -> str | None:
 
 
 def device_name(device: str | None = None) -> str:
-    """The accelerator's name (``torch.cuda.get_device_name``), or ``"cpu"``.
-
-    ``device`` overrides it: a catalog discovered analytically on a CPU host for a
-    target GPU names the target.
-    """
+    """The accelerator's name, or ``"cpu"``; ``device`` overrides it (a catalog discovered
+    on a CPU host for a target GPU names the target)."""
     if device:
         return device
     import torch
@@ -60,7 +53,6 @@ class Environment:
     device: str
     """The device type kernels were selected for, e.g. ``"NVIDIA A100-SXM4-80GB"``."""
     torch: str | None
-    """``torch`` version."""
     cuda: str | None
     """CUDA version torch was built with (``torch.version.cuda``); None for CPU builds."""
     triton: str | None

@@ -1,12 +1,11 @@
 """Shape profilers that run the expert kernel on a GPU and read what launched.
 
 Contract: import-safe on a CPU host (torch imported lazily, Triton only when a Triton
-kernel is profiled); nothing runs without CUDA. :class:`CublasProfiler` traces
-``torch.matmul`` per expert and trusts path counts only when the tile parsed from the
-kernel name (:func:`parse_tile`, :func:`parse_cluster`) reproduces the launched grid;
+kernel is profiled); nothing runs without CUDA. :class:`CublasProfiler` trusts path counts
+only when the tile parsed from the kernel name reproduces the launched grid;
 :class:`TritonProfiler` reads the autotuner's ``best_config`` and checks the traced grid.
-A profile that cannot be pinned down is uncertain, and its shape is kept. Both describe
-themselves for the catalog's environment binding. Docs: docs/moe.md, "On a GPU".
+A profile that cannot be pinned down is uncertain, and its shape is kept. Docs:
+docs/moe.md, "On a GPU".
 """
 
 from __future__ import annotations
@@ -202,9 +201,8 @@ def _from_launches(
 ) -> Profile:
     """A profile from ``runs[repeat][expert]`` = the launches of that expert's GEMM.
 
-    Per expert, the launch whose name gives a tile is the GEMM; other launches (a
-    split-K reduction, a cast) enter the fingerprint only. An expert without exactly
-    one GEMM launch leaves the counts unknown.
+    The launch whose name gives a tile is the GEMM; others (a split-K reduction, a cast)
+    enter the fingerprint only. An expert without exactly one GEMM leaves counts unknown.
     """
     signatures = [
         tuple(tuple((k.name, k.block, k.ctas) for k in launches) for launches in run)
@@ -249,14 +247,11 @@ def _from_launches(
 class TritonProfiler:
     """Profiles an autotuned Triton GEMM kernel through the configuration it picked.
 
-    ``launch(shape)`` runs the production kernel once for ``shape`` (building its
-    inputs). ``kernel`` is the ``@triton.autotune`` object (its ``best_config`` is
-    read after each launch); ``block_keys`` name its M, N and K block meta-parameters
-    and ``split_key`` its split-K one, if any. With ``per_expert=True`` the kernel is
-    a plain GEMM launched once per expert: the profiler calls ``launch`` with each
-    expert's one-row-count shape and reads the configuration after each (experts
-    with different row counts may be tuned differently); otherwise ``launch`` runs
-    one grouped launch for all experts.
+    ``launch(shape)`` runs the production kernel once for ``shape``; ``kernel`` is the
+    ``@triton.autotune`` object; ``block_keys`` and ``split_key`` name its block and split-K
+    meta-parameters. With ``per_expert=True`` the kernel is a plain GEMM launched once per
+    expert, and the configuration is read after each (row counts may tune differently);
+    otherwise ``launch`` runs one grouped launch for all experts.
     """
 
     name = "triton-autotune"

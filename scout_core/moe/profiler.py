@@ -1,17 +1,10 @@
 """The one small seam every shape profiler implements.
 
-Discovery asks a profiler for each admitted shape's :class:`~scout_core.moe.coverage.Profile`
-and hands the profiles to the coverage rule; nothing else about a profiler matters
-to the catalog. Two profilers ship with SCOUT:
-
-* :class:`~scout_core.moe.tiles.TileModel`, an analytic tile model of GEMM and
-  grouped GEMM that runs anywhere (CPU, CI);
-* :mod:`scout_core.moe.gpu`, which runs the expert kernel on a GPU and reads what
-  launched (cuBLAS through a kernel trace, or a Triton autotuner's chosen config).
-
-:meth:`ShapeProfiler.describe` is part of the catalog's environment binding: a
-catalog discovered by another profiler, or by the same one with other settings,
-is stale.
+Discovery asks a profiler for each admitted shape's :class:`~scout_core.moe.coverage.Profile`;
+nothing else about a profiler matters to the catalog. Two ship with SCOUT: the analytic
+:class:`~scout_core.moe.tiles.TileModel` (any host) and :mod:`scout_core.moe.gpu`.
+:meth:`ShapeProfiler.describe` is part of the catalog's environment binding: a catalog
+discovered by another profiler, or with other settings, is stale.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Heterogeneous routing: expert classes of a model whose MoE layers differ.
 
-Contract: each MoE layer is an :class:`ExpertLayerSpec`, contributing an ``up`` and a
-``down`` projection; :func:`expert_classes` groups projections into one class, and so one
-catalog, exactly when the kernel sees the same problem family (``k x n``, experts per
-kernel, dtype, admitted row vectors); :func:`class_for` finds a projection's class. Docs:
-docs/moe.md, "Heterogeneous routing".
+Contract: :func:`expert_classes` puts two projections in one class, and so one catalog,
+exactly when the kernel sees the same problem (``k x n``, experts per kernel, dtype,
+admitted row vectors). Docs: docs/moe.md, "Heterogeneous routing".
 """
 
 from __future__ import annotations
@@ -26,17 +24,15 @@ class ExpertLayerSpec:
     num_experts: int
     """Experts in the layer, over all expert-parallel ranks."""
     ep_size: int = 1
-    """Expert-parallel degree: each rank holds ``num_experts // ep_size`` experts."""
     d_model: int
     """Model width (input of ``up``, output of ``down``)."""
     d_ff: int
-    """Expert hidden width."""
     gated: bool = False
     """``up`` produces ``2 * d_ff`` features (SwiGLU-style experts)."""
     max_tokens_per_expert: int = 0
     """Admitted rows per expert are ``min_tokens_per_expert .. max_tokens_per_expert``."""
     min_tokens_per_expert: int = 1
-    """Lower end of the admitted row range (0 admits an expert that receives nothing)."""
+    """0 admits an expert that receives nothing."""
     experts_per_kernel: int | None = None
     """Experts one kernel launch processes; default: the rank's local experts."""
     token_vectors: tuple[tuple[int, ...], ...] | None = None
@@ -89,8 +85,8 @@ def expert_classes(
 ) -> list[ExpertClass]:
     """Group the layers' expert GEMMs into classes, one catalog each.
 
-    Classes are named ``"<k>x<n>/e<experts per kernel>"`` (plus ``#2``, ``#3``, ... when
-    the same problem appears with different admitted rows), in order of first use.
+    Classes are named ``"<k>x<n>/e<experts per kernel>"`` (``#2``, ``#3``, ... for the same
+    problem with other admitted rows), in order of first use.
     """
     groups: dict[tuple[int, int, int, tuple[tuple[int, ...], ...]], list[str]] = {}
     for layer in layers:

@@ -1,13 +1,10 @@
 """Expert-input shapes and the expert class a catalog is built for.
 
-An expert GEMM computes ``Y[r, n] = X[r, k] @ W[k, n]`` for every expert in one
-kernel launch; routing decides ``r``, the rows (tokens) each expert receives, while
-the projection ``k x n`` is fixed by the model. :class:`ExpertShape` is one launch:
-the row count of each expert in the kernel (one entry for a plain GEMM, several for
-a grouped GEMM) and the projection. :class:`ExpertClass` is the workload one catalog
-covers: a projection, the number of experts per kernel, the admitted row vectors
-and the member layers that share them. Its :meth:`ExpertClass.describe` is the
-model part of the catalog's environment binding.
+An expert GEMM computes ``Y[r, n] = X[r, k] @ W[k, n]`` for every expert in one kernel
+launch: routing decides ``r``, the rows (tokens) each expert receives; the model fixes the
+projection ``k x n``. :class:`ExpertShape` is one launch, :class:`ExpertClass` the workload
+one catalog covers; :meth:`ExpertClass.describe` is the model part of the catalog's
+environment binding.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ class ExpertShape:
     k: int
     """Input features (the reduction dimension)."""
     n: int
-    """Output features."""
 
     def __post_init__(self) -> None:
         if not self.rows or any((not isinstance(r, int)) or r < 0 for r in self.rows):
@@ -67,15 +63,13 @@ class ExpertClass:
     name: str
     """Identifies the class inside a catalog set, e.g. ``"up:16x32/e2"``."""
     k: int
-    """Input features of the projection."""
     n: int
-    """Output features of the projection."""
     experts_per_kernel: int = 1
     """Experts one kernel launch processes (1: a plain GEMM per expert)."""
     admitted: tuple[tuple[int, ...], ...]
     """Admitted row vectors, one entry per expert of the kernel, in discovery order."""
     dtype: str = "bfloat16"
-    """Expert GEMM dtype; one of :data:`DTYPES`."""
+    """One of :data:`DTYPES`."""
     layers: tuple[str, ...] = field(default=())
     """Names of the layer projections that share this class (documentation and routing)."""
 

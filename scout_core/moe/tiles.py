@@ -1,12 +1,9 @@
 """An analytic tile model of GEMM and grouped GEMM: shape profiles without a GPU.
 
-Contract: :class:`TileModel` profiles an expert shape as the execution fingerprint (kernel
-name, the tile configuration a :class:`TileRule` picks by the largest per-expert row
-count, experts per launch, the projection and, unless ``wave_regimes=False``, the wave
-regime) and the path-count vector (units of work per M/N/K path, summed over the experts
-of a launch, :func:`path_counts`); a shape no rule admits is uncertain.
-:data:`DEFAULT_RULES` is illustrative, not measured. The model: docs/moe.md, "The
-analytic tile model".
+Contract: :class:`TileModel` profiles an expert shape as a fingerprint (kernel, the tile
+configuration a :class:`TileRule` picks by the largest per-expert row count, experts per
+launch, projection, wave regime) and path counts summed over a launch's experts; a shape no
+rule admits is uncertain. Docs: docs/moe.md, "The analytic tile model".
 """
 
 from __future__ import annotations
@@ -38,15 +35,12 @@ class TileConfig:
     block_m: int
     """Rows of the output tile (the routed dimension)."""
     block_n: int
-    """Columns of the output tile."""
     block_k: int
-    """Reduction step."""
     split_k: int = 1
     """Slices each tile's reduction is cut into (each slice is a unit of work)."""
     num_warps: int = 4
-    """Warps per program (part of the configuration, not of the path counts)."""
+    """Like ``num_stages``: part of the configuration, not of the path counts."""
     num_stages: int = 3
-    """Software-pipelining stages (likewise)."""
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"):

@@ -1,12 +1,9 @@
 """The out-of-band hang observer (paper §7): name the rank behind a hang, in another process.
 
-Each trainer publishes cheap progress into a shared-memory record (:mod:`.progress`), via
-collective fingerprints (:mod:`.fingerprint`) and stage hooks (:mod:`.stages`); a separate
-CPU process per rank (:mod:`.process`) watches it, and on a silence past
-``Config.hang_timeout_s`` the observers decide with C3 on their own Gloo group
-(:mod:`.verdict`) and escalate (:mod:`.escalation`). Healthy training exchanges nothing.
-``scout.enable`` wires it: :func:`start`, :func:`install_collective_fingerprints`,
-:func:`attach_progress_hooks`, :func:`watch_dataloader`. Docs: docs/observer.md.
+Each trainer publishes cheap progress into a shared-memory record (:mod:`.progress`); a
+separate CPU process per rank (:mod:`.process`) watches it, and on a silence past
+``Config.hang_timeout_s`` the observers decide with C3 on their own Gloo group and
+escalate. Healthy training exchanges nothing. Docs: docs/observer.md.
 """
 
 from __future__ import annotations
@@ -74,14 +71,12 @@ def start(
 ) -> ObserverHandle:
     """Spawn this rank's observer and wait until it has joined its peers.
 
-    With ``layout`` every rank of the layout is observed and compared only with its
-    peer group (equivalent ranks, :mod:`.roles`); without it ``ranks`` are the
-    observed global ranks (all of ``world_size`` by default), compared all together.
-    Every observed rank must call ``start`` with the same arguments (collective).
-    ``on_verdict`` runs on a trainer thread for every verdict record of the job.
-    Raises :class:`~scout_core.errors.ConfigError` when the store cannot be placed,
-    and one identical :class:`~scout_core.errors.ScoutError` on every rank when any
-    rank's observer (or the observers' store) cannot start.
+    Collective: every observed rank calls it with the same arguments. With ``layout`` each
+    rank is compared only with its peer group; without it ``ranks`` (default: all of
+    ``world_size``) are compared all together. ``on_verdict`` runs on a trainer thread for
+    every verdict record of the job. Raises :class:`~scout_core.errors.ConfigError` when the
+    store cannot be placed, and one identical :class:`~scout_core.errors.ScoutError` on
+    every rank when any observer (or the store) cannot start.
     """
     if layout is not None:
         observed = layout.ranks

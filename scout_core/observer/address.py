@@ -1,12 +1,9 @@
 """Where the observers' store is, told through the training job's own store, and agreed.
 
-Contract: the lowest observed rank starts the store host on ``Config.observer_port`` (or a
-port the OS picks) and publishes its address, or why it could not start, in the training
-job's own c10d store (reached through ``distributed_c10d._get_default_store``, which torch
-does not expose publicly); every other rank reads it there. Without a process group the
-port must be configured (:class:`~scout_core.errors.ConfigError`). :func:`agree_started`
-makes every rank raise one identical error when any observer failed to start. Docs:
-docs/observer.md, "Store address rule".
+Contract: the lowest observed rank starts the store host and publishes its address, or why
+it could not start, in the training job's own c10d store (via the private
+``distributed_c10d._get_default_store``); every other rank reads it there. Without a process
+group the port must be configured. Docs: docs/observer.md, "Store address rule".
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-# PrefixStore is public API (``torch.distributed.PrefixStore``); torch's stubs only
-# declare it in the C extension module, so import it from there.
+# Public as torch.distributed.PrefixStore, but torch's stubs declare it only here.
 from torch._C._distributed_c10d import PrefixStore
 
 from scout_core.config import Config
@@ -79,10 +75,8 @@ def locate(
 ) -> Located:
     """Start the store host (on ``lowest``) and learn its address (every rank).
 
-    Collective over the observed ranks. Raises :class:`ConfigError` when no address
-    can be derived, and the same :class:`ScoutError` on every rank when the host
-    cannot start.
-    """
+    Collective over the observed ranks. Raises :class:`ConfigError` when no address can be
+    derived, and the same :class:`ScoutError` on every rank when the host cannot start."""
     env = os.environ if environ is None else environ
     store = job_store()
     fixed = config.observer_port
@@ -127,8 +121,7 @@ def agree_started(
 ) -> None:
     """Every observed rank says whether its observer started; all raise alike if one did not.
 
-    Without a job store only this rank's own failure is raised. Collective.
-    """
+    Collective. Without a job store only this rank's own failure is raised."""
     store = job_store()
     if store is None or located.key is None:
         if error is not None:

@@ -1,14 +1,10 @@
 """Wire the hang observer into a session: what ``scout.enable`` does when ``observer`` is on.
 
-It checks that a hang verdict comes before the training communicator's watchdog,
-starts this rank's observer process with the adapter's mesh layout (so each rank is
-compared with its equivalent ranks only, and collectives are fingerprinted by group
-role and position: :mod:`.roles`), publishes progress at the adapter's repeated
-layers and optimizer steps, takes the published step from the replay driver's
-boundary events (the job's one step clock), fingerprints ``torch.distributed``
-collectives, and hands every observer verdict to the session's verdict path (its
-list, the user's callback, the checkpoint gate).
-The session's ``close`` undoes all of it, in reverse order.
+It checks the watchdog rule, starts this rank's observer with the adapter's mesh layout
+(each rank is compared with its equivalent ranks only), publishes progress at the adapter's
+layers and optimizer steps, takes the step from the replay driver's boundary events (the
+job's one step clock), fingerprints collectives, and hands every verdict to the session's
+verdict path. The session's ``close`` undoes all of it, in reverse order.
 """
 
 from __future__ import annotations
@@ -44,10 +40,9 @@ def attach_observer(
 ) -> ObserverHandle:
     """Start and hook up this rank's observer; register its undo steps with ``add_closer``.
 
-    Collective over the job (the observers rendezvous), so every rank calls it at
-    the same point. Raises :class:`~scout_core.errors.ConfigError` before starting
-    anything when the hang timeout is not shorter than the communicator's timeout,
-    or when the observers' store address cannot be derived.
+    Collective over the job: every rank calls it at the same point. Raises
+    :class:`~scout_core.errors.ConfigError`, before starting anything, when the watchdog
+    rule fails or the observers' store address cannot be derived.
     """
     check_watchdog(config)
     layout = adapter.layout()

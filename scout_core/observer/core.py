@@ -1,11 +1,9 @@
 """One observer's shared state and the store vocabulary its parts speak.
 
-Contract: :class:`ObserverBase` holds what the rendezvous (:mod:`.rendezvous`), the
-silence watch (:mod:`.watch`) and the diagnosis round (:mod:`.diagnosis_round`) share:
-the spec, the progress record, the evidence writer, the lock-protected watch state, the
-store connections, the agreed members of a group (``rank.incarnation`` entries fixed by
-the first ``compare_set``) and the group's process group, rebuilt only when the members
-changed. Docs: docs/observer.md, "Inside one observer".
+Contract: :class:`ObserverBase` holds what the rendezvous, the silence watch and the
+diagnosis round share; a group's members are fixed by the first ``compare_set``, and its
+process group is rebuilt only when they change. Docs: docs/observer.md, "Inside one
+observer".
 """
 
 from __future__ import annotations
@@ -18,9 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-# PrefixStore and TCPStore are public API (``torch.distributed.PrefixStore``,
-# ``torch.distributed.TCPStore``); torch's stubs only declare them in the C extension
-# module, so import them from there.
+# Public in torch.distributed, but torch's stubs declare them only here.
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from scout_core.observer.fingerprint import Fingerprint
@@ -38,9 +34,7 @@ Members = tuple[tuple[int, int], ...]
 class CollectiveCounter:
     """Counts every torch.distributed collective this process issues, into the record.
 
-    Installed through the same patch as the trainer's fingerprints, so it sees what
-    C3 really sends (``c3.exchange`` looks its AllGather up at call time).
-    """
+    Installed through the fingerprint patch: ``c3.exchange`` looks its AllGather up per call."""
 
     def __init__(self, record: ProgressRecord) -> None:
         self.count = 0
@@ -108,15 +102,13 @@ class ObserverBase:
         self.start_step: int | None = None
         """The step of this rank's first publish (the watch loop's start-up rule)."""
         self.episode_verdict = False
-        """A verdict was reached while this rank was silent: no new attribution until
-        it progresses again (a job under a verdict is being torn down, or recovered)."""
+        """A verdict came while this rank was silent: no new attribution until it progresses
+        (the job is being torn down, or recovered)."""
         self.in_round = False
         self.over = False
         self.next_round = 1
         self.store_lost_at: float | None = None
         self.min_quiet_s = 0.5 * min(spec.hang_timeout_s, spec.stage_timeout_s)
-
-    # -- store helpers -----------------------------------------------------------------
 
     def _connect(self) -> TCPStore:
         s = self.spec
@@ -143,8 +135,7 @@ class ObserverBase:
         return self.layout.ranks if self.layout is not None else self.peers
 
     def host_of(self, rank: int) -> str:
-        """The host name rank ``rank``'s observer registered ("" if it never did, or if
-        the store is gone)."""
+        """The host name ``rank``'s observer registered ("" if none, or the store is gone)."""
         if rank not in self.hosts:
             key = f"obs/host/{rank}"
             try:
@@ -152,8 +143,6 @@ class ObserverBase:
             except (RuntimeError, OSError):  # the store is gone: the verdict still goes out
                 return ""
         return self.hosts[rank]
-
-    # -- membership --------------------------------------------------------------------
 
     def register(self, prefix: str, deadline: float) -> Members:
         """Register under ``prefix``, wait for the group (or ``deadline``), agree on members."""
@@ -181,9 +170,7 @@ class ObserverBase:
     def ensure_group(self, members: Members, tag: str) -> None:
         """Make :attr:`group` a Gloo group over ``members`` (kept while they are unchanged).
 
-        Collective over ``members``: each of them calls it with the same ``members``
-        and ``tag`` (the round), which names the groups' rendezvous keys.
-        """
+        Collective over ``members``, with the same ``tag`` (the round, which names the keys)."""
         if members == self.members and self.group is not None:
             return
         if dist.is_initialized():

@@ -1,12 +1,9 @@
 """The diagnosis round: every observer compares notes with its equivalent ranks when the bell rings.
 
-Contract: a round ``n`` is job-wide (one round signal) and its comparisons are per peer group:
-the present members run one C3 AllGather and :func:`~.verdict.decide_round`, a rank behind
-its peers in a collective is checked against their rings and whom it waits for
-(:func:`~.resolve.resolve`), absent observers are never named for absence alone, and every
-observer merges the groups' results (:func:`~.resolve.merge`) and escalates them. Traffic
-per observer is O(peer group), never O(world). Docs: docs/observer.md, "Inside one
-observer".
+Contract: a round ``n`` is job-wide (one round signal) and its comparisons are per peer group
+(one C3 AllGather); absent observers are never named for absence alone; every observer
+merges the groups' results and escalates them. Traffic per observer is O(peer group), never
+O(world). Docs: docs/observer.md, "Inside one observer".
 """
 
 from __future__ import annotations
@@ -82,13 +79,9 @@ class DiagnosisRound(ObserverBase):
     def _catch_up(self, n: int) -> None:
         """A restarted observer came up while round ``n`` may still run without it.
 
-        It waits for that round to end (its peers wait up to the join timeout for it,
-        and it cannot register any more), and if the round reached verdicts it hands
-        them to its trainer like its peers did, and does not ring again until its rank
-        progresses: the job is already under that verdict, and a second round on the
-        same silence would only repeat it. A round that completed before the restart
-        is history and is left alone.
-        """
+        It waits for that round to end and hands its verdicts, if any, to its trainer; it
+        does not ring again until its rank progresses, as a second round on the same silence
+        would only repeat it. A round completed before the restart is left alone."""
         with contextlib.suppress(RuntimeError, OSError):
             if self.ops.check([f"r/{n}/complete"]):
                 return
@@ -111,8 +104,6 @@ class DiagnosisRound(ObserverBase):
             finally:
                 with self.lock:
                     self.in_round = False
-
-    # -- one round -----------------------------------------------------------------------
 
     def _round(self, n: int) -> None:
         s = self.spec
@@ -314,8 +305,6 @@ class DiagnosisRound(ObserverBase):
         lines = self.ops.get(f"r/{n}/out").decode().splitlines()
         results = [GroupResult.from_json(json.loads(line)) for line in sorted(lines) if line]
         return merge(results, job=self.observed_ranks(), layout=self.layout)
-
-    # -- a lost store --------------------------------------------------------------------
 
     def _store_lost(self) -> None:
         if self.rec.read().closing:

@@ -1,17 +1,11 @@
 """The culprit in torchrun's "Root Cause": torchelastic's error file, written at terminate.
 
-With ``on_hang = "terminate"`` every trainer of the job exits with the hang exit code
-(and with ``on_sdc = "terminate"`` with the SDC exit code, :mod:`scout_core.session`).
-Under torchrun (torchelastic) each worker has ``TORCHELASTIC_ERROR_FILE`` set; the
-agent reads the file of the failed worker whose error is oldest and prints it as the
-job's *Root Cause*. Without it torchrun prints ``error_file: <N/A>`` and a bare exit
-code, and the person on call learns nothing. So before exiting, the trainer logs the
-verdicts that triggered the exit and writes them into that file, in torchelastic's
-format (``{"message": {"message": ..., "extraInfo": {"py_callstack": ...,
-"timestamp": ...}}}``; the agent shows ``py_callstack`` as the failure's traceback).
-
-The file is written atomically (a temporary file then ``os.replace``), so the agent
-never reads half a file. Outside torchelastic (no variable) nothing is written.
+With ``on_hang`` (or ``on_sdc``) ``= "terminate"`` every trainer exits. torchrun's agent
+prints the oldest failed worker's error file as the job's *Root Cause*; without one it
+prints ``error_file: <N/A>`` and a bare exit code, and the person on call learns nothing.
+So the trainer logs the verdicts and writes them into that file in torchelastic's format
+(``{"message": {"message": ..., "extraInfo": {"py_callstack": ..., "timestamp": ...}}}``),
+atomically, so the agent never reads half a file. Outside torchelastic nothing is written.
 """
 
 from __future__ import annotations
@@ -54,9 +48,7 @@ def write_error_file(
 ) -> Path | None:
     """Log the terminate message at ERROR and write torchelastic's error file, if one is set.
 
-    Returns the file written, or ``None`` outside torchelastic or when it could not be
-    written (logged; the trainer exits either way).
-    """
+    Returns the file written, or ``None`` (outside torchelastic, or on a logged failure)."""
     message = terminate_message(verdicts, rank, exit_code, why)
     log.error("%s", message)
     target = (os.environ if env is None else env).get(ERROR_FILE_ENV)

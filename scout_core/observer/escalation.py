@@ -2,11 +2,8 @@
 
 Contract: verdicts reach every member's trainer as JSON lines on a pipe (never pickle),
 where a background thread passes them to the user's callback; ``Config.on_hang`` picks the
-action on a localized verdict (``report``, ``dump_stacks`` through :data:`STACK_SIGNAL`
-and faulthandler, or ``terminate`` with ``Config.hang_exit_code``, a frozen trainer sent
-``SIGCONT`` then ``SIGKILL`` after :data:`TERMINATE_GRACE_S`). :func:`check_watchdog`
-refuses timeouts that would let the communicator's own watchdog speak first. Docs:
-docs/observer.md, "Escalation".
+action on a localized verdict. :func:`check_watchdog` refuses timeouts that would let the
+communicator's own watchdog speak first. Docs: docs/observer.md, "Escalation".
 """
 
 from __future__ import annotations
@@ -58,24 +55,18 @@ launchers and frameworks do not use, unlike SIGUSR1/SIGUSR2)."""
 TERMINATE_GRACE_S = 2.0
 """Seconds a trainer gets to exit by itself before its observer kills it."""
 TERMINATE_SPREAD_S = 0.5
-"""Seconds a trainer waits between its terminate command and its exit. Every member's
-observer sends the command at about the same time, but not at once; a trainer that
-exited at once would close its sockets under peers still waiting in the same
-collective, whose communicator would raise (exit code 1) before their own command
-arrived. Shorter than :data:`TERMINATE_GRACE_S`."""
+"""Seconds a trainer waits between its terminate command and its exit (shorter than
+:data:`TERMINATE_GRACE_S`): exiting at once would close its sockets under peers still in
+the collective, whose communicator would raise (exit code 1) before their own command."""
 VERDICT_MARGIN_S = 5.0
-"""Time a diagnosis round needs beyond the hang timeout (rendezvous, one AllGather,
-the records): what ``check_watchdog`` adds before comparing with the communicator."""
+"""Seconds a diagnosis round needs beyond the hang timeout (rendezvous, AllGather, records)."""
 
 
 def escalate(observer: ObserverBase, decided: Sequence[tuple[Verdict, int]]) -> None:
     """Write, hand over and act on the job's verdicts of one round.
 
-    ``decided`` pairs each verdict with the rank whose observer writes its record
-    (once for the job). Every observer hands every verdict to its trainer (the
-    session's verdict path: its list, the user's callback, the checkpoint gate) and
-    takes the ``on_hang`` action on localized ones.
-    """
+    ``decided`` pairs each verdict with the rank whose observer writes its record (once for
+    the job). Every observer hands every verdict to its trainer and acts on localized ones."""
     s = observer.spec
     control = s.fds[3]
     for v, writer in decided:
@@ -119,9 +110,6 @@ def to_record(
     )
 
 
-# -- observer side ----------------------------------------------------------------------
-
-
 def send_command(fd: int, message: Mapping[str, Any]) -> None:
     """One JSON line to the trainer's control pipe; a gone trainer is not an error."""
     data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
@@ -158,9 +146,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-# -- trainer side -----------------------------------------------------------------------
-
-
 def install_stack_dump(report_dir: str, rank: int) -> Callable[[], None]:
     """Register faulthandler on :data:`STACK_SIGNAL`; return the undo."""
     path = Path(report_dir) / f"stacks-rank-{rank}.txt"
@@ -178,10 +163,8 @@ def install_stack_dump(report_dir: str, rank: int) -> Callable[[], None]:
 class ControlListener:
     """The trainer's thread reading its observer's pipe: callbacks and terminate.
 
-    ``verdicts`` collects every record handed over (shared across a restarted
-    observer's listeners); ``on_exit`` runs on this thread when the observer's end of
-    the pipe closes, that is when the observer process exits.
-    """
+    ``verdicts`` collects every record handed over (shared across a restarted observer's
+    listeners); ``on_exit`` runs on this thread when the observer process exits."""
 
     def __init__(
         self,
@@ -222,8 +205,7 @@ class ControlListener:
     def _handle(self, message: Mapping[str, Any]) -> None:
         if "terminate" in message:
             code = int(message["terminate"])
-            # The verdicts that end the job go to the console and, under torchrun, to
-            # torchelastic's error file, so the launcher's "Root Cause" names the culprit.
+            # To the console and torchelastic's error file, so "Root Cause" names the culprit.
             rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
             write_error_file([v for v in self.verdicts if v.outliers][-8:], rank, code)
             sys.stdout.flush()
@@ -250,9 +232,8 @@ class ControlListener:
 def communicator_timeout(group: dist.ProcessGroup | None = None) -> timedelta | None:
     """The shortest collective timeout of ``group``'s backends (default group if None).
 
-    Reads the backend options' ``_timeout`` (no public accessor exists in torch);
-    falls back to the backend's default timeout. ``None`` without a process group.
-    """
+    Reads the backend options' private ``_timeout`` (torch has no public accessor), else the
+    backend's default; ``None`` without a process group."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
@@ -275,10 +256,8 @@ def check_watchdog(config: Config, group: dist.ProcessGroup | None = None) -> No
     """Raise :class:`ConfigError` unless SCOUT's hang verdict comes before the watchdog.
 
     Requires ``max(hang_timeout_s, stage timeout) + observer_join_timeout_s +
-    VERDICT_MARGIN_S`` to be shorter than the training communicator's timeout (the
-    default group unless given): a round waits up to the join timeout for a silent
-    peer's observer before it names that peer.
-    """
+    VERDICT_MARGIN_S`` below the communicator's timeout (default group unless given): a
+    round waits up to the join timeout for a silent peer's observer before naming it."""
     if not config.observer:
         return
     timeout = communicator_timeout(group)

@@ -1,15 +1,12 @@
 """Collective fingerprints, published just before a ``torch.distributed`` collective runs.
 
-A fingerprint is what every member of a collective must agree on for it to complete (the
-group, the collective type, the tensor shape and dtype, the reduction, the root as a rank
-of the group), hashed into three int64 words (:data:`Fingerprint`) so the progress record
-stays fixed-size and the observers can compare it with exact C3; values that
+A fingerprint is what every member of a collective must agree on for it to complete (group,
+type, tensor shape and dtype, reduction, root as a group rank), hashed into three int64
+words so the progress record stays fixed-size and C3 can compare it exactly; values that
 legitimately differ between ranks are left out. Contract:
-:func:`install_collective_fingerprints` wraps the functions in :data:`COLLECTIVES` on
-``torch.distributed`` and ``distributed_c10d`` (torch has no public pre-collective hook)
-to publish the fingerprint and the exit, once per outermost call; its closer restores each
-original still holding SCOUT's wrapper. :func:`use_layout` switches the group word to
-role and position (:mod:`.roles`). What is patched and what is not seen:
+:func:`install_collective_fingerprints` wraps the :data:`COLLECTIVES` functions (torch has no
+public pre-collective hook) to publish the fingerprint and the exit, once per outermost
+call; its closer restores each original still holding SCOUT's wrapper. Docs:
 docs/observer.md, "Collective fingerprints".
 """
 
@@ -49,7 +46,7 @@ _MASK63 = (1 << 63) - 1
 
 
 class CollectiveSink(Protocol):
-    """What receives fingerprints: the trainer's :class:`~.record.Publisher`, or a counter."""
+    """What receives fingerprints: the trainer's :class:`~.progress.Publisher`, or a counter."""
 
     def enter_collective(self, fp: Fingerprint, peer: int | None = None) -> None: ...
 
@@ -63,7 +60,6 @@ class OpSpec:
     code: int
     """Collective type; ops with the same wire protocol share a code."""
     tensor: str | None = None
-    """The parameter whose shape and dtype are compared."""
     kind: str = "tensor"
     """``tensor``, ``list`` (a tensor list: its length, first tensor's shape),
     ``split`` (all-to-all: leading dimension excluded), ``p2p``, ``none``."""
@@ -71,9 +67,8 @@ class OpSpec:
     root: str | None = None
     group_root: str | None = None
     peer: str | None = None
-    """Point-to-point: the parameter naming the partner (a global rank)."""
+    """Point-to-point: the partner as a global rank (``group_peer``: as a group rank)."""
     group_peer: str | None = None
-    """Point-to-point: the parameter naming the partner as a rank of the group."""
 
 
 # The one table of supported collectives. Codes are part of the fingerprint: never
@@ -148,9 +143,7 @@ class _Roles:
 def use_layout(layout: MeshLayout, rank: int) -> Callable[[], None]:
     """Describe groups by role and position in ``layout``, seen from ``rank``, from now on.
 
-    What a SCOUT session does once it knows its layout, so that the observers can
-    compare equivalent ranks (:mod:`.roles`). Returns the undo (back to global ranks).
-    """
+    This lets the observers compare equivalent ranks. Returns the undo (to global ranks)."""
     roles = GroupRoles(layout, rank)
     with _PATCH_LOCK:
         _Roles.current = roles
@@ -366,15 +359,12 @@ def describe(fp: Sequence[int]) -> dict[str, Any]:
     }
 
 
-# -- the patch --------------------------------------------------------------------------
-
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
 _WRAPPERS: dict[str, Callable[..., Any]] = {}
 
 
 class _Patch:
-    """The installed sinks. The tuple is replaced, never mutated, so a wrapper
-    iterating it never sees a half-updated list."""
+    """The installed sinks; replaced, never mutated, so a wrapper never sees half an update."""
 
     sinks: tuple[CollectiveSink, ...] = ()
 
@@ -418,11 +408,8 @@ def _modules() -> tuple[Any, ...]:
 
 
 def install_collective_fingerprints(sink: CollectiveSink) -> Callable[[], None]:
-    """Publish a fingerprint to ``sink`` before every supported collective.
-
-    Returns a closer that detaches ``sink``; the last closer restores the original
-    ``torch.distributed`` functions. Calling the closer twice is harmless.
-    """
+    """Publish a fingerprint to ``sink`` before every supported collective; return an
+    idempotent closer that detaches ``sink`` (the last one restores the originals)."""
     with _PATCH_LOCK:
         if not _WRAPPERS:
             for name in COLLECTIVES:

@@ -1,13 +1,10 @@
 """The trainer's handle on its observer: start it, watch it, restart it, close it.
 
-[A dead observer is not a dead trainer]
-An observer can die on its own (killed by an operator, the OOM killer, a bug). Its
-absence must never count as its trainer's failure: the peers' rounds only compare the
-observers present (:mod:`.diagnosis_round`), and the trainer notices at once, because
-the control pipe from its observer reaches end-of-file. The handle then logs it and
-starts a new observer on the same progress record (its *incarnation* + 1), which
-joins the next round; after :data:`MAX_RESTARTS` restarts it stops trying and logs
-that hang diagnosis of this rank is degraded (:attr:`ObserverHandle.degraded`).
+Contract: an observer's death never counts as its trainer's failure. The trainer notices at
+once (the control pipe reaches end-of-file) and starts a new observer on the same progress
+record (*incarnation* + 1), which joins the next round; after :data:`MAX_RESTARTS` it stops
+and logs that this rank's diagnosis is degraded. Docs: docs/observer.md, "A dead observer is
+not a dead trainer".
 """
 
 from __future__ import annotations
@@ -90,8 +87,6 @@ class ObserverHandle:
         self._launch()
         atexit.register(self.close)
 
-    # -- the process ---------------------------------------------------------------------
-
     def _launch(self) -> None:
         control_r, control_w = os.pipe()
         spec = replace(self._spec, fds=(*self._spec.fds[:3], control_w))
@@ -170,8 +165,6 @@ class ObserverHandle:
             )
         return None
 
-    # -- views ---------------------------------------------------------------------------
-
     @property
     def pid(self) -> int:
         return self.proc.pid
@@ -189,8 +182,6 @@ class ObserverHandle:
     def stats(self) -> ObserverStats:
         w = self.record.observer_word
         return ObserverStats(ObserverState(w(STATE)), w(ROUNDS), w(COLLS), w(STOREOPS), w(PID))
-
-    # -- close ---------------------------------------------------------------------------
 
     def abort(self) -> None:
         """Kill the observer and the store host now (a failed start). Idempotent."""
@@ -220,8 +211,7 @@ class ObserverHandle:
         self._release()
 
     def _release(self) -> None:
-        """After the observer process is gone: its listener, the store host, the stack
-        dumps' undo and the progress record."""
+        """Close what outlives the observer process: listener, store host, stack dumps, record."""
         self._listener.join(1.0)
         if self.host is not None:
             self.host.close()

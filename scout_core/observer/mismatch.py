@@ -1,11 +1,10 @@
 """A protocol mismatch no vote of peers decides: the collective's own members, then the template.
 
-Contract: :func:`name_mismatches`, a pure function of the group results every observer
-reads, names the rank of a pair that departs from the program: by a strict majority of
-the fingerprints of the pending collective's members when they all sit in a collective
-on that group, else by the job's template (what each rank entered at the same position of
-its last completed iteration); with no template the record stays group scope. Docs:
-docs/observer.md, "The wait-for graph".
+Contract: :func:`name_mismatches`, a pure function of the group results, names the rank of a
+pair that departs from the program: by a strict majority of the pending collective's
+members when they all sit in it, else by the job's template (what each rank entered at the
+same position of its last completed iteration); without one the record stays group scope.
+Docs: docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ def _by_members(
 def _by_template(
     group: Sequence[int], evidence: Mapping[int, RankEvidence]
 ) -> tuple[tuple[int, ...], Fingerprint] | str:
-    """The pair's ranks that depart from the job's last agreed iteration (module note 2)."""
+    """The pair's ranks that depart from the job's last agreed iteration (module doc)."""
     present = [evidence[r] for r in group if r in evidence]
     if len(present) != len(group) or any(e.stage != Stage.COLLECTIVE for e in present):
         return "not every rank of the group is inside a collective"

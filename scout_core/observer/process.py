@@ -1,11 +1,8 @@
 """The observer process: one per rank, a CPU process outside the trainer that names hangs.
 
-Contract: started as ``python -m scout_core.observer`` (spawn, never fork) in its own
-session, it dies with its trainer (``PR_SET_PDEATHSIG`` plus a parent-pid check) and reads
-nothing of the trainer but its progress record (:mod:`.progress`). This module starts its
-three parts (:mod:`.rendezvous`, :mod:`.watch`, :mod:`.diagnosis_round`, over
-:mod:`.core`) and is also the store host's entry point. Docs: docs/observer.md, "The
-observer process".
+Contract: spawned (never forked) in its own session, it dies with its trainer and reads
+nothing of the trainer but its progress record. This module runs its three parts and is
+also the store host's entry point. Docs: docs/observer.md, "The observer process".
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The lock-free progress record a trainer publishes into and its observer reads.
 
-Each rank's trainer owns one small shared-memory record (192 int64 words) in an
-anonymous ``memfd``, inherited by its observer. Training hooks publish the step,
-an op id, the current :class:`Stage` and the pending collective's fingerprint;
-the observer reads under a seqlock without ever taking a lock the trainer could
-hold, so a frozen trainer cannot stop its observer from reading the last
-published state. Word layout, the ring of recent collectives, the seqlock's
-atomicity argument and the progress event: docs/internals.md, "The progress
-record".
+Each trainer owns one shared-memory record (192 int64 words) in an anonymous ``memfd``,
+inherited by its observer, and publishes the step, an op id, its :class:`Stage` and the
+pending collective's fingerprint. Contract: the observer reads under a seqlock and never
+takes a lock the trainer could hold, so a frozen trainer cannot stop it reading the last
+published state. Docs: docs/internals.md, "The progress record".
 """
 
 from __future__ import annotations
@@ -110,12 +107,8 @@ def _new_event() -> tuple[int, int]:
 
 
 class ProgressRecord:
-    """The shared words plus the progress event, from either side.
-
-    The trainer calls :meth:`create`; the observer calls :meth:`attach` with the
-    inherited descriptors. Both sides use the same object type; the trainer only
-    ever publishes through a :class:`Publisher`.
-    """
+    """The shared words plus the progress event: the trainer's (:meth:`create`, written only
+    through a :class:`Publisher`) or the observer's (:meth:`attach`)."""
 
     def __init__(self, mem_fd: int, event_r: int, event_w: int, *, create: bool) -> None:
         self.mem_fd = mem_fd
@@ -145,8 +138,6 @@ class ProgressRecord:
         """Descriptors the observer must inherit."""
         return tuple(sorted({self.mem_fd, self.event_r, self.event_w}))
 
-    # -- observer side -----------------------------------------------------------------
-
     def read(self) -> Snapshot:
         """A consistent snapshot, or the last words seen marked ``torn``."""
         w = self.words
@@ -175,8 +166,8 @@ class ProgressRecord:
         )
 
     def recent(self) -> tuple[list[tuple[int, int, tuple[int, int, int]]], bool]:
-        """The recent collectives, oldest first: (op id, step, fingerprint), at most
-        :data:`RING`; and whether the ring still holds every collective since the start."""
+        """The recent collectives, oldest first, as (op id, step, fingerprint); and whether
+        the ring still holds every collective since the start."""
         w = self.words
         ring: list[int] = []
         count = 0
@@ -247,9 +238,8 @@ class ProgressRecord:
 class Publisher:
     """The trainer's hot-path writer. Every call is one publish, ``OP_ID`` + 1.
 
-    Thread-safe (one lock around the seqlock write: a seqlock has one writer at a
-    time). Cost is a few hundred nanoseconds: see ``benchmarks/observer_cost.py``.
-    """
+    Thread-safe (one lock: a seqlock has one writer at a time); a few hundred nanoseconds
+    per call (``benchmarks/observer_cost.py``)."""
 
     def __init__(self, record: ProgressRecord) -> None:
         self._w = record.words

@@ -1,11 +1,9 @@
 """The observers' rendezvous: their own store and their peer group's Gloo group, joined and left.
 
-Contract: observers meet only through their own ``TCPStore`` (served by :mod:`.store_host`
-at the address :mod:`.address` published), never the trainer's store or communicator; each
-forms one Gloo group over the present members of its peer group (:mod:`.roles`), in the
-observer process. An observer that does not join in time is reported once as not having
-joined; a restarted one joins the next round. Docs: docs/observer.md, "Inside one
-observer".
+Contract: observers meet only through their own ``TCPStore``, never the trainer's store or
+communicator; each forms one Gloo group over the present members of its peer group. An
+observer that does not join in time is reported once; a restarted one joins the next round.
+Docs: docs/observer.md, "Inside one observer".
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Who waits for whom: a peer group's hang verdicts checked against the ranks it waits on.
 
-A rank behind its peers inside a collective whose members the layout names is named for a
-``protocol_mismatch`` when its collective is not what its peers ran at the same op id; when
-every member is inside the same operation, the collective itself is stalled
-(``group_stall``, no rank); otherwise it waits for the members elsewhere and its wait is
-attached to the verdict naming them. Contract: :func:`resolve` (one peer group) and
-:func:`merge` (the job) are pure functions of data every observer holds, so every
-observer reaches the same records. Docs: docs/observer.md, "The wait-for graph".
+Contract: :func:`resolve` (one peer group) and :func:`merge` (the job) are pure functions of
+data every observer holds, so every observer reaches the same records. A rank behind inside
+a collective is a ``protocol_mismatch`` when it departs from its peers at the same op id, a
+``group_stall`` when every member is inside the same operation, else a wait attached to the
+verdict naming those it waits for. Docs: docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ class Wait:
     absent: tuple[int, ...] = ()
     """Waited-for ranks whose observers did not answer."""
     quiet: bool = True
-    """Every waited-for rank is silent too (a waiter of a still-progressing rank is
-    only slow, and says nothing)."""
+    """Every waited-for rank is silent too (else the waiter is only slow, and says nothing)."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +61,7 @@ class GroupResult:
     waits: tuple[Wait, ...] = ()
     stalls: tuple[Stall, ...] = ()
     evidence: tuple[RankEvidence, ...] = ()
-    """The present members' evidence: every observer builds the job's wait-for graph
-    from the union of these (:mod:`.roots`)."""
+    """The present members' evidence; their union over groups is the job's wait-for graph."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,13 +153,11 @@ def resolve(
 ) -> GroupResult:
     """One peer group's verdicts, checked against whom its silent ranks wait for.
 
-    ``evidence`` holds the present members' evidence, ``verdicts`` what
-    :func:`~.verdict.decide_round` made of it. ``history`` maps a rank that is behind
-    inside a collective to exact C3 of its pending fingerprint against what its peers
-    ran at the same op id (``ATTRIBUTED``: it deviates, with the peers' fingerprint),
-    ``members_of`` gives the members of a rank's pending collective (None: unknown),
-    ``lookup`` the evidence of a rank outside the group (None: its observer is absent).
-    """
+    ``verdicts`` is what :func:`~.verdict.decide_round` made of ``evidence``. ``history``
+    maps a rank behind inside a collective to exact C3 of its pending fingerprint against
+    its peers' at the same op id (``ATTRIBUTED``: it deviates). ``members_of`` and
+    ``lookup`` give a pending collective's members and an outside rank's evidence (None:
+    unknown, or its observer is absent)."""
     group = tuple(group)
     table = {e.rank: e for e in evidence}
     out: list[Verdict] = []
@@ -237,18 +231,11 @@ def _stall_key(s: Stall) -> tuple[str, str]:
 def merge(
     results: Sequence[GroupResult], *, job: Sequence[int], layout: MeshLayout | None = None
 ) -> list[tuple[Verdict, int]]:
-    """The job's verdicts from every peer group's result (identical on every observer),
-    each with the rank whose observer writes its record.
+    """The job's verdicts, each with the rank whose observer writes its record.
 
-    Each verdict carries the ranks its record is about in ``group``. Stalls of the
-    same kind of collective become one ``group_stall`` over all their members; a wait
-    is attached (``detail["waiting"]``) to every verdict naming a rank it waits for;
-    a wait nothing explains, on silent ranks, becomes an inconclusive ``hang``; a named
-    rank held up by a named rank of its own model instance (``layout``) is moved to that
-    rank's record as waiting (:func:`~.roots.release_held`); a rank of another group inside
-    a collective with a named rank that has not entered it is listed as waiting on that
-    rank's record (:func:`~.roots.attach_direct_waiters`).
-    """
+    Same-kind stalls become one ``group_stall``; a wait goes under ``detail["waiting"]`` of
+    every verdict naming a rank it waits for, or, unexplained on silent ranks, becomes an
+    inconclusive ``hang``; then :mod:`.roots` moves held ranks and lists direct waiters."""
     job_ranks = set(job)
     ordered = sorted(results, key=lambda r: r.group)
     decided: list[tuple[Verdict, int]] = []

@@ -1,11 +1,9 @@
 """Group roles: the group word of a fingerprint, equal on equivalent ranks, and its members.
 
-Contract: with a layout, a process group is described by its role (the mesh axes its
-members span) and its position on the other axes, peer axes left out, so equivalent ranks
-in different replicas publish the same group word; a point-to-point partner is described
-relative to this rank. :func:`collective_members` recovers a pending collective's members
-from the word and the layout. Why roles and the word's bits: docs/observer.md, "Peer
-groups: comparing equivalent ranks only".
+Contract: with a layout, a process group is described by its role (the mesh axes its members
+span) and its position on the other axes, peer axes left out, so equivalent ranks in
+different replicas publish the same group word; a point-to-point partner is relative to
+this rank. Docs: docs/observer.md, "Peer groups: comparing equivalent ranks only".
 """
 
 from __future__ import annotations
@@ -131,10 +129,8 @@ def collective_members(
 ) -> tuple[int, ...] | None:
     """The global ranks taking part in ``rank``'s pending operation, or None if unknown.
 
-    An aligned group: every rank that differs from ``rank`` only on the group's axes.
-    Point-to-point: ``rank`` and ``peer`` (the record's ``PEER`` word). Anything else
-    (no layout, an irregular group, batched point-to-point) is unknown.
-    """
+    Known for an aligned group (ranks differing from ``rank`` only on its axes) and for
+    point-to-point (``rank`` and ``peer``)."""
     kind, axes = decode_group_word(word)
     if kind == KIND_ALIGNED and axes:
         return layout.group_along(rank, axes)

@@ -1,13 +1,9 @@
 """From the wait-for graph to the job's hang verdicts: name the roots, list the waiters.
 
-Contract: these functions are pure functions of the group results every observer reads, so
-every observer reaches the same records. :func:`name_roots` decides the stalls no vote
-could (a single-rank root is named by its stage with the chain of waits; a root in a
-collective whose members all sit in it is a ``group_stall``; anything else keeps its
-group-scope record with the reason). :func:`release_held` moves a named rank that waits
-for another named rank into that rank's record; :func:`attach_direct_waiters` lists on it
-the ranks of other groups inside a collective with it, voted yet or not. Docs:
-docs/observer.md, "The wait-for graph".
+Contract: pure functions of the group results every observer reads, so every observer
+reaches the same records. :func:`name_roots` decides the stalls no vote could;
+:func:`release_held` and :func:`attach_direct_waiters` move or list waiting ranks on the
+records of the ranks they wait for. Docs: docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations
@@ -144,9 +140,8 @@ def name_roots(
     layout: MeshLayout | None,
     job: Sequence[int],
 ) -> tuple[Decided, list[GraphStall]]:
-    """``decided`` with the stalls no vote decided named by the wait-for graph (module
-    doc), and the collectives it found stuck with every member inside (for
-    :func:`~.resolve.merge` to record as group stalls, beside those its groups found)."""
+    """``decided`` with the stalls no vote decided named by the wait-for graph, and the
+    collectives found stuck with every member inside (for :func:`~.resolve.merge`)."""
     evidence = {e.rank: e for res in results for e in res.evidence}
     todo = [i for i, (v, _) in enumerate(decided) if _inconclusive(v)]
     if not evidence or not todo:
@@ -189,8 +184,7 @@ def name_roots(
 
 
 def _stall(graph: WaitForGraph, root: int, members: tuple[int, ...], writer: int) -> GraphStall:
-    """A root inside a collective whose every member is inside it: the collective is
-    stuck, and every rank whose roots all lie in it waits for it."""
+    """A root in a collective with every member inside: the collective is stuck."""
     inside = set(members)
     waiting: dict[str, Any] = {}
     for r in sorted(graph.edges):
@@ -232,9 +226,6 @@ def _attach(out: Decided, graph: WaitForGraph, explained: Mapping[int, list[int]
     return out
 
 
-# -- ranks a vote named ---------------------------------------------------------------------
-
-
 def _named(decided: Sequence[tuple[Verdict, int]]) -> dict[int, tuple[Position, int]]:
     """Ranks named behind their peers (with the record's evidence) and their verdict's index."""
     out: dict[int, tuple[Position, int]] = {}
@@ -253,8 +244,8 @@ def _named(decided: Sequence[tuple[Verdict, int]]) -> dict[int, tuple[Position, 
 
 
 def release_held(decided: Sequence[tuple[Verdict, int]], layout: MeshLayout | None) -> Decided:
-    """``decided`` with every named rank that waits for another named rank moved from the
-    culprits to the records of the roots it waits for (``detail["waiting"]``)."""
+    """``decided`` with each named rank that waits for another named rank moved to the
+    records of the roots it waits for (``detail["waiting"]``)."""
     named = _named(decided)
     if layout is None or len(named) < 2:
         return list(decided)
@@ -295,10 +286,8 @@ def attach_direct_waiters(
     job: Sequence[int],
 ) -> Decided:
     """``decided`` with each record that names ranks listing, under ``detail["waiting"]``,
-    the ranks outside its group that sit inside a collective whose known members include
-    a named rank that has not entered it (edge rule 1 of the graph; ranks already listed
-    keep their entry). Such a wait is a fact of the positions, whether or not the
-    waiter's own group has voted by the time this round decides."""
+    the outside ranks in a collective that a named rank has not entered (edge rule 1;
+    existing entries kept), whether or not the waiter's group has voted yet."""
     named = [
         i
         for i, (v, _) in enumerate(decided)

@@ -1,11 +1,9 @@
 """Start SCOUT's helper processes from one thread that lives as long as the trainer.
 
-Contract: :func:`spawn` starts every helper on one daemon thread of this module, so the
-parent-death signal (``PR_SET_PDEATHSIG``), which Linux ties to the thread that created
-the child, fires only when the trainer process ends, even when ``scout.enable`` was called
-from a setup thread that returns. A helper's spec travels as JSON in an inherited
-``memfd``, not on the command line. :data:`start` makes the process; the test harness
-replaces it in ranks its zygotes fork (``scout_core/testing/_helpers.py``). Docs:
+Contract: :func:`spawn` starts every helper on one daemon thread of this module, because
+Linux ties ``PR_SET_PDEATHSIG`` to the thread that created the child: it then fires only
+when the trainer ends, even if ``scout.enable`` ran on a setup thread that returned. The
+test harness replaces :data:`start` (``scout_core/testing/_helpers.py``). Docs:
 docs/observer.md, "The observer process".
 """
 
@@ -132,7 +130,6 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def parent_alive(parent_pid: int) -> bool:
-    """The child's side: whether ``parent_pid``, the trainer that started this helper, is
-    still its parent (a helper whose parent died has been re-parented). The test harness
-    replaces it where a forker, which dies with the trainer, is the parent instead."""
+    """The child's side: whether ``parent_pid``, the trainer that started it, is still its
+    parent. The test harness replaces it where a forker is the parent instead."""
     return os.getppid() == parent_pid

@@ -1,10 +1,8 @@
 """What a trainer tells its observer: one JSON object, read from an inherited descriptor.
 
 The observer is a fresh interpreter, so everything it needs travels as one JSON object
-(:class:`ObserverSpec`) in a descriptor it inherits (:func:`~.spawn.spec_fd`); the
-other descriptors it inherits (the progress record, the progress event, the control
-pipe) are named there by number. Where the observers' store is comes from
-:mod:`.address`.
+(:class:`ObserverSpec`) in an inherited descriptor; the other inherited descriptors are
+named there by number.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ class ObserverSpec:
 
     rank: int
     peers: tuple[int, ...]
-    """The ranks this rank is compared with, itself included, ascending: its peer group
-    under a layout, else every observed rank."""
+    """The ranks this rank is compared with, itself included, ascending."""
     groups: int
     """How many such comparison groups the job has (each posts once per round)."""
     world_size: int

@@ -1,15 +1,10 @@
 """Stage publishing: the DataLoader fetch, checkpoint I/O, repeated layers, the optimizer.
 
-The observer can name *what* a lagging rank was doing only if the trainer said
-so before it started: a rank that stays inside the DataLoader fetch while its
-peers wait in the next collective is an ``input_stall``; one stuck in a
-checkpoint write is a ``checkpoint_stall``. These helpers publish the entry and
-the exit of each stage into the progress record (:mod:`.progress`).
-
-Layer and optimizer boundaries matter for a second reason: collectives issued
-from C++ (DDP's reducer, FSDP2) never pass through the Python-level patch of
-:mod:`.fingerprint`, so the forward pre-hook of every repeated layer and the
-optimizer's step hooks are what keep a lagging rank visible there.
+The observer can name *what* a lagging rank was doing only if the trainer said so first
+(a rank stuck in the DataLoader fetch is an ``input_stall``, in a checkpoint write a
+``checkpoint_stall``); these helpers publish each stage's entry and exit. Layer and
+optimizer hooks also keep a lagging rank visible where collectives are issued from C++
+(DDP's reducer, FSDP2), which the Python-level patch of :mod:`.fingerprint` never sees.
 """
 
 from __future__ import annotations
@@ -47,10 +42,8 @@ class _WatchedIterator(Generic[T]):
 class WatchedLoader(Generic[T]):
     """An iterable (a DataLoader) whose every fetch is published as ``DATALOADER``.
 
-    Re-iterable when the wrapped object is (one pass per epoch), and ``len`` passes
-    through. Attribute access falls through to the wrapped loader (``.sampler``,
-    ``.dataset``), so it can replace a DataLoader in a training loop.
-    """
+    Re-iterable when the wrapped object is; ``len`` and attributes (``.sampler``) pass
+    through, so it can replace a DataLoader in a training loop."""
 
     def __init__(self, loader: Iterable[T], publisher: Publisher) -> None:
         self.loader = loader
@@ -93,11 +86,9 @@ def attach_progress_hooks(
 ) -> Callable[[], None]:
     """Publish at every repeated layer's forward and around every optimizer step.
 
-    With ``advance_step`` each optimizer's post-step hook advances the published step
-    (for a bare observer; a SCOUT session sets the step from its replay boundaries
-    instead, so several optimizers still count one step per iteration). Returns a
-    closer that removes every hook (calling it twice is harmless).
-    """
+    With ``advance_step`` each optimizer's post-step hook advances the published step (a bare
+    observer; a session uses its replay boundaries, so several optimizers count one step).
+    Returns an idempotent closer that removes every hook."""
     handles: list[Any] = []
 
     def layer_pre(_module: nn.Module, _args: Any) -> None:

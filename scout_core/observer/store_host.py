@@ -1,11 +1,9 @@
 """The observers' own c10d store, hosted by a small process of its own beside the lowest rank.
 
 Contract: the store host serves the observers' ``TCPStore`` and nothing else, so it keeps
-answering while a trainer is frozen and survives any one observer. It binds the
-configured port (or port 0) and reports the port, or why it could not bind, on a pipe;
-it dies with its trainer, and on ``session.close()`` signals a round with ``shutdown``
-and lingers until the observers closed, or :data:`LINGER_S`. Docs: docs/observer.md,
-"Store address rule".
+answering while a trainer is frozen and survives any one observer. It dies with its
+trainer; on ``session.close()`` it rings ``shutdown`` and lingers until the observers
+closed, or :data:`LINGER_S`. Docs: docs/observer.md, "Store address rule".
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-# TCPStore is public API (``torch.distributed.TCPStore``); torch's stubs only declare
-# it in the C extension module, so import it from there.
+# Public as torch.distributed.TCPStore, but torch's stubs declare it only here.
 from torch._C._distributed_c10d import TCPStore
 
 from scout_core.errors import ScoutError

@@ -1,12 +1,9 @@
 """The hang decision: from the observers' gathered evidence to verdicts (paper §7).
 
-Contract: the observers of a group gather each rank's progress coordinate ``(step, op
-id)``, stage and pending fingerprint in one C3 AllGather, and every observer applies
-:func:`decide_round`, a pure function, to the same table, so all reach the same verdicts
-with no coordinator: no verdict while someone progresses; a strict minority behind is a
-``hang`` (``input_stall`` / ``checkpoint_stall`` by its stage); equal coordinates and a
-minority in a different collective is a ``protocol_mismatch``; all equal is a
-``group_stall``. The table: docs/observer.md, "Verdicts".
+Contract: a group's observers gather each rank's ``(step, op id)``, stage and pending
+fingerprint in one C3 AllGather, and each applies :func:`decide_round`, a pure function,
+to the same table, so all reach the same verdicts with no coordinator. The rule table:
+docs/observer.md, "Verdicts".
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ class RankEvidence:
     peer: int | None = None
     """The partner of a pending point-to-point operation (a global rank)."""
     template: tuple[int, int, int] | None = None
-    """What the rank entered at the same position of its previous step (a pending
-    collective only; :meth:`~.record.ProgressRecord.template`)."""
+    """What the rank entered at the same position of its previous step (in a collective)."""
 
     def to_json(self) -> list[Any]:
         return [
@@ -147,8 +143,8 @@ def _detail(evidence: Sequence[RankEvidence]) -> dict[str, Any]:
 def _silence(evidence: Sequence[RankEvidence], outliers: Sequence[int]) -> str:
     """The measured silence of ``outliers`` and of the other ranks, for ``reason``.
 
-    Every figure is the time elapsed since that rank's last published progress, as its
-    observer measured it when the round started: never a configured timeout."""
+    Each is the time since that rank's last publish, measured at the round's start: never a
+    configured timeout."""
     named = [e for e in evidence if e.rank in outliers]
     others = [e for e in evidence if e.rank not in outliers]
     parts = [
@@ -171,11 +167,8 @@ def _silence(evidence: Sequence[RankEvidence], outliers: Sequence[int]) -> str:
 def decide_round(
     evidence: Sequence[RankEvidence], *, min_quiet_s: float, world_size: int
 ) -> list[Verdict]:
-    """Every verdict the gathered ``evidence`` supports (empty: nothing is stalled).
-
-    ``world_size`` is the job's number of ranks: a culprit-free verdict over all of
-    them has scope ``job``, over fewer ``group``.
-    """
+    """Every verdict the gathered ``evidence`` supports (empty: nothing is stalled); one with
+    no culprit has scope ``job`` over all ``world_size`` ranks, else ``group``."""
     if not evidence:
         raise ValueError("a round needs the evidence of at least one rank")
     if any(e.quiet_s < min_quiet_s for e in evidence):

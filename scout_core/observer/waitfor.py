@@ -1,11 +1,9 @@
 """The job's wait-for graph at a stall: who waits for whom, and the roots nobody-behind waits for.
 
-Contract: every observer builds the same :class:`WaitForGraph` from the positions every
-rank published (step, op id, stage, pending collective; gathered at the stall only), with
-one edge rule (:meth:`WaitForGraph._waits_for`); a rank outside any collective waits for
-nobody. :meth:`WaitForGraph.roots_of` returns the sink components: a single rank there is
-the culprit, ranks that may each wait for the other are never named. The edge rule, case
-by case: docs/observer.md, "The wait-for graph".
+Contract: every observer builds the same :class:`WaitForGraph` from the positions gathered
+at the stall, with one edge rule; a rank outside any collective waits for nobody. A
+single-rank sink component is the culprit; ranks that may each wait for the other are
+never named. The edge rule: docs/observer.md, "The wait-for graph".
 """
 
 from __future__ import annotations
@@ -58,13 +56,10 @@ class Position:
 
 
 class WaitForGraph:
-    """The graph over ``positions`` (module doc). ``behind`` adds the peer-order edges of
-    item 3: pairs ``(w, c)`` where ``c`` is a peer strictly behind ``w`` in a group with
-    no strict majority. ``absent`` ranks have no position and wait for nobody.
-
-    Built in O(ranks x candidates): a rank in a known collective is checked against its
-    members, one in an unseen collective against its model instance. The roots each
-    component reaches are computed once, so every query below is cheap at job scale."""
+    """The graph over ``positions``. ``behind`` adds the edges of rule item 3 (docs): pairs
+    ``(w, c)``, ``c`` a peer strictly behind ``w`` in a group with no strict majority.
+    ``absent`` ranks wait for nobody. Built in O(ranks x candidates), with the roots each
+    component reaches computed once, so every query is cheap at job scale."""
 
     def __init__(
         self,
@@ -100,8 +95,8 @@ class WaitForGraph:
         instances: Mapping[int, tuple[int, ...]],
         others: dict[tuple[Any, tuple[int, ...]], list[int]],
     ) -> set[int]:
-        """The edge rule (module note, items 1 and 2): whom ``w`` may wait for.
-        ``others`` caches, per pending operation, the members not inside it."""
+        """Edge rule items 1 and 2 (docs): whom ``w`` may wait for. ``others`` caches, per
+        pending operation, the members not inside it."""
         pw = self.positions[w]
         if pw.stage not in INSIDE:
             return set()
@@ -192,8 +187,7 @@ class WaitForGraph:
                     self._members_of.append(tuple(sorted(comp)))
 
     def _reachable(self) -> None:
-        """The sink components each component reaches (itself, when it is one), as
-        component numbers; a component is numbered after every one it reaches."""
+        """The sink components each component reaches (itself, when it is one), by number."""
         interned: dict[frozenset[int], frozenset[int]] = {}
         self._reach: list[frozenset[int]] = []
         for i, comp_members in enumerate(self._members_of):
@@ -241,8 +235,8 @@ class WaitForGraph:
         return sorted(r for r in self.edges if r != root and self._reach[self._cid[r]] == only)
 
     def next_hops(self, root: int) -> dict[int, int]:
-        """For every rank that reaches ``root``, the next rank on a shortest chain of
-        waits to it (one breadth-first search backwards, kept; :meth:`chain` follows it)."""
+        """For every rank that reaches ``root``, the next rank on a shortest chain of waits
+        to it (one backward BFS, kept for :meth:`chain`)."""
         if root in self._hops:
             return self._hops[root]
         into: dict[int, list[int]] = {}

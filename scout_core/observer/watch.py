@@ -1,11 +1,10 @@
 """The silence watch: signal a diagnosis round when this rank stops making progress.
 
 Contract: the watch rings ``bell/<n>`` once its rank stays silent past ``hang_timeout_s``
-(``stage_timeout_s`` inside the DataLoader or checkpoint I/O), counted from the trainer's
-first publish; after a verdict it does not ring again until its rank progresses. An
-observer that loses the store keeps watching, and names the store host's rank only when
-its own trainer then stays silent too. Docs: docs/observer.md, "How silent observers meet
-(the round signal)" and "Store address rule".
+(``stage_timeout_s`` in the DataLoader or checkpoint I/O), counted from the trainer's first
+publish, and not again after a verdict until its rank progresses. An observer that loses
+the store names the store host's rank only when its own trainer then stays silent too.
+Docs: docs/observer.md, "How silent observers meet (the round signal)".
 """
 
 from __future__ import annotations
@@ -31,13 +30,9 @@ class SilenceWatch(ObserverBase):
     def _starting(self, snap: Snapshot) -> bool:
         """Still in the step this rank first published, outside a collective and I/O.
 
-        Idle there, the job has not begun training; computing there, it is warming up
-        (lazy initialisation, compilation, first-touch allocation). A job-wide wait in
-        either (no one in a collective, the DataLoader or checkpoint I/O) is the
-        framework's own start-up, not a stall; it is never rung for. A rank stuck there
-        is still named through a peer that waits for it in a collective
-        (docs/observer.md, "Start-up").
-        """
+        Idle or computing there, the job is still starting up (lazy initialisation,
+        compilation): never rung for. A rank stuck there is still named through a peer that
+        waits for it in a collective (docs/observer.md, "Limits", "Start-up")."""
         if self.start_step is None:
             self.start_step = snap.step
         if snap.step != self.start_step:
@@ -54,9 +49,8 @@ class SilenceWatch(ObserverBase):
                 return
             with self.lock:
                 if snap.op_id != self.last_op:
-                    # The trainer's signal woke us at or before its last publish: count
-                    # the silence from then, so a stated silence is never shorter than
-                    # the real one (longer by at most the wake-up pause below).
+                    # We woke at or before the last publish: counting from then, a stated
+                    # silence is never shorter than the real one.
                     since = now if woke_at is None else min(woke_at, now)
                     self.last_op, self.quiet_since = snap.op_id, since
                     self.rang_at, self.episode_verdict = None, False
@@ -65,10 +59,8 @@ class SilenceWatch(ObserverBase):
             threshold = s.stage_timeout_s if snap.stage in _STALL_STAGES else s.hang_timeout_s
             due = quiet_since + threshold
             if snap.op_id == 0 or self._starting(snap):
-                # Nothing published yet, or idle or computing in the first step: the
-                # trainer is still building its model and groups, compiling or warming
-                # up, which may take any time. The clock starts at first progress, and a
-                # peer already waiting in a collective still rings for a rank stuck there.
+                # Start-up may take any time: the clock starts at first progress (see
+                # _starting).
                 self.rec.wait_for_progress(threshold)
                 continue
             if now >= due:

@@ -1,12 +1,8 @@
 """The framework plugin base class: the lifecycle every plugin shares, written once.
 
 Contract: :class:`FrameworkPlugin` owns everything about switching SCOUT on that does not
-depend on the framework (``handles`` without importing it, ``check_version``,
-``resolve_config``'s precedence, the collective ``enable`` with idempotence and the
-session registry); a plugin writes only framework facts: the class attributes,
-``build_adapter``, optionally ``config_section``, ``framework_version`` and ``key``, and
-``wire_checkpoints`` when it gates the framework's own checkpoints. Docs: docs/plugins.md,
-"The plugin class".
+depend on the framework (version check, config, the collective, idempotent ``enable``);
+a plugin writes only framework facts. Docs: docs/plugins.md, "The plugin class".
 """
 
 from __future__ import annotations
@@ -84,12 +80,8 @@ class FrameworkPlugin(ABC):
         return None
 
     def framework_version(self) -> str | None:
-        """The installed framework's version, or None when it is not installed.
-
-        Default: the metadata of the ``framework`` distribution. Override only where the
-        framework can be importable without metadata (Megatron-LM's source checkout on
-        ``PYTHONPATH`` carries ``megatron/core/package_info.py`` instead).
-        """
+        """The installed framework's version (default: ``framework``'s metadata), or None;
+        overridden where the framework imports without metadata (a Megatron-LM checkout)."""
         return installed_version(self.framework)
 
     def key(self, obj: Any) -> object:
@@ -111,16 +103,14 @@ class FrameworkPlugin(ABC):
 
     def check_version(self, version: str | None = None) -> str:
         """The installed (or given) framework version, if supported; else
-        :class:`~scout_core.errors.UnsupportedSetupError` naming both. The installed
-        version is :meth:`framework_version`'s."""
+        :class:`~scout_core.errors.UnsupportedSetupError` naming both."""
         found = self.framework_version() if version is None else version
         return check_version(
             self.framework, self.supported, plugin=self.distribution, version=found
         )
 
     def gate_of(self, obj: Any) -> FrameworkGate | None:
-        """The gate of the framework's own checkpoints on ``obj``'s open session, or None
-        (``gates_checkpoints`` plugins)."""
+        """The gate of the framework's own checkpoints on ``obj``'s open session, or None."""
         session = self.session_of(obj)
         return None if session is None else self._gates.get(session)
 
@@ -154,9 +144,8 @@ class FrameworkPlugin(ABC):
         session.add_closer(forget)
 
     def resolve_config(self, obj: Any, config: Config | None) -> Config:
-        """The config for ``obj`` (the order: docs/plugins.md, "What the base owns").
-
-        A bad section raises :class:`ConfigError` naming the key."""
+        """The config for ``obj`` (order: docs/plugins.md, "What the base owns"); a bad section
+        raises :class:`ConfigError` naming the key."""
         if config is not None:
             return config
         section = self.config_section(obj)
@@ -211,7 +200,6 @@ class FrameworkPlugin(ABC):
 
 
 _PLUGINS: weakref.WeakSet[FrameworkPlugin] = weakref.WeakSet()
-"""Every plugin instance made (each plugin makes one)."""
 
 
 def gate_of(obj: Any) -> FrameworkGate | None:
@@ -225,10 +213,8 @@ def gate_of(obj: Any) -> FrameworkGate | None:
 
 
 def recover(obj: Any, failure: Failure | str | None, io: CheckpointIO, *, what: str) -> Recovered:
-    """Load the checkpoint the gate on ``obj`` trusts after ``failure``, read through
-    ``io`` (its directory and the framework's own load). Collective; writes a retrieve
-    record. :class:`~scout_core.errors.UnsupportedSetupError` naming ``what`` (e.g.
-    ``"engine"``) when ``obj`` has no such gate."""
+    """Load the checkpoint the gate on ``obj`` trusts after ``failure``, through ``io``.
+    Collective; writes a retrieve record; :class:`UnsupportedSetupError` if there is no gate."""
     gate = gate_of(obj)
     if gate is None:
         raise UnsupportedSetupError(
@@ -240,9 +226,8 @@ def recover(obj: Any, failure: Failure | str | None, io: CheckpointIO, *, what: 
 
 
 def shadow_methods(obj: Any, **methods: Callable[..., Any]) -> Callable[[], None]:
-    """Shadow ``obj``'s methods by name with instance attributes (the framework's class is
-    untouched; ``nn.Module`` keeps plain callables in the instance ``__dict__``) and
-    return the undo, which removes each one that is still the one set here."""
+    """Shadow ``obj``'s methods with instance attributes (the class stays untouched; ``nn.Module``
+    keeps plain callables in ``__dict__``); the undo removes each one still set here."""
     for name, fn in methods.items():
         setattr(obj, name, fn)
 
@@ -255,10 +240,9 @@ def shadow_methods(obj: Any, **methods: Callable[..., Any]) -> Callable[[], None
 
 
 def agree_or_raise(problem: str | None, *, plugin: str, what: str) -> None:
-    """Every rank learns whether any rank found ``problem`` (one flag on a SCOUT group
-    over the job); then every rank raises :class:`~scout_core.errors.UnsupportedSetupError`
-    if one did: its own problem, or "another rank found that ``what``". No rank goes on
-    alone into a collective the others left. Collective (local in a job of one)."""
+    """Raise :class:`~scout_core.errors.UnsupportedSetupError` on every rank if any rank found
+    ``problem`` (one flag on a SCOUT group), so no rank goes on alone into a collective the
+    others left. Collective (local in a job of one)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         found = any_flag(problem is not None, diagnostic_group(range(dist.get_world_size())))
     else:

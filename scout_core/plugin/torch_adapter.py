@@ -1,14 +1,9 @@
 """The plain-PyTorch adapter: DDP, FSDP2 (``fully_shard``), HSDP and DeviceMesh layouts.
 
-Contract: :class:`TorchAdapter` reads the layout off the model (pure data parallel without
-DTensor parameters, else the parameters' ``DeviceMesh`` mapped to axes by name or
-placement, or an explicit ``mesh=``), and replay never talks on a training group:
-:meth:`TorchAdapter.materialize` and :meth:`TorchAdapter.full_tensor` gather shards on
-SCOUT's own groups into plain full copies (also every ref's ``capture_copy``), and
-:meth:`TorchAdapter.call` runs a hook-free :meth:`TorchAdapter.twin`, which a plugin
-overrides to undo what its framework installs by other means. :func:`param_items` finds
-registered, ``_st_info`` and DTensor-attribute parameters alike. Docs: docs/plugins.md,
-"The adapter".
+Contract: :class:`TorchAdapter` reads the layout off the model (pure DP, the DTensor
+parameters' ``DeviceMesh``, or ``mesh=``), and replay never talks on a training group:
+shards are gathered on SCOUT's own groups and ``call`` runs a hook-free ``twin``, which a
+plugin overrides to undo more. Docs: docs/plugins.md, "The adapter".
 """
 
 from __future__ import annotations
@@ -63,10 +58,8 @@ def _root_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 
 def param_items(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Every parameter of ``module`` by dotted name, sorted, TP attributes included.
-
-    Registered parameters (plain, FSDP2/TP ``DTensor``, or DDP+TP local shards with
-    ``_st_info``) plus DTensor attributes that DDP's TP transform left unregistered.
+    """Every parameter of ``module`` by dotted name, sorted: registered ones (plain, DTensor,
+    DDP+TP shards with ``_st_info``) and DTensor attributes DDP's TP transform left unregistered.
     """
     out: dict[str, torch.Tensor] = {}
     for prefix, mod in module.named_modules():
@@ -144,14 +137,10 @@ def _user_class(module: nn.Module) -> type[nn.Module]:
 
 
 def hook_free_twin(module: nn.Module) -> nn.Module:
-    """A twin of ``module`` (and its submodules) without torch.distributed's hooks.
+    """A twin of ``module`` without torch.distributed's hooks (they talk on training groups).
 
-    ``fully_shard`` swaps the class and registers forward hooks that unshard over the
-    training communicator; ``parallelize_module`` registers hooks on the linear
-    submodules that redistribute activations over the TP group. The twin has the
-    user's classes, the user's hooks (injectors, SCOUT's capture) and its own copies
-    of the parameter, buffer and submodule dicts, so ``functional_call`` can bind full
-    plain tensors on it without touching the live module.
+    It keeps the user's classes and hooks (injectors, SCOUT's capture) and owns copies of the
+    parameter, buffer and submodule dicts, so ``functional_call`` leaves the live module alone.
     """
     twin: nn.Module = object.__new__(_user_class(module))
     twin.__dict__.update(module.__dict__)
@@ -234,8 +223,7 @@ class TorchAdapter(AdapterBase):
         return layout
 
     def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
-        """FSDP shards are gathered on SCOUT's diagnostic shard group, TP shards on its
-        diagnostic ``"t"`` group. Under pure FSDP the peer group is the shard group."""
+        """Keep SCOUT's shard group (FSDP; under pure FSDP the peer group) and ``"t"`` group."""
         if self._layout.size(Axis.S) > 1:
             self._shard_group = groups.get("shard", groups.get("peer"))
         if self._layout.size(Axis.T) > 1:
@@ -261,11 +249,8 @@ class TorchAdapter(AdapterBase):
 
     @contextmanager
     def materialize(self, ref: ModuleRef) -> Iterator[dict[str, torch.Tensor]]:
-        """Full-tensor copies of ``ref.module``'s parameters, gathered off the training path.
-
-        Each copy keeps its parameter's ``requires_grad`` so replay differentiates the
-        same parameters training does.
-        """
+        """Full copies of ``ref.module``'s parameters, keeping ``requires_grad`` (replay
+        differentiates what training does)."""
         out: dict[str, torch.Tensor] = {}
         for name, p in param_items(ref.module):
             out[name] = self._full_copy(f"parameter {name!r}", p).requires_grad_(
@@ -292,22 +277,15 @@ class TorchAdapter(AdapterBase):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run ``module`` on ``state`` as a hook-free twin (FSDP/TP hooks use training groups).
-
-        DTensor entries of ``state`` (buffers replay copied off the live module) become
-        plain full tensors first, gathered on SCOUT's groups.
-        """
+        """Run ``module`` on ``state`` as a hook-free twin; DTensor entries (buffers copied off
+        the live module) are gathered to full tensors first."""
         plain = {k: self.full_tensor(v) if _is_dtensor(v) else v for k, v in state.items()}
         return torch.func.functional_call(self.twin(module), plain, args, kwargs)
 
     def full_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """A plain, full, detached copy of ``t``: a DTensor is gathered (or reduced) on
-        SCOUT's diagnostic groups, never on the training ones; anything else is cloned.
-
-        Collective over the shard / TP groups of ``t``'s sharded mesh dims, so every
-        member calls it for the same tensor. Raises :class:`UnsupportedSetupError` for
-        a layout it cannot rebuild (nested sharding, a mesh dim without a SCOUT group).
-        """
+        """A plain, full, detached copy of ``t``; a DTensor is gathered (or reduced) on SCOUT's
+        groups: collective over its sharded mesh dims. :class:`UnsupportedSetupError` for a
+        layout it cannot rebuild (nested sharding, a mesh dim without a SCOUT group)."""
         if not _is_dtensor(t):
             return t.detach().clone()
         return self._full_copy(f"a {type(t).__name__} of shape {tuple(t.shape)}", t)

@@ -1,13 +1,9 @@
 """The plain-PyTorch plugin: ``scout.enable(model, optimizer)`` on the core's own seam.
 
-DDP, FSDP2, HSDP and DeviceMesh jobs need no framework plugin, but they go through
-the same :class:`~scout_core.plugin.base.FrameworkPlugin` lifecycle as
-DeepSpeed, Megatron and TorchTitan (idempotent enable, config resolution, the
-session registry), so the core uses its own seam. Its framework facts are
-:class:`~scout_core.plugin.torch_adapter.TorchAdapter`'s: the layout from the
-DTensor parameters or ``mesh=``, the repeated layers from discovery, and the
-optimizer(s) the user passes. The explicit call is the request for SCOUT, so it is
-enabled when nothing configures it.
+DDP, FSDP2, HSDP and DeviceMesh jobs need no framework plugin, but they go through the same
+:class:`~scout_core.plugin.base.FrameworkPlugin` lifecycle as the framework plugins; the
+facts are :class:`~scout_core.plugin.torch_adapter.TorchAdapter`'s. The explicit call is
+the request for SCOUT, so it is enabled when nothing configures it.
 """
 
 from __future__ import annotations
@@ -104,10 +100,7 @@ def enable_torch(
 ) -> Session:
     """``scout.enable(model, optimizer, config=config, mesh=mesh)`` for plain PyTorch, typed.
 
-    Collective over the job. Raises :class:`~scout_core.errors.ConfigError` for a
-    configured module path that does not exist and
-    :class:`~scout_core.errors.UnsupportedSetupError` for a setup it cannot watch,
-    before attaching anything.
-    """
+    Collective; a missing configured module path (``ConfigError``) or a setup it cannot watch
+    (``UnsupportedSetupError``) raises before anything is attached."""
     check_optimizers(optimizer)
     return plugin.enable(model, optimizer, config=config, callback=callback, mesh=mesh)

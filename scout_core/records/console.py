@@ -1,9 +1,8 @@
 """Attributions in the console: one WARNING line per record that names a culprit.
 
 Contract: :func:`log_attribution` logs, on the rank that writes a record naming outliers,
-one WARNING line on this module's logger (:func:`attribution_line`: the writer, what
-failed, who, when, where and :func:`scout_core.records.wording.evidence_line`); records
-naming nobody, gate decisions and later revisions of an incident are not logged. Docs:
+one WARNING line on this module's logger (:func:`attribution_line`); records naming
+nobody, gate decisions and later revisions of an incident are not logged. Docs:
 docs/evidence.md, "Who writes what".
 """
 

@@ -1,13 +1,10 @@
 """Evidence records: SCOUT's decisions, one JSON object per line, one file per rank.
 
-The writer (here) and the reader (:mod:`scout_core.records.reading`,
-:func:`load_report`); the record and its schemas have one import path,
-:mod:`scout_core.records.record` (or :class:`scout_core.Record`). Contract: every decision is a
-:class:`Record` appended to ``<report_dir>/<run>/rank-<global rank>.jsonl`` with one
-``os.write`` on an ``O_APPEND`` descriptor; a peer group's record is written once, by its
-lowest rank (:meth:`EvidenceWriter.write_group`); a write that fails is logged, counted
-in :attr:`EvidenceWriter.dropped` and dropped, never raised into training. Docs:
-docs/evidence.md, "Who writes what".
+Contract: every decision is a :class:`~scout_core.records.record.Record` appended to
+``<report_dir>/<run>/rank-<rank>.jsonl`` with one ``os.write`` on an ``O_APPEND``
+descriptor; a peer group's record is written once, by its lowest rank; a failed write is
+logged, counted in :attr:`EvidenceWriter.dropped` and dropped, never raised into training.
+Docs: docs/evidence.md, "Who writes what".
 """
 
 from __future__ import annotations
@@ -38,17 +35,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 _LOG_EVERY = 1000
 
-# -- writing ----------------------------------------------------------------------------
-
 
 class EvidenceWriter:
-    """Appends this rank's records to ``<report_dir>/<run>/rank-<rank>.jsonl``.
-
-    Thread-safe. The file is opened on the first write, so a rank that decides
-    nothing leaves no file. Each record is one ``os.write`` (and, with ``fsync``,
-    an ``os.fsync``) before ``write`` returns; an I/O error drops the record and
-    is logged, never raised (module note).
-    """
+    """Appends this rank's records to ``<report_dir>/<run>/rank-<rank>.jsonl``; thread-safe.
+    The file opens on the first write, so a rank that decides nothing leaves none."""
 
     def __init__(
         self, report_dir: str | os.PathLike[str], rank: int, *, run_id: str, fsync: bool = True
@@ -70,15 +60,12 @@ class EvidenceWriter:
         self._torn = False  # a write was cut short: the file ends inside a line
         self._lock = threading.Lock()
         self.written = 0
-        """Records written since the writer was made."""
         self.dropped = 0
         """Records lost to I/O errors (a full or read-only ``report_dir``)."""
         self.last_error: OSError | None = None
-        """The most recent I/O error, if any."""
 
     def write(self, record: Record) -> bool:
-        """Append ``record`` as one line; True once it is on disk (or at least in the OS),
-        False when an I/O error dropped it (logged; module note)."""
+        """Append ``record``; True once written (fsynced if asked), False if an I/O error."""
         if record.run_id != self.run_id:
             raise EvidenceError(
                 f"record run_id {record.run_id!r} does not match this writer's {self.run_id!r}"
@@ -121,12 +108,8 @@ class EvidenceWriter:
             )
 
     def write_group(self, record: Record) -> bool:
-        """Write a group's record if this rank is the group's lowest global rank.
-
-        A group's record is written once, by its lowest global rank; every other
-        member returns ``False`` without writing (so does a write an I/O error
-        dropped). The record must name a group that contains this rank.
-        """
+        """Write a group's record once, from its lowest global rank (which must be in the
+        group); other members, and a write an I/O error dropped, return ``False``."""
         if self.rank not in record.group:
             raise EvidenceError(
                 f"rank {self.rank} is not in the record's group {list(record.group)}"

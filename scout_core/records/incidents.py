@@ -1,13 +1,12 @@
 """Incidents: the records of one failure, from every peer group, merged into one answer.
 
 One failure can leave records in several peer groups (a corrupted shard's owner named in
-its replica group, its partner's group inconclusive); an incident (``scout.incident/1``)
-names the culprit once and links the records that corroborate it and the ones it explains.
-Contract: :func:`merge_window` is a pure function of one step window's verdict records and
-of who is coupled to whom (``partners``), so every rank merges alike; :class:`IncidentBook`
-carries incidents across windows, writing a failure seen again as a new revision of the
-same ``detail.key``, and stays bounded (:data:`MAX_OPEN` incidents, :data:`MAX_IDS` cited
-records per list). The rule: docs/evidence.md, "Where incidents are made".
+its replica group, its partner's group inconclusive); an incident names the culprit once
+and links the records that corroborate it and the ones it explains. Contract:
+:func:`merge_window` is a pure function of one step window's verdicts and of who is coupled
+to whom (``partners``), so every rank merges alike; :class:`IncidentBook` carries incidents
+across windows, a failure seen again as a new revision of its ``detail.key``, and stays
+bounded. The rule: docs/evidence.md, "Where incidents are made".
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 Contract: :func:`load_report` reads every ``rank-<global rank>.jsonl`` of a report
 directory and its run subdirectories (or a single file) into a :class:`Report`. Strict
 (the default) raises :class:`EvidenceError` at the first problem, naming file and line;
-lenient (``strict=False``, what ``scout report`` uses) skips each bad line or file and
-lists it in :attr:`Report.problems`. Only regular files are opened (``stat`` first,
-``O_NONBLOCK``, ``fstat`` after), so a FIFO cannot hang the reader; ``rank-01.jsonl`` is
-not rank 1's file. Docs: docs/evidence.md, "Reading a report".
+lenient (``scout report``) skips and lists each bad line or file in :attr:`Report.problems`.
+Only regular files are opened (``stat``, ``O_NONBLOCK``, ``fstat``), so a FIFO cannot hang
+the reader; ``rank-01.jsonl`` is not rank 1's file. Docs: docs/evidence.md.
 """
 
 from __future__ import annotations
@@ -87,12 +86,8 @@ class Report:
         return tuple(r for r in self.records if r.schema == CHECKPOINT_SCHEMA)
 
     def incidents(self) -> tuple[Record, ...]:
-        """``scout.incident/1`` records: the job-level answers, the newest revision of each.
-
-        An incident that recurs is written again with the same ``detail.key`` (a new
-        revision; :mod:`scout_core.records.incidents`); only the newest of a run's
-        revisions of a key is returned, in time order. Use :attr:`records` for all.
-        """
+        """``scout.incident/1`` records, the newest revision of each ``detail.key`` per run
+        (:mod:`scout_core.records.incidents`), in time order; :attr:`records` holds them all."""
         newest: dict[tuple[str, str], Record] = {}
         for r in self.records:
             if r.schema == INCIDENT_SCHEMA:
@@ -105,12 +100,8 @@ class Report:
         return tuple(dict.fromkeys(r.run_id for r in self.records))
 
     def ranks_without_file(self) -> tuple[int, ...]:
-        """Ranks that records name (in a group) but that have no readable file here.
-
-        A rank writes a file only once it records a decision, and a group's record is
-        written by its lowest rank only, so such a rank is not necessarily missing; but
-        when a rank's file *is* missing, this is where it shows.
-        """
+        """Ranks that records name (in a group) with no readable file here: not necessarily
+        missing, since only a group's lowest rank writes its record."""
         named = {r for record in self.records for r in record.group}
         return tuple(sorted(named - set(self.by_rank)))
 
@@ -118,16 +109,9 @@ class Report:
 def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> Report:
     """Read every ``rank-<r>.jsonl`` under ``report_dir``, or the one file it names.
 
-    ``report_dir`` may be a report directory of several runs (rank files in its
-    immediate subdirectories, one per run: :mod:`scout_core.records.runs`), one run's
-    directory, or a directory written before runs had directories (rank files at
-    its top); all of them are read.
-
-    Blank lines are skipped. ``strict`` (the default) raises :class:`EvidenceError` at
-    the first problem, naming file and line; otherwise problems are collected in
-    :attr:`Report.problems` and the rest is read (module doc). A directory without
-    rank files gives an empty report in both modes; a path that is neither a
-    directory nor a regular file is an error in both.
+    ``report_dir`` may hold several runs (a subdirectory each), be one run's directory, or
+    hold rank files at its top (older reports). ``strict``: module doc. A directory without
+    rank files gives an empty report; a path that is neither a directory nor a file is an error.
     """
     path = Path(report_dir)
     problems: list[ReadProblem] = []
@@ -171,8 +155,7 @@ def load_report(report_dir: str | os.PathLike[str], *, strict: bool = True) -> R
 
 
 def _run_dirs(directory: Path) -> list[Path]:
-    """The immediate subdirectories of ``directory`` that may hold a run's rank files,
-    in name order (a directory named like a rank file is a problem, not a run)."""
+    """Subdirectories that may hold a run's rank files, by name (not one named like a file)."""
     runs = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         if _NUMBERED.match(entry.name) or entry.name.startswith("rank-"):

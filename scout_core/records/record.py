@@ -42,9 +42,7 @@ INCIDENT_SCHEMA = "scout.incident/1"
 SCHEMAS: tuple[str, ...] = (VERDICT_SCHEMA, CHECKPOINT_SCHEMA, INCIDENT_SCHEMA)
 
 ACTIONS: tuple[str, ...] = ("capture", "candidate", "promote", "retrieve")
-"""Checkpoint-gate actions a ``scout.checkpoint/1`` record may carry."""
 SELECTIONS: tuple[str, ...] = ("latest", "verified")
-"""Which checkpoint a retrieval selected."""
 ID_LENGTH = 16
 """Hex digits of a record id (a 64-bit blake2b digest)."""
 
@@ -58,7 +56,6 @@ class Record:
     """One decision. Built validated; ``to_json`` / ``from_json`` round-trip it exactly."""
 
     schema: str
-    """``scout.verdict/1``, ``scout.checkpoint/1`` or ``scout.incident/1``."""
     run_id: str
     """Run identity (``Config.resolved_run_id()``), equal on every rank."""
     step: int
@@ -72,7 +69,6 @@ class Record:
     status: Status | None = None
     """C3 outcome; required on verdicts. ``attributed`` iff ``outliers`` is non-empty."""
     failure: Failure | None = None
-    """The failure this decision reports, or ``None``."""
     group: tuple[int, ...] = ()
     """The peer group, as global ranks in peer order."""
     outliers: tuple[int, ...] = ()
@@ -82,15 +78,13 @@ class Record:
     hosts: tuple[str, ...] = ()
     """Host names of the outliers."""
     detail: Mapping[str, Any] = field(default_factory=dict)
-    """JSON-safe extra evidence: values, timings, reasons. Incidents: see
-    :meth:`_check_incident` for the keys they must carry."""
+    """JSON-safe extra evidence: values, timings, reasons (incidents: :meth:`_check_incident`)."""
     action: str | None = None
     """Checkpoint records: one of ``ACTIONS``."""
     selected: str | None = None
     """Checkpoint records: ``latest`` or ``verified`` (required on ``retrieve``)."""
     checkpoint_step: int | None = None
-    """Checkpoint records: the step of the checkpoint acted on (``None`` only when a
-    retrieval found nothing to select)."""
+    """Checkpoint records: the step acted on (``None`` only when a retrieval found nothing)."""
 
     def __post_init__(self) -> None:
         # Frozen: normalised values go in through object.__setattr__.
@@ -141,11 +135,8 @@ class Record:
 
     @functools.cached_property
     def id(self) -> str:
-        """A stable id: blake2b-64 of the canonical JSON without ``time`` (module note).
-
-        Cached on first use (records are immutable; the cache lives outside the fields,
-        so equality, hashing and ``to_dict`` are unchanged).
-        """
+        """A stable id: blake2b-64 of the canonical JSON without ``time`` (module doc);
+        cached outside the fields, so equality, hashing and ``to_dict`` are unchanged."""
         data = self.to_dict()
         del data["time"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -165,15 +156,8 @@ class Record:
                 )
 
     def _check_incident(self) -> None:
-        """An incident names its failure and ranks, and ``detail`` says what it merges.
-
-        ``detail`` must hold ``first_step`` (equal to ``step``) and ``last_step``
-        (integers, first <= last), ``corroborating`` and ``explained`` (lists of record
-        ids: the records that support the incident, and those it explains, such as a
-        partner group's "shard partner differs") and a one-line ``summary``. Other keys
-        are free. ``outliers`` (the culprits) may be empty when the failure has no single
-        rank (a group stall); ``group`` (the ranks involved) may not.
-        """
+        """An incident names its failure and ranks (``outliers`` may be empty, ``group`` may
+        not), and ``detail`` holds the keys docs/evidence.md, "Incidents", lists."""
         self._no_checkpoint_fields()
         if self.failure is None:
             raise EvidenceError(f"{INCIDENT_SCHEMA} record needs field 'failure'")
@@ -315,9 +299,8 @@ def _json_safe_detail(value: object) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise EvidenceError(f"field 'detail' must be an object with string keys, got {value!r}")
     try:
-        # Round-trip through JSON: the record then holds exactly what a reader will
-        # see (tuples become lists), and NaN/inf or a non-JSON value fails here, at
-        # the writer, not in someone's recovery policy.
+        # Round-trip through JSON: the record holds what a reader will see, and NaN/inf or
+        # a non-JSON value fails here, at the writer, not in someone's recovery policy.
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise EvidenceError(f"field 'detail' is not JSON-safe: {exc}") from None

@@ -1,11 +1,10 @@
 """Run identity and the on-disk layout of runs: one directory per run under ``report_dir``.
 
-Contract: each run writes into ``<report_dir>/<run dir>/`` (:func:`run_directory`: the
-run id with unsafe characters replaced), and the run id is ``Config.run_id``, else
-torchrun's ``TORCHELASTIC_RUN_ID`` (not ``"none"``), else a fresh
-``scout-<UTC date>-<UTC time>-<12 hex digits>`` agreed by every rank in one ``MAX``
-reduction of clocks and nonces (:func:`agree_run_id`), so two jobs in one directory never
-share a file. Docs: docs/evidence.md, "Who writes what".
+Contract: each run writes into ``<report_dir>/<run dir>/`` (:func:`run_directory`); the run
+id is ``Config.run_id``, else torchrun's ``TORCHELASTIC_RUN_ID`` (not ``"none"``), else a
+fresh ``scout-<UTC date>-<UTC time>-<12 hex digits>`` agreed in one ``MAX`` reduction of
+clocks and nonces (:func:`agree_run_id`), so two jobs in one directory never share a file.
+Docs: docs/evidence.md, "Who writes what".
 """
 
 from __future__ import annotations
@@ -44,9 +43,8 @@ def agree_run_id(
     config: Config, group: dist.ProcessGroup, *, environ: Mapping[str, str] | None = None
 ) -> str:
     """The run id of this launch, the same on every rank (module doc). Collective over
-    ``group`` (a diagnostic group over the whole job), whichever branch is taken, so
-    that every rank runs the same collectives. Ranks configured with different run ids
-    get a :class:`ConfigError` naming the key, on every rank."""
+    ``group`` (the whole job) on every branch; ranks configured with different run ids get
+    a :class:`ConfigError` naming the key, on every rank."""
     named = config.named_run_id(environ)
     mark = digest(named)
     seconds, nonce, hi, neg_lo = reduce_max(

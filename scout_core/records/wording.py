@@ -1,9 +1,7 @@
-"""A record's evidence in one line of words: what the console line and ``scout report``
-both show for it.
+"""A record's evidence in one line of words, as the console line and ``scout report`` show it.
 
-A straggler's timing against the peer median, the surfaces and signatures an SDC
-differed on, a hang's stage and silence, a gate decision's reason, an incident's
-summary.
+A straggler's timing against the peer median, the surfaces and signatures an SDC differed
+on, a hang's stage and silence, a gate decision's reason, an incident's summary.
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ __all__ = ["evidence_line"]
 def evidence_line(
     record: Record, sdc_surfaces: Mapping[tuple[str, int], list[str]] | None = None
 ) -> str:
-    """The one line of evidence for ``record``. An SDC names the surfaces
-    ``sdc_surfaces`` lists for its (run, step) (a timeline lists every surface of the
-    step), else only its own."""
+    """The one line of evidence for ``record``; an SDC names the surfaces ``sdc_surfaces``
+    lists for its (run, step) (a timeline's: every surface of the step), else its own."""
     d = record.detail
     if record.schema == INCIDENT_SCHEMA:
         return str(d.get("summary", ""))

@@ -1,13 +1,9 @@
 """The pictures of ``scout report`` (matplotlib, Agg backend), as PNG bytes of a fixed size.
 
-Contract: :func:`render_figures` draws, from a timeline, up to three pictures of one run
-(the selected run, else the latest): ``heatmap.png`` (failures by rank and step),
-``gate.png`` (the gate's generations, restores and failures over steps) and
-``stragglers.png`` (only when a round flagged a straggler), each at its size in
-:data:`SIZES` so a page can lay them out and a test can check them. Figures use
-:class:`matplotlib.figure.Figure` and the Agg canvas, never ``pyplot``: no global state,
-no display, safe in a headless process. What each picture shows: docs/report.md,
-"Pictures".
+Contract: :func:`render_figures` draws up to three pictures of one run (the selected one,
+else the latest), each at its :data:`SIZES` size so a page can lay them out and a test can
+check them. It uses :class:`matplotlib.figure.Figure` and the Agg canvas, never ``pyplot``:
+no global state, no display, safe headless. The pictures: docs/report.md, "Pictures".
 """
 
 from __future__ import annotations

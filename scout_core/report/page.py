@@ -1,10 +1,9 @@
 """``scout report --html``: the timeline and the pictures in one self-contained HTML file.
 
-The page fetches nothing: the CSS is inline and every picture is a ``data:image/png``
-URI, so the file can be mailed, attached to a ticket or opened on an air-gapped machine.
-Every value from the evidence is HTML-escaped (a surface name or a reason is free text).
-Each section is a ``<section id="...">`` holding a table whose rows carry the record's
-``data-id``, so tools (and the tests) can find incidents and verdicts in the page.
+The page fetches nothing (inline CSS, pictures as ``data:image/png`` URIs), so it can be
+mailed, attached to a ticket or opened on an air-gapped machine. Every value from the
+evidence is HTML-escaped. Each ``<section id="...">`` holds a table whose rows carry the
+record's ``data-id``, so tools and tests can find records in the page.
 """
 
 from __future__ import annotations

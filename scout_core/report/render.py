@@ -1,8 +1,5 @@
-"""Render evidence records as a table a person reads first when a run goes wrong.
-
-One line per record: step, failure, culprit, scope, surface and the peer group.
-Agreeing rounds are left out unless asked for, since a healthy run writes many.
-"""
+"""Evidence records as a fixed-width table, one line each (step, failure, culprit, scope,
+surface, peers); agreeing rounds only on request, since a healthy run writes many."""
 
 from __future__ import annotations
 
@@ -54,12 +51,7 @@ def notable(record: Record) -> bool:
 
 
 def render_records(records: Iterable[Record], *, include_agree: bool = False) -> str:
-    """A fixed-width table of ``records``.
-
-    Agreeing rounds and routine gate captures (one per replay boundary) are listed only
-    with ``include_agree``; failures, inconclusive rounds and the gate's candidate,
-    promote and retrieve decisions always are.
-    """
+    """A fixed-width table of ``records``; ``include_agree`` adds what :func:`notable` skips."""
     rows = [_row(r) for r in records if include_agree or notable(r)]
     if not rows:
         return "no failures recorded"

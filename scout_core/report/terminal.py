@@ -1,11 +1,9 @@
 """The terminal view of ``scout report``: a rich timeline, incidents first.
 
-One table per section of the :class:`~scout_core.report.timeline.Timeline` (incidents,
-verdicts, gate decisions, the restore), each row with run, time, step, what, culprit,
-host, surface, time to verdict and its one line of evidence; then what could not be read.
-rich is imported here, lazily from the CLI, so ``import scout_core`` stays light. Colour
-and width follow the terminal; piped output is plain text (Markdown tables), wide enough
-not to wrap.
+One table per section of the :class:`~scout_core.report.timeline.Timeline`, then what
+could not be read. rich is imported here, lazily from the CLI, so ``import scout_core``
+stays light. Colour and width follow the terminal; piped output is plain Markdown tables,
+wide enough not to wrap.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """What ``scout report`` shows, as plain data: a filtered timeline of a report's records.
 
 Contract: :func:`build_timeline` turns a :class:`~scout_core.records.reading.Report` and a
-:class:`Selection` (``--run-id``, ``--rank``, ``--failure``, ``--all``) into one
-:class:`Timeline` of four sections in reading order (incidents, verdicts, gate decisions,
-the restore), each row with its record's step, culprit, host, surface, time to verdict
-and one line of evidence (:func:`scout_core.records.wording.evidence_line`). The terminal
-view, ``--json``, the HTML page and the pictures all draw from that one timeline, so they
-cannot disagree; building it only reads the report. What the rows and the time to verdict
-mean: docs/report.md, the opening section and "Time to verdict".
+:class:`Selection` into one :class:`Timeline` of four sections in reading order (incidents,
+verdicts, gate decisions, the restore), each row with its step, culprit, host, surface,
+time to verdict and one line of evidence. The terminal view, ``--json``, the HTML page and
+the pictures all draw from that one timeline, so they cannot disagree. Rows and time to
+verdict: docs/report.md.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ __all__ = [
 ]
 
 SECTIONS: tuple[str, ...] = ("incidents", "verdicts", "gate", "restore")
-"""Timeline sections, in reading order."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,6 @@ class Row:
     ttv_s: float | None
     """Time to verdict in seconds (module note), or ``None`` when the report cannot say."""
     evidence: str
-    """One line of evidence for a person."""
     incident: str | None
     """Id of the incident that cites this record, if any."""
 

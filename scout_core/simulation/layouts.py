@@ -1,10 +1,8 @@
 """Layout strings and the published layouts SCOUT is simulated on (PAPER.md Table 2).
 
-Contract: :func:`parse_layout` reads ``<AXIS><degree>`` tokens (``TP``, ``PP``, ``DP``,
-``CP``, ``EP``, ``EDP``, ``FSDP``), separated by spaces or commas, in any order and case,
-into a :class:`~scout_core.topology.mesh.MeshLayout` laid out Megatron's way, tensor
-parallel fastest (:data:`ORDER`); every error names the token it is about. The axes and
-their mesh axes: docs/scale.md.
+Contract: :func:`parse_layout` reads ``<AXIS><degree>`` tokens (:data:`TOKENS`), separated
+by spaces or commas, in any order and case, into a :class:`~scout_core.topology.mesh.MeshLayout`
+laid out Megatron's way (:data:`ORDER`); every error names its token. Axes: docs/scale.md.
 """
 
 from __future__ import annotations

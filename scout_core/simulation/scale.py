@@ -1,12 +1,11 @@
 """SCOUT at scale without a cluster: grouping, C3 and diagnosis on one layout, timed.
 
 Contract: :func:`simulate` takes a layout (``"TP8 PP16 DP128"``) and, in one process, does
-what every rank of such a job would do, with synthetic evidence and a planted culprit:
-grouping, one exact and one statistical C3 decision, the exact round of every peer group,
-cross-PG diagnosis on planted slow groups, and the observers' wait-for graph with the
-culprit frozen. Each part is timed and each planted culprit must be found exactly (goal:
-grouping plus one decision at 16,384 ranks in under a second); :class:`Traffic` gives the
-diagnostic bytes per rank and round. The parts and what they check: docs/scale.md.
+what every rank of such a job would do with synthetic evidence and a planted culprit
+(grouping, C3, cross-PG diagnosis, the observers' wait-for graph). Each part is timed and
+each planted culprit must be found exactly (goal: grouping plus one decision at 16,384
+ranks in under a second); :class:`Traffic` gives the diagnostic bytes per rank and round.
+The parts and what they check: docs/scale.md.
 """
 
 from __future__ import annotations
@@ -246,7 +245,7 @@ def _diagnoses(
 def _hang(
     sim: Simulation, mesh: MeshLayout, groups: Sequence[tuple[int, ...]], culprit: int
 ) -> None:
-    """Part 6 of the module doc: the wait-for graph of a frozen culprit, timed."""
+    """The observers' wait-for graph with the culprit frozen, timed."""
     from scout_core.observer.progress import Stage
     from scout_core.observer.waitfor import Position, WaitForGraph
 

@@ -1,11 +1,9 @@
 """Process groups for SCOUT's own collectives, one per peer group of a mesh layout.
 
-Contract: every diagnostic group is a new Gloo group made by :func:`diagnostic_group`,
-never ``WORLD`` or a framework's group, optionally with a device-backend payload group over
-the same members; :func:`is_diagnostic` tells SCOUT's groups from any other.
-:func:`create_peer_groups` is collective over the whole job: every rank creates every
-group of the given kinds in the same deterministic order. Docs: docs/concepts.md, "Mesh
-addresses and peer groups".
+Contract: every diagnostic group is a new Gloo group, never ``WORLD`` or a framework's
+group, optionally with a device-backend payload group over the same members;
+:func:`is_diagnostic` tells SCOUT's groups from any other. Creation is collective over the
+whole job, in one deterministic order. Docs: docs/concepts.md, "Mesh addresses and peer groups".
 """
 
 from __future__ import annotations
@@ -107,14 +105,10 @@ def create_peer_groups(
 ) -> dict[str, PeerGroup]:
     """Create this job's diagnostic groups and return ``rank``'s group of each kind.
 
-    Collective: every rank of the default group must call it with the same layout
-    and kinds. Kinds are ``"replica"``, ``"shard"``, ``"peer"`` (replica when
-    d > 1, else shard) and axis names (``"t"``, ``"tp"``, ``"p"`` ...). The result
-    is keyed by the kinds as given. ``backend`` is the CPU backend of the evidence
-    groups (Gloo, so diagnosis keeps working when the device communicator is
-    stuck); ``payload_backend`` adds a second group per peer group for tensor
-    payloads.
-    """
+    Collective: every rank calls it with the same layout and kinds (see
+    :meth:`MeshLayout.axes_for`); the result is keyed by the kinds as given. ``backend`` is
+    a CPU backend, so diagnosis works while the device communicator is stuck;
+    ``payload_backend`` adds a second group per peer group for tensor payloads."""
     _check_world(layout, rank)
     if backend.lower() in _DEVICE_BACKENDS:
         raise ConfigError(
@@ -193,11 +187,8 @@ def diagnostic_group(
 ) -> dist.ProcessGroup:
     """A new SCOUT-owned process group over ``ranks`` (default: every rank of the job).
 
-    Collective over the whole default group, like ``dist.new_group``: every rank calls
-    it with the same ``ranks``, members or not. Never ``WORLD``, never a training
-    group; the group is remembered as SCOUT's (:func:`is_diagnostic`). Raises
-    :class:`UnsupportedSetupError` on a rank that is not a member.
-    """
+    Collective like ``dist.new_group``: every rank calls it with the same ``ranks``,
+    members or not. Raises :class:`UnsupportedSetupError` on a rank that is not a member."""
     members = tuple(range(dist.get_world_size())) if ranks is None else tuple(ranks)
     if backend.lower() in _DEVICE_BACKENDS:
         raise ConfigError(f"backend={backend!r}: diagnostic groups use a CPU backend such as gloo")
@@ -217,10 +208,8 @@ def diagnostic_groups(
 ) -> dist.ProcessGroup:
     """One new SCOUT-owned group per member list of ``partition``; returns this rank's.
 
-    Collective: every rank calls it with the same ``partition`` (lists of global
-    ranks, e.g. :meth:`MeshLayout.groups` of one axis), creating every group in the
-    same order. Raises :class:`UnsupportedSetupError` when this rank is in none.
-    """
+    Collective: every rank calls it with the same ``partition`` (e.g. :meth:`MeshLayout.groups`
+    of one axis). Raises :class:`UnsupportedSetupError` when this rank is in none."""
     mine: dist.ProcessGroup | None = None
     for members in partition:
         pg = _new_group(tuple(members), backend, timeout)

@@ -1,14 +1,11 @@
 """Mesh addresses: which ranks run equivalent work, and so may be compared.
 
 Contract: a :class:`MeshLayout` maps every global rank to an address ``(d, s, t, p, c, e)``
-(an unused axis has degree 1) and gives its peer groups: ``G_rep`` varies ``d`` (replicas
-of the same shard of the same partition), ``G_shard`` varies ``s`` (the shards of one
-replica, used without a replica axis); ``c`` is fixed in both. It is built from an order
-string (:meth:`MeshLayout.from_order`, first axis fastest), a ``DeviceMesh``
-(:meth:`MeshLayout.from_device_mesh`) or a rank grid (:meth:`MeshLayout.from_grid`), by
-pure arithmetic, with no process group. :class:`Axis` is the one vocabulary of axis names
-(:data:`AXIS_ALIASES` translates framework spellings); :func:`attribution_scope` says how
-far a disagreement can point. Docs: docs/concepts.md, "Mesh addresses and peer groups".
+(an unused axis has degree 1) and gives its peer groups: ``G_rep`` varies ``d`` (replicas of
+the same shard), ``G_shard`` varies ``s`` (the shards of one replica, used without a replica
+axis); ``c`` is fixed in both. Layouts are pure arithmetic, with no process group.
+:class:`Axis` is the one vocabulary of axis names. Docs: docs/concepts.md, "Mesh addresses
+and peer groups".
 """
 
 from __future__ import annotations
@@ -43,20 +40,18 @@ __all__ = [
 
 
 class Axis(str, Enum):
-    """A parallelism axis of the mesh; the value is the field name in :class:`MeshAddress`."""
+    """A parallelism axis of the mesh; the value is the field name in :class:`MeshAddress`.
+
+    D: data replicas (identical copies of the same state); S: FSDP shards of one replica;
+    T: tensor parallel; P: pipeline stage; C: context (sequence) shard; E: expert parallel.
+    """
 
     D = "d"
-    """Data replica: ranks holding identical copies of the same state."""
     S = "s"
-    """FSDP state shard: ranks holding different shards of one replica."""
     T = "t"
-    """Tensor parallel."""
     P = "p"
-    """Pipeline stage."""
     C = "c"
-    """Context (sequence) shard."""
     E = "e"
-    """Expert parallel."""
 
 
 AXES: Final[tuple[Axis, ...]] = tuple(Axis)
@@ -81,7 +76,6 @@ AXIS_ALIASES: Final[Mapping[str, Axis]] = MappingProxyType(
         "ep": Axis.E,
     }
 )
-"""Every accepted spelling of an axis name (lower case) and the axis it means."""
 
 REPLICA: Final = "replica"
 SHARD: Final = "shard"
@@ -105,10 +99,8 @@ def parse_axis(name: Axis | str) -> Axis:
 def attribution_scope(group_size: int) -> Scope | None:
     """How far a disagreement inside a group of ``group_size`` peers can point.
 
-    One peer has nothing to compare with (``None``). Two can detect a disagreement
-    but not say which side is wrong, so the verdict names the group. Three or more
-    can name a rank whenever the healthy peers are a strict majority.
-    """
+    One peer: nothing to compare (``None``). Two: a disagreement, but not which side is
+    wrong, so the group. Three or more: a rank, when the healthy peers are a strict majority."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if group_size == 1:
@@ -168,13 +160,10 @@ class PeerSpec:
 class MeshLayout:
     """Sizes of the six axes, how ranks are laid out over them, and the peer groups.
 
-    ``sizes`` is in canonical order ``(d, s, t, p, c, e)``. ``order`` lists the axes
-    fastest-varying first; it is normalised so that degree-1 axes come last in
-    canonical order (they do not affect the layout), which makes equal layouts
-    compare equal however they were built. Position ``i`` of the mesh (the
-    mixed-radix number of an address under ``order``) holds global rank
-    ``grid[i]``, or rank ``i`` when ``grid`` is ``None``. ``world_size`` is the
-    number of ranks in the layout.
+    ``sizes`` is in canonical order ``(d, s, t, p, c, e)``. ``order`` lists the axes fastest
+    first, normalised with degree-1 axes last in canonical order, so equal layouts compare
+    equal however they were built. Position ``i`` of the mesh (the mixed-radix number of an
+    address under ``order``) holds rank ``grid[i]``, or rank ``i`` when ``grid`` is ``None``.
     """
 
     sizes: tuple[int, ...]
@@ -224,17 +213,13 @@ class MeshLayout:
         object.__setattr__(self, "_strides", tuple(strides))
         object.__setattr__(self, "_positions", MappingProxyType(positions))
 
-    # ------------------------------------------------------------------ construction
-
     @classmethod
     def from_order(cls, order: str, **sizes: int) -> MeshLayout:
         """Megatron convention: ``from_order("tp-cp-ep-dp-pp", tp=2, dp=4)``.
 
-        The first axis of ``order`` varies fastest (Megatron's tensor-parallel ranks
-        are contiguous). Sizes take short or framework names; an axis in ``order``
-        without a size has degree 1, an axis missing from ``order`` has degree 1 and
-        varies slowest.
-        """
+        The first axis varies fastest (Megatron's tensor-parallel ranks are contiguous).
+        Sizes take short or framework names; an axis without a size has degree 1, and an
+        axis missing from ``order`` varies slowest."""
         axes: list[Axis] = []
         for name in order.split("-"):
             axis = parse_axis(name)
@@ -268,10 +253,8 @@ class MeshLayout:
     ) -> MeshLayout:
         """A layout from a rank grid (tensor or nested lists) with one name per dimension.
 
-        Follows ``DeviceMesh``: ``grid[i0, i1, ...]`` is a global rank, the last
-        dimension varies fastest. ``axes`` maps dimension names to axes where the
-        default table (:data:`AXIS_ALIASES`) does not know them or should not apply.
-        """
+        As in ``DeviceMesh``, ``grid[i0, i1, ...]`` is a global rank and the last dimension
+        varies fastest. ``axes`` maps names that :data:`AXIS_ALIASES` lacks or gets wrong."""
         tensor = torch.as_tensor(grid).detach().to("cpu")
         if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
             raise ConfigError(f"rank grid must hold integers, got dtype {tensor.dtype}")
@@ -318,8 +301,6 @@ class MeshLayout:
             )
         return cls.from_grid(mesh.mesh, names, axes)
 
-    # ------------------------------------------------------------------ addresses
-
     @property
     def world_size(self) -> int:
         """Number of ranks in the layout."""
@@ -362,20 +343,14 @@ class MeshLayout:
             pos += coord * stride
         return pos if self.grid is None else self.grid[pos]
 
-    # ------------------------------------------------------------------ groups
-
     @property
     def peer_kind(self) -> str:
         """The comparison group SCOUT uses: ``"replica"`` when d > 1, else ``"shard"``."""
         return REPLICA if self.size(Axis.D) > 1 else SHARD
 
     def axes_for(self, kind: str | Axis | Iterable[str | Axis]) -> tuple[Axis, ...]:
-        """The axes a group kind varies, canonical order.
-
-        ``"replica"`` varies d, ``"shard"`` varies s, ``"peer"`` is whichever of the
-        two :attr:`peer_kind` picks; an axis name varies that axis; an iterable of
-        axis names varies all of them.
-        """
+        """The axes a group kind varies, canonical order: ``"replica"`` d, ``"shard"`` s,
+        ``"peer"`` whichever :attr:`peer_kind` picks, an axis name (or several) those axes."""
         if isinstance(kind, str):
             name = kind.strip().lower() if not isinstance(kind, Axis) else kind.value
             if name == PEER:
@@ -433,11 +408,8 @@ class MeshLayout:
         return PeerSpec(kind=kind, ranks=ranks)
 
     def groups(self, kind_or_axes: str | Axis | Iterable[str | Axis]) -> list[tuple[int, ...]]:
-        """Every group of a kind (see :meth:`axes_for`), sorted; they partition the ranks.
-
-        The order is deterministic, so every rank can create the matching process
-        groups in the same sequence.
-        """
+        """Every group of a kind (see :meth:`axes_for`), sorted: a partition of the ranks in a
+        deterministic order, so every rank creates the process groups in one sequence."""
         varied = set(self.axes_for(kind_or_axes))
         offsets = self._offsets(varied)
         return sorted(self._members(base, offsets) for base in self._offsets(set(AXES) - varied))

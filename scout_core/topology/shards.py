@@ -1,9 +1,8 @@
 """A sharded parameter's local part: what this rank holds, reached without a collective.
 
-FSDP2, HSDP and TP parameters (and their gradients and optimizer state) are DTensors;
-SCOUT reads, signs, copies and corrupts only the shard this rank holds, never the
-global tensor, whose materialisation would run a collective on the training
-communicator.
+FSDP2, HSDP and TP parameters, gradients and optimizer state are DTensors. SCOUT touches
+only this rank's shard: materialising the global tensor would run a collective on the
+training communicator.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """``DeepSpeedAdapter``: what SCOUT's core needs to know about one DeepSpeed engine.
 
-Contract: a :class:`scout_core.integration.adapter.FrameworkAdapter` for ``DeepSpeedEngine``
-and ``PipelineEngine`` under ZeRO 0-3: the checked layout (:mod:`.layout`); the blocks
-found by the core's discovery (a ``PipelineModule`` stage's numbered same-class children)
-and the MoE parts (:mod:`.moe`); the torch optimizer inside DeepSpeed's wrappers, stepped
-once per parameter group under ZeRO (one boundary per iteration, at the first group's
-step) and ``UNIQUE`` under ZeRO 1-3; parameters cloned, or gathered on SCOUT's group under
-ZeRO-3 (:mod:`.zero3`); and a hook-free call whose Ulysses and MoE collectives run on
-SCOUT's groups (:mod:`.regroup`). Docs: docs/deepspeed.md.
+Contract: a ``FrameworkAdapter`` for ``DeepSpeedEngine`` and ``PipelineEngine`` under ZeRO 0-3:
+the checked layout (:mod:`.layout`); blocks from the core's discovery (a pipeline stage's numbered
+same-class children) and MoE parts (:mod:`.moe`); the inner torch optimizer (stepped once per
+parameter group under ZeRO: one boundary per iteration, at the first group's step; ``UNIQUE``
+under ZeRO 1-3); ZeRO-3 gathers on SCOUT's group (:mod:`.zero3`); Ulysses and MoE collectives
+re-pointed to SCOUT's groups (:mod:`.regroup`). Docs: docs/deepspeed.md.
 """
 
 from __future__ import annotations
@@ -128,21 +126,15 @@ def _tracker_streams() -> list[RngStream]:
 
 
 class DeepSpeedAdapter(AdapterBase):
-    """:class:`~scout_core.integration.adapter.FrameworkAdapter` for one DeepSpeed engine.
-
-    Collective at construction: every rank checks its layout and the ranks agree
-    on the outcome, so call it on every rank at the same point.
-    """
+    """``FrameworkAdapter`` for one DeepSpeed engine. Collective at construction: every rank
+    checks its layout and the ranks agree, so call it on every rank at the same point."""
 
     name = "deepspeed"
     gates_checkpoints = True
-    """The plugin gates DeepSpeed's own checkpoints (save/load_checkpoint), so the core
-    keeps no in-memory gate copies for this adapter."""
+    """DeepSpeed's own checkpoints are gated, so the core keeps no in-memory gate copies."""
     replays_ep_blocks = True
-    """A block holding a DeepSpeed ``MoE`` layer stays in the hidden-layer rotation under
-    expert parallelism: :meth:`call` re-points its all-to-alls to SCOUT's own groups
-    (:mod:`scout_deepspeed.regroup`). Its gate and experts also get the core's
-    ``router`` and ``experts`` recipes (:mod:`scout_deepspeed.moe`)."""
+    """Blocks with a DeepSpeed ``MoE`` layer stay in the rotation under expert parallelism:
+    :meth:`call` re-points their all-to-alls to SCOUT's own groups (:mod:`.regroup`)."""
 
     def __init__(self, engine: Any, config: Config) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -164,13 +156,11 @@ class DeepSpeedAdapter(AdapterBase):
                 problem = str(exc)
         agree_or_raise(problem, plugin="scout-deepspeed", what=_MISMATCH)
         assert layout is not None
-        # Collective too: SCOUT's own sequence/expert-parallel groups, then agreement
-        # that every Ulysses/MoE layer holds this rank's group of the layout.
+        # Collective: SCOUT's own SP/EP groups, then agreement on each Ulysses/MoE layer's group.
         self._repoint = Repointer(engine.module, layout, self._rank)
         agree_or_raise(self._repoint.problem, plugin="scout-deepspeed", what=_MISMATCH)
         optimizer = inner_optimizer(engine)
         wrapper = engine.optimizer
-        # ZeRO steps the inner optimizer once per parameter group: one iteration.
         steps = inner_steps_per_step(wrapper) if wrapper is not optimizer else 0
         super().__init__(
             rank=self._rank,
@@ -191,8 +181,6 @@ class DeepSpeedAdapter(AdapterBase):
         if zc is not None and int(getattr(zc, "mics_shard_size", -1) or -1) > 0:
             return "MiCS sharding is not supported"
         return None
-
-    # -- FrameworkAdapter ---------------------------------------------------------------
 
     def training_groups(self) -> Mapping[str, ProcessGroup]:
         """DeepSpeed's groups by role (reference only: SCOUT never talks on them)."""
@@ -250,12 +238,8 @@ class DeepSpeedAdapter(AdapterBase):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run ``module`` on ``state`` with DeepSpeed's (ZeRO-3 fetch/release) hooks hidden.
-
-        Ulysses attention and MoE layers inside ``module`` talk on SCOUT's diagnostic
-        group over the same ranks for the duration of the call (restored after);
-        their backward keeps that group, so the replay's ``autograd.grad`` does too.
-        """
+        """Run ``module`` on ``state`` with DeepSpeed's (ZeRO-3 fetch/release) hooks hidden; its
+        Ulysses/MoE layers (and their backward) talk on SCOUT's group over the same ranks."""
         with zero3.without_deepspeed_hooks(module), self._repoint.patched(module):
             return torch.func.functional_call(module, dict(state), args, kwargs)
 

@@ -1,16 +1,11 @@
 """The rank body of a ``scout campaign`` trial under DeepSpeed: ZeRO 1/2/3 and pipeline.
 
-:data:`SETUPS` (the ``scout.campaign_setups`` entry point ``deepspeed``) names this body
-for the ``deepspeed-zero1/2/3`` and ``deepspeed-pipeline`` setups; ``scout campaign``
-runs it on every rank of a trial. It builds a real DeepSpeed engine on CPU/Gloo around
-the core's tiny model (:class:`scout_core.testing.TinyLM`; under the pipeline, the same
-embedding, four blocks and head as a two-stage ``PipelineModule``, data parallel within
-each stage), with the trial's SCOUT settings as the config's ``"scout"`` section, arms
-the trial's fault with :class:`scout_core.testing.TrialFault` and trains. The evidence
-goes to the trial's report directory, where the campaign scores it.
-
-Under ZeRO-3 a parameter's values live in this rank's partition (``ds_tensor``), so
-that is where a parameter SDC strikes; the optimizer state is the inner optimizer's.
+:data:`SETUPS` (entry point ``scout.campaign_setups`` / ``deepspeed``) names this body for
+``deepspeed-zero1/2/3`` and ``deepspeed-pipeline`` (two stages x DP 2). It builds a DeepSpeed
+engine on CPU/Gloo around :class:`scout_core.testing.TinyLM` (or its layers as a
+``PipelineModule``), with the trial's settings as the ``"scout"`` section, arms the fault
+(:class:`scout_core.testing.TrialFault`) and trains. Under ZeRO-3 a parameter SDC strikes
+this rank's partition (``ds_tensor``); the optimizer state is the inner optimizer's.
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ SETUPS: tuple[Setup, ...] = (
     ),
     Setup("deepspeed-pipeline", 4, _BODY, _REQUIRES, {"pipeline": 2}, 150.0),
 )
-"""The campaign's DeepSpeed setups: ZeRO 1, 2, 3, and two pipeline stages x DP 2."""
 
 MICRO = 4
 DIM = 16

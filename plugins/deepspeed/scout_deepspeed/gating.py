@@ -1,11 +1,10 @@
 """DeepSpeed's own checkpoints, gated by the core: the checkpoint IO and the engine wiring.
 
-Contract: :class:`DeepSpeedCheckpointIO` states the DeepSpeed facts of one ``save_dir``
-(tag ``global_step{s+1}`` for SCOUT step ``s``, complete once ``*model_states.pt`` exists,
-the sidecar written by the rank that writes DeepSpeed's ``latest``); :func:`wire` gives
-the engine instance its own ``save_checkpoint`` / ``load_checkpoint`` through the core's
-gate, keeping DeepSpeed's return values, and its undo deletes them. Every rank calls them
-at the same point. Docs: docs/deepspeed.md, "Checkpoint gating".
+Contract: :class:`DeepSpeedCheckpointIO` states one ``save_dir``'s facts (tag
+``global_step{s+1}`` for SCOUT step ``s``; complete once ``*model_states.pt`` exists; sidecar
+written by the rank that writes ``latest``). :func:`wire` routes the engine's save/load
+through the core's gate with DeepSpeed's return values; its undo removes them. Every rank
+calls them at the same point. Docs: docs/deepspeed.md, "Checkpoint gating".
 """
 
 from __future__ import annotations
@@ -28,11 +27,8 @@ class MissingTagError(CheckpointError):
 
 
 class DeepSpeedCheckpointIO:
-    """:class:`~scout_core.plugin_api.CheckpointIO` over one DeepSpeed ``save_dir``.
-
-    ``save`` / ``load`` default to the engine's own methods (pass the originals when
-    the engine's are wired); ``args`` / ``kwargs`` go to them after dir and tag.
-    """
+    """``CheckpointIO`` over one ``save_dir``. ``save`` / ``load`` default to the engine's methods
+    (pass the originals when those are wired); ``args`` / ``kwargs`` follow dir and tag."""
 
     def __init__(
         self,
@@ -118,15 +114,10 @@ def gate_of(engine: Any) -> FrameworkGate | None:
 def recover(
     engine: Any, failure: Failure | str | None, *, load_dir: str | None = None, **kwargs: Any
 ) -> Recovered:
-    """Load the DeepSpeed tag the checkpoint gate trusts after ``failure``. Collective.
-
-    SDC (or an unreachable machine) → the newest *verified* tag; a straggler → the
-    newest tag SCOUT does not suspect; any other failure → the full-catalog sweep
-    decides. ``load_dir`` (default: the directory of the last save or load) also
-    adopts that directory's sidecar (a fresh process); ``kwargs`` go to
-    ``engine.load_checkpoint``. Returns ``Recovered(tag, step, role, reason)`` and
-    writes a ``scout.checkpoint/1`` retrieve record.
-    """
+    """Load the tag the checkpoint gate trusts after ``failure`` (docs/checkpoint_gate.md,
+    "Retrieval"). Collective. ``load_dir`` (default: that of the last save or load) also adopts
+    its sidecar (a fresh process); ``kwargs`` go to ``engine.load_checkpoint``. Writes a
+    ``scout.checkpoint/1`` retrieve record."""
     gate = gate_of(engine)
     if gate is None:
         raise UnsupportedSetupError(

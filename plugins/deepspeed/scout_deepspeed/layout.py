@@ -1,13 +1,11 @@
 """The mesh layout of a DeepSpeed job, read off the engine and checked against its groups.
 
-Contract: :func:`engine_layout` turns what DeepSpeed knows into a
-:class:`~scout_core.topology.mesh.MeshLayout` (a ``PipelineEngine``'s grid as is;
-otherwise TP from the ``mpu``, then Ulysses as ``c``, MoE expert parallel as ``e``, and
-data parallel slowest, as ``d`` under ZeRO 0-2 and ``s`` under ZeRO-3), whose replica
-peers hold the same dense and expert weights. :func:`check_layout` compares every group
-DeepSpeed built for this rank with the group the layout implies, and
-the plugin API's ``agree_or_raise`` makes a mismatch an
-:class:`~scout_core.errors.UnsupportedSetupError` on every rank. Docs: docs/deepspeed.md,
+Contract: :func:`engine_layout` turns what DeepSpeed knows into a ``MeshLayout`` (a
+``PipelineEngine``'s grid as is; otherwise TP from the ``mpu``, then Ulysses as ``c``, MoE
+expert parallel as ``e``, and data parallel slowest, as ``d`` under ZeRO 0-2 and ``s`` under
+ZeRO-3), whose replica peers hold the same dense and expert weights. :func:`check_layout`
+compares every group DeepSpeed built for this rank with the layout's; ``agree_or_raise``
+makes a mismatch an ``UnsupportedSetupError`` on every rank. Docs: docs/deepspeed.md,
 "What attaches where" and "Ulysses sequence parallel and MoE expert parallel".
 """
 
@@ -68,11 +66,8 @@ def _pipeline_layout(engine: Any, stage: int) -> MeshLayout:
 
 
 def expert_parallel_size(engine: Any) -> int:
-    """The ``ep_size`` of the engine's DeepSpeed ``MoE`` layers (1 without MoE).
-
-    Layers with different ``ep_size`` would need one expert axis each, which a mesh
-    layout cannot express: that raises :class:`UnsupportedSetupError`.
-    """
+    """The ``ep_size`` of the engine's ``MoE`` layers (1 without MoE). Mixed sizes raise
+    ``UnsupportedSetupError``: a mesh layout has one expert axis."""
     if not getattr(engine, "has_moe_layers", False):
         return 1
     from deepspeed.moe.layer import MoE
@@ -95,8 +90,7 @@ def engine_layout(engine: Any, world_size: int) -> MeshLayout:
     sp = int(getattr(engine, "sequence_parallel_size", 1) or 1)
     ep = expert_parallel_size(engine)
     if sp > 1 and stage >= 3:
-        # ZeRO-3 partitions over the sequence-data-parallel group (c x d): a shard group
-        # spanning two axes, which the core's single shard axis cannot gather on.
+        # ZeRO-3 shards over c x d: two axes, which the core's one shard axis cannot gather on.
         raise UnsupportedSetupError(
             "Ulysses sequence parallelism under ZeRO-3 is not supported (parameters are "
             "partitioned over sequence x data parallel); use ZeRO 1/2"
@@ -150,8 +144,7 @@ def expected_groups(
     ep = layout.size(Axis.E)
     mpu = getattr(engine, "mpu", None)
     if layout.size(Axis.T) > 1 and mpu is not None:
-        # Megatron's mpu, or DeepSpeed's own groups module under AutoTP training
-        # (tensor_parallel.autotp_size): its (data_parallel, tensor_parallel) mesh.
+        # Megatron's mpu, or DeepSpeed's groups module under AutoTP (tensor_parallel.autotp_size).
         from deepspeed.utils.bwc import bwc_tensor_model_parallel_group
 
         add("tensor-parallel group", bwc_tensor_model_parallel_group(mpu), (Axis.T,))

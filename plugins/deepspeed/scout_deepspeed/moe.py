@@ -1,10 +1,9 @@
 """DeepSpeed MoE layers as the core's ``router:<i>`` / ``experts:<i>`` parts.
 
-Contract: :func:`moe_parts` maps every ``MOELayer`` (the ``deepspeed_moe`` child of
-``deepspeed.moe.layer.MoE``) to ``router:<i>`` (its ``TopKGate``, path ``<layer>.gate``)
-and ``experts:<i>`` (the ``deepspeed_experts`` of its ``Experts``, reported as
-``<layer>.experts``), where ``<layer>`` is the ``MOELayer``'s path, the name the catalog
-uses; a layer of another shape is logged and not replayed by these recipes. Docs:
+Contract: :func:`moe_parts` maps every ``MOELayer`` (the ``deepspeed_moe`` child of ``MoE``)
+to ``router:<i>`` (its ``TopKGate``, path ``<layer>.gate``) and ``experts:<i>`` (its
+``Experts.deepspeed_experts``, reported as ``<layer>.experts``), ``<layer>`` being the
+catalog's name for the ``MOELayer``; a layer of another shape is logged and skipped. Docs:
 docs/deepspeed.md, "Ulysses sequence parallel and MoE expert parallel".
 """
 
@@ -31,8 +30,7 @@ def _moe_layer_class() -> type[nn.Module] | None:
 
 
 def moe_parts(root: nn.Module) -> tuple[tuple[ModuleRef, ...], tuple[ModuleRef, ...]]:
-    """The routers and local-expert lists of every DeepSpeed ``MOELayer`` under ``root``,
-    in model order (paths relative to ``root``)."""
+    """Routers and local-expert lists of each ``MOELayer`` under ``root``, in model order."""
     cls = _moe_layer_class()
     if cls is None:
         return (), ()

@@ -1,11 +1,10 @@
 """Switching SCOUT on for a DeepSpeed engine: the plugin, the ``"scout"`` section, ``initialize``.
 
-Contract: the user's switch is a top-level ``"scout"`` section of the DeepSpeed JSON (read
-from ``engine._config._param_dict``), with ``SCOUT_*`` overrides; ``scout.enable(engine)``
-or the drop-in :func:`initialize` acts on it, and :func:`initialize` checks a dict or
-JSON-file section before the engine is built. :class:`DeepSpeedPlugin` states the
-DeepSpeed facts (which objects are engines, where the section is, the adapter, the
-checkpoint wiring); the core owns the rest. Docs: docs/deepspeed.md, "Switching it on".
+Contract: the switch is a top-level ``"scout"`` section of the DeepSpeed JSON (read from
+``engine._config._param_dict``) with ``SCOUT_*`` overrides; ``scout.enable(engine)`` or the
+drop-in :func:`initialize` acts on it, and :func:`initialize` checks a dict or JSON-file
+section before the engine is built. :class:`DeepSpeedPlugin` states the DeepSpeed facts;
+the core owns the rest. Docs: docs/deepspeed.md, "Switching it on".
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ __all__ = [
 ]
 
 SECTION = "scout"
-"""The top-level key of the DeepSpeed JSON config that holds SCOUT's settings."""
 
 SUPPORTED_DEEPSPEED = ">=0.19,<0.20"
 """Every 0.19.x release; the one tested is 0.19.8."""
@@ -87,7 +85,6 @@ class DeepSpeedPlugin(FrameworkPlugin):
 
 
 plugin = DeepSpeedPlugin()
-"""The object registered under the ``scout.plugins`` entry point ``deepspeed``."""
 
 
 def check_version(version: str | None = None) -> str:
@@ -120,12 +117,8 @@ def session_of(engine: Any) -> Session | None:
 def enable(
     engine: Any, config: Config | None = None, *, callback: Callable[[Record], None] | None = None
 ) -> Session:
-    """Attach SCOUT to a ``DeepSpeedEngine`` / ``PipelineEngine``; collective over the job.
-
-    Call on every rank after ``deepspeed.initialize``. Returns the live session when
-    one is attached already, and a disabled session (nothing attached) when there
-    is no ``"scout"`` section or it says ``"enabled": false``.
-    """
+    """Attach SCOUT to a DeepSpeed engine on every rank after ``deepspeed.initialize`` (collective).
+    Returns the attached session if any; a disabled one without an enabled ``"scout"`` section."""
     _require_engine(engine)
     return plugin.enable(engine, config=config, callback=callback)
 
@@ -149,12 +142,8 @@ def _precheck(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
 
 
 def initialize(*args: Any, callback: Callable[[Record], None] | None = None, **kwargs: Any) -> Any:
-    """Drop-in for ``deepspeed.initialize``: same arguments, same return value.
-
-    Also attaches SCOUT to the engine when its config has an enabled ``"scout"``
-    section; the session is :func:`session_of` ``(engine)``. ``callback`` (the one
-    extra keyword) receives every verdict record.
-    """
+    """Drop-in for ``deepspeed.initialize`` that also attaches SCOUT (see :func:`session_of`) when
+    the config has an enabled ``"scout"`` section; ``callback`` receives every verdict record."""
     import deepspeed
 
     check_version()

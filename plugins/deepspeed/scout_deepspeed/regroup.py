@@ -1,13 +1,12 @@
 """Replaying a layer whose forward talks: re-point its process group to SCOUT's own.
 
-Ulysses ``DistributedAttention`` (``spg``) and the MoE ``MOELayer`` and its ``TopKGate``
-(``ep_group``) run collectives inside their forward. Contract: at construction
-:class:`Repointer` creates a Gloo group with the same members in the same order for every
-``c`` and ``e`` group of the layout (collective, in :meth:`MeshLayout.groups` order) and
-checks each such attribute holds exactly this rank's group; :meth:`Repointer.patched`
-swaps them to SCOUT's group for one replayed call and restores them, with the MoE layer's
-per-call state, in a ``finally``. Docs: docs/deepspeed.md, "Ulysses sequence parallel and
-MoE expert parallel".
+Ulysses ``DistributedAttention`` (``spg``) and MoE ``MOELayer`` / ``TopKGate`` (``ep_group``)
+run collectives inside their forward. Contract: :class:`Repointer` creates a Gloo group with
+the same ordered members for each ``c`` and ``e`` group of the layout (collective, in
+``MeshLayout.groups`` order) and checks each such attribute holds this rank's group;
+:meth:`Repointer.patched` swaps them to SCOUT's group for one replayed call and restores
+them and the MoE per-call state in a ``finally``. Docs: docs/deepspeed.md, "Ulysses
+sequence parallel and MoE expert parallel".
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ from scout_core.plugin_api import diagnostic_groups, group_ranks
 __all__ = ["DIAGNOSTIC_TIMEOUT", "Repointer", "Site", "find_sites"]
 
 DIAGNOSTIC_TIMEOUT = timedelta(minutes=5)
-"""Timeout of the diagnostic all-to-all groups: partners replay in lockstep, so a long
-wait means a partner never arrived; the replay then fails on this rank (inconclusive)
-instead of waiting for the default 30 minutes."""
+"""Partners replay in lockstep, so a long wait means one never arrived: the replay then
+fails here (inconclusive) instead of waiting the default 30 minutes."""
 
 _STATE_ATTRS = ("l_aux", "exp_counts")
 """Attributes ``MOELayer.forward`` overwrites on itself; a replay restores them."""
@@ -76,9 +74,8 @@ def find_sites(module: nn.Module) -> list[Site]:
 class Repointer:
     """SCOUT's diagnostic ``c`` / ``e`` groups and the model attributes to swap to them.
 
-    Collective at construction (every rank, same layout). :attr:`problem` is None
-    when every site holds this rank's layout group, else a message; the caller
-    agrees on it across ranks before using :meth:`patched`.
+    Collective at construction (every rank, same layout). :attr:`problem` is None when every
+    site holds this rank's layout group, else a message to agree on before :meth:`patched`.
     """
 
     def __init__(self, module: nn.Module, layout: MeshLayout, rank: int) -> None:

@@ -1,11 +1,10 @@
 """ZeRO-3 support: gather one layer's partitions off the training path, call it hook-free.
 
-Contract: :func:`gather_full` gathers a parameter's ``ds_tensor`` partitions on SCOUT's
-diagnostic group, in ``ds_process_group`` order, into a plain full copy; the live
-parameter and its ZeRO status are untouched, unlike ``deepspeed.zero.GatheredParameters``,
-which talks on the training communicator. :func:`without_deepspeed_hooks` hides exactly
-the hooks whose code lives in the ``deepspeed`` package for one replayed call. Docs:
-docs/deepspeed.md, "ZeRO stages: what SCOUT can and cannot see".
+Contract: :func:`gather_full` gathers a parameter's ``ds_tensor`` partitions on SCOUT's group,
+in ``ds_process_group`` order, into a plain full copy, leaving the live parameter and its ZeRO
+status untouched (``GatheredParameters`` would talk on the training communicator).
+:func:`without_deepspeed_hooks` hides exactly the ``deepspeed`` package's hooks for one
+replayed call. Docs: docs/deepspeed.md, "ZeRO stages: what SCOUT can and cannot see".
 """
 
 from __future__ import annotations
@@ -90,12 +89,8 @@ def _group_rank(pg: Any, global_rank: int) -> int:
 
 
 def gather_full(params: Sequence[tuple[str, torch.Tensor]], group: PeerGroup) -> dict[str, Any]:
-    """Full copies of ZeRO-3 parameters, all-gathered on SCOUT's diagnostic ``group``.
-
-    ``group`` must hold the same ranks as each parameter's ``ds_process_group`` (the
-    layout check at activation guarantees it). One all-gather per dtype carries the
-    partitions of every parameter at once.
-    """
+    """Full copies of ZeRO-3 parameters, all-gathered on SCOUT's ``group`` (the same ranks as
+    each ``ds_process_group``, checked at activation): one all-gather per dtype."""
     out: dict[str, torch.Tensor] = {}
     n = len(group.ranks)
     by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
@@ -116,8 +111,7 @@ def gather_full(params: Sequence[tuple[str, torch.Tensor]], group: PeerGroup) ->
         rows = recv.view(n, -1)
         for i, (name, p) in enumerate(items):
             pg = p.ds_process_group  # type: ignore[attr-defined]  # ZeRO-3 attribute
-            # Piece j of the flat parameter belongs to the rank at position j of the
-            # parameter's own group; rows are in SCOUT's group order.
+            # Piece j belongs to rank j of the parameter's own group; rows are in SCOUT's order.
             order = sorted(range(n), key=lambda j: _group_rank(pg, group.ranks[j]))
             start = sum(sizes[:i])
             flat = torch.cat([rows[j, start : start + sizes[i]] for j in order])

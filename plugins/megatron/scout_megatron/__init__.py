@@ -1,9 +1,8 @@
 """SCOUT plugin for Megatron-Core (distribution ``scout-megatron``).
 
-Three ways to switch SCOUT on, one per way of running Megatron: Megatron-Bridge's
-``callbacks=scout_megatron.callbacks_from(cfg)``, Megatron-LM's
-``extra_args_provider=scout_megatron.add_args`` with :func:`attach`, or :func:`attach` from
-a script that calls megatron-core directly. Checkpoints saved through
+Three ways to switch SCOUT on: Megatron-Bridge's ``callbacks=scout_megatron.callbacks_from(cfg)``,
+Megatron-LM's ``extra_args_provider=scout_megatron.add_args`` with :func:`attach`, or
+:func:`attach` from a script that calls megatron-core directly. Checkpoints saved through
 :func:`save_checkpoint` are certified by the checkpoint gate (:func:`load_checkpoint`,
 :func:`recover`). Docs: docs/megatron.md.
 """

@@ -1,14 +1,10 @@
 """``MegatronAdapter``: what SCOUT's core needs to know about one Megatron job.
 
-It implements the core's :class:`~scout_core.plugin_api.FrameworkAdapter` for a list
-of megatron-core model chunks and their ``MegatronOptimizer``, from the parts in this
-package: the verified layout (:mod:`scout_megatron.layout`), the modules
-(:mod:`scout_megatron.modules`, :mod:`scout_megatron.moe`), the optimizers
-(:mod:`scout_megatron.optimizers`: ``UNIQUE`` under ``DistributedOptimizer``), the RNG
-streams (:mod:`scout_megatron.rng`), and materialize/call: a layer keeps its TP shard
-and its replay runs a hook-free twin with its process groups re-pointed
-(:class:`~scout_megatron.regroup.Regrouper`) so a replay never talks on a training
-group. Why each group goes where: docs/megatron.md, "Replaying tensor-parallel layers".
+It implements the core's ``FrameworkAdapter`` for megatron-core model chunks and their
+``MegatronOptimizer`` from this package's parts (:mod:`.layout`, :mod:`.modules`, :mod:`.moe`,
+:mod:`.optimizers`, :mod:`.rng`). A layer keeps its TP shard and replays as a hook-free twin with
+its groups re-pointed (:class:`.regroup.Regrouper`), so a replay never talks on a training group.
+Why each group goes where: docs/megatron.md, "Replaying tensor-parallel layers".
 """
 
 from __future__ import annotations
@@ -66,8 +62,7 @@ def as_chunks(model: Any) -> list[nn.Module]:
 
 
 def discover(chunks: Sequence[nn.Module], config: Config) -> Discovered:
-    """Layers, embedding and output layer of every chunk (paths as the module doc says),
-    and the routers and expert lists of their MoE layers (:mod:`scout_megatron.moe`)."""
+    """Layers, embedding and output layer of every chunk, and their MoE routers and experts."""
     found = chunk_modules(chunks, config.layers or "decoder.layers")
     many = len(found) > 1
     layers: list[ModuleRef] = []
@@ -106,11 +101,8 @@ def _is_megatron_hook(hook: Any) -> bool:
 
 
 class MegatronAdapter(AdapterBase):
-    """:class:`~scout_core.plugin_api.FrameworkAdapter` for Megatron model chunks.
-
-    Collective at construction (the ranks agree on the layout check and create the
-    single-rank replay groups), so call it on every rank at the same point.
-    """
+    """``FrameworkAdapter`` for Megatron model chunks. Collective at construction (the layout
+    check, the single-rank replay groups): call it on every rank at the same point."""
 
     name = "megatron"
 
@@ -173,8 +165,6 @@ class MegatronAdapter(AdapterBase):
         coupled = any(type(m).__name__ == "VocabParallelEmbedding" for m in module.modules())
         return self._coupled if coupled else self._decoupled
 
-    # -- FrameworkAdapter ---------------------------------------------------------------
-
     def training_groups(self) -> Mapping[str, ProcessGroup]:
         """Megatron's groups by ``ProcessGroupCollection`` name (reference only)."""
         return training_groups()
@@ -184,8 +174,7 @@ class MegatronAdapter(AdapterBase):
         return Ownership.UNIQUE if any(i.sharded for i in self.inner) else Ownership.REPLICATED
 
     def bind_groups(self, groups: Mapping[str, PeerGroup]) -> None:
-        """SCOUT's ``t`` group for the embedding, ``c`` / ``e`` for context and expert
-        partners (see the module doc)."""
+        """SCOUT's ``t`` group for the embedding, ``c`` / ``e`` for context and expert partners."""
         shared = groups.get("t")
         self._decoupled = self._regrouper(groups, self._solo)
         self._coupled = self._regrouper(groups, None if shared is None else shared.pg)
@@ -209,13 +198,8 @@ class MegatronAdapter(AdapterBase):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """Run a hook-free twin of ``module`` on ``state`` with its groups re-pointed.
-
-        The autograd graph keeps the re-pointed groups, so the replay's backward
-        (after this returns) talks on them too. An MoE router's call leaves Megatron's
-        aux-loss logging as it was, and an expert's ``(output, bias)`` becomes one tensor
-        (:func:`scout_megatron.moe.call_part`).
-        """
+        """Run a hook-free twin of ``module`` on ``state`` with its groups re-pointed (the replay's
+        backward keeps them); MoE routers and experts go through :func:`.moe.call_part`."""
         twin = _drop_framework_hooks(hook_free_twin(module))
 
         def run() -> Any:

@@ -1,13 +1,10 @@
 """SCOUT's settings as Megatron-LM command-line flags.
 
-Contract: :func:`add_args` (Megatron-LM's ``extra_args_provider``) adds a "SCOUT" group:
-``--scout-config PATH`` and ``--scout-<key>`` for every field of
-:class:`scout_core.Config`, values written as in ``SCOUT_<KEY>`` variables; absent flags
-stay out of the namespace. :func:`section_from_args` types and validates them (a bad
-value raises :class:`~scout_core.ConfigError` naming flag and key);
-:func:`config_from_args` applies the precedence (defaults, file, flags, then ``SCOUT_*``
-variables), and any SCOUT flag switches SCOUT on. Docs: docs/megatron.md, "Switching it
-on".
+Contract: :func:`add_args` (Megatron-LM's ``extra_args_provider``) adds ``--scout-config PATH``
+and ``--scout-<key>`` per ``Config`` field, values as in ``SCOUT_<KEY>``; absent flags stay out of
+the namespace. :func:`section_from_args` types and validates them; :func:`config_from_args`
+applies the precedence (defaults, file, flags, ``SCOUT_*``); any SCOUT flag switches SCOUT on.
+Docs: docs/megatron.md, "Switching it on".
 """
 
 from __future__ import annotations
@@ -37,10 +34,7 @@ def _is_bool(field: dataclasses.Field[Any]) -> bool:
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--scout-config`` and one ``--scout-<key>`` flag per config field; the parser.
-
-    The signature of Megatron-LM's ``extra_args_provider``.
-    """
+    """Megatron-LM's ``extra_args_provider``: add ``--scout-config`` and ``--scout-<key>`` flags."""
     group = parser.add_argument_group(
         "SCOUT", "SCOUT failure localization (see docs/configuration.md for every key)"
     )
@@ -76,10 +70,8 @@ def _typed(key: str, text: str) -> Any:
 
 
 def section_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The SCOUT section the flags give (file values, then flags), or None without any.
-
-    Raises :class:`~scout_core.ConfigError` naming the flag or the file key at fault.
-    """
+    """The SCOUT section the flags give (file values, then flags), or None without any; a bad
+    value raises ``ConfigError`` naming the flag or the file key."""
     given = vars(args)
     flags = {
         field.name: given[_DEST_PREFIX + field.name]
@@ -100,13 +92,9 @@ def section_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
 def config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> Config | None:
-    """The :class:`~scout_core.Config` the ``--scout-*`` flags give (then ``SCOUT_*``
-    overrides), or None when no SCOUT flag was given.
-
-    None leaves the decision to the job's environment, as for a framework without a
-    SCOUT section (``SCOUT_CONFIG``, ``SCOUT_ENABLED``; off by default):
-    :func:`scout_megatron.attach` passes it on as "no explicit config".
-    """
+    """The ``Config`` the ``--scout-*`` flags give (then ``SCOUT_*`` overrides), or None when no
+    SCOUT flag was given: the environment then decides (``SCOUT_CONFIG``, ``SCOUT_ENABLED``; off
+    by default), as for a framework without a SCOUT section."""
     env = os.environ if environ is None else environ
     section = section_from_args(args)
     if section is None:

@@ -1,10 +1,9 @@
 """Megatron-Bridge's callback API (``megatron.bridge.training.callbacks``), loadable on CPU.
 
-Contract: :func:`bridge_callbacks` returns the callbacks module Bridge uses when it is
-already imported (a real Bridge job), and otherwise loads the installed ``callbacks.py``
-(standard library only) by path under a private module name, since Bridge's package
-``__init__`` imports Transformer Engine. The API facts the plugin relies on (events,
-context fields, when ``train_state.step`` moves): docs/megatron.md, "Switching it on".
+Contract: :func:`bridge_callbacks` returns Bridge's callbacks module when already imported (a
+real Bridge job), else loads the installed ``callbacks.py`` (standard library only) by path
+under a private name, since Bridge's package ``__init__`` imports Transformer Engine. The API
+facts relied on (events, context fields, ``train_state.step``): docs/megatron.md, "Switching it on".
 """
 
 from __future__ import annotations
@@ -48,11 +47,8 @@ def callbacks_file() -> Path:
 
 
 def bridge_callbacks(*, import_package: bool = False) -> ModuleType:
-    """Bridge's callbacks module: Bridge's own when imported, else the installed file.
-
-    With ``import_package`` an import of Bridge is tried first (it works where Bridge's
-    dependencies are installed); a failed import falls back to loading by path.
-    """
+    """Bridge's callbacks module: Bridge's own when imported, else the installed file. With
+    ``import_package``, importing Bridge is tried first (it needs Bridge's dependencies)."""
     module = sys.modules.get(BRIDGE_MODULE)
     if module is not None:
         return module

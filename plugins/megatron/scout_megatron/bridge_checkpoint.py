@@ -1,13 +1,10 @@
 """Bridge's saves and loads through SCOUT's checkpoint gate: :class:`ScoutCheckpointManager`.
 
-Megatron-Bridge 0.4 and later build their checkpoint manager from
-``CheckpointConfig.custom_manager_class``; setting it to
-``"scout_megatron.bridge_checkpoint.ScoutCheckpointManager"`` puts the gate between Bridge
-and its own ``DefaultCheckpointManager`` (or the ``inner`` manager given). Contract: a
-save while an SDC awaits recovery writes nothing; other saves are certified in the
-sidecar; a load without ``ckpt_step`` restores the newest verified tag, agreed job-wide;
-without an enabled session both go straight to the inner manager. Docs: docs/megatron.md,
-"Checkpoints through the gate".
+Bridge 0.4+ builds its checkpoint manager from ``CheckpointConfig.custom_manager_class``; this
+class, named there, puts the gate between Bridge and its ``DefaultCheckpointManager`` (or inner).
+Contract: a save while an SDC awaits recovery writes nothing; others are certified in the sidecar;
+a load without ``ckpt_step`` restores the newest verified tag, agreed job-wide; without an enabled
+session both go to the inner manager. Docs: docs/megatron.md, "Checkpoints through the gate".
 """
 
 from __future__ import annotations
@@ -96,8 +93,7 @@ class ScoutCheckpointManager:
             log.warning("SCOUT refused Bridge's checkpoint of iteration %d", iteration)
 
     def load(self, ctx: Any) -> tuple[int, int]:
-        """``(iteration, flops)`` of the newest verified tag (an explicit ``ckpt_step``
-        is honoured). Collective."""
+        """``(iteration, flops)`` of the newest verified tag, or of ``ckpt_step``. Collective."""
         gate = gate_of(ctx.model)
         step = getattr(self.checkpoint_config, "ckpt_step", None)
         if gate is None:

@@ -4,12 +4,10 @@ The user's whole change is one argument::
 
     pretrain(cfg, forward_step, callbacks=scout_megatron.callbacks_from(cfg))
 
-Contract: :func:`callbacks_from` returns ``[ScoutCallback(...)]`` when SCOUT is switched on
-(an explicit config or path, ``SCOUT_*`` variables, or the config's ``env_vars``) and
-``[]`` when it is off. :class:`ScoutCallback` attaches on ``on_train_start`` (collective),
-keeps Bridge's iteration and SCOUT's step clock comparable (:attr:`ScoutCallback.offset`),
-closes on ``on_train_end`` and records saves on ``on_checkpoint_save`` where Bridge fires
-it. The events, one by one: docs/megatron.md, "Switching it on".
+Contract: :func:`callbacks_from` gives ``[ScoutCallback(...)]`` when SCOUT is on (explicit config
+or path, ``SCOUT_*`` variables, or the config's ``env_vars``), else ``[]``. The callback attaches
+on ``on_train_start`` (collective), keeps Bridge's iteration and SCOUT's step comparable
+(``offset``) and closes on ``on_train_end``. Events: docs/megatron.md, "Switching it on".
 """
 
 from __future__ import annotations
@@ -41,12 +39,9 @@ def _callback_base() -> type:
 
 
 class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callback, found at import
-    """A Megatron-Bridge ``Callback`` that runs SCOUT on the job (see the module doc).
-
-    ``config`` as for :func:`scout_megatron.attach` (None: the environment decides at
-    ``on_train_start``); ``order`` is Megatron's rank order; ``callback`` receives every
-    verdict record.
-    """
+    """A Megatron-Bridge ``Callback`` that runs SCOUT on the job. ``config`` as for
+    :func:`scout_megatron.attach` (None: the environment decides at ``on_train_start``);
+    ``order`` is Megatron's rank order; ``callback`` receives every verdict record."""
 
     def __init__(
         self,
@@ -63,8 +58,6 @@ class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callbac
         """Bridge's iteration in progress (``state.train_state.step`` at its start)."""
         self.offset = 0
         """Bridge's iteration minus SCOUT's step at the same boundary."""
-
-    # -- Bridge events -------------------------------------------------------------------
 
     def on_train_start(self, context: Any) -> None:
         self.session = attach(
@@ -113,8 +106,6 @@ class ScoutCallback(_callback_base()):  # type: ignore[misc]  # Bridge's Callbac
                 directory,
             )
 
-    # -- helpers -------------------------------------------------------------------------
-
     def _check(self, iteration: int, when: str) -> None:
         """Log once when SCOUT's step and Bridge's iteration part (they should not)."""
         assert self.session is not None
@@ -157,9 +148,8 @@ def callbacks_from(
     order: str = DEFAULT_ORDER,
     callback: Callable[[Record], None] | None = None,
 ) -> list[Any]:
-    """The list to pass as ``pretrain(..., callbacks=...)``: ``[ScoutCallback]`` when SCOUT
-    is on, ``[]`` when it is off. A bad config raises :class:`~scout_core.ConfigError`
-    here, before training starts."""
+    """``[ScoutCallback]`` to pass as ``pretrain(..., callbacks=...)`` when SCOUT is on, else
+    ``[]``. A bad config raises ``ConfigError`` here, before training starts."""
     resolved = config_for(config)
     if not resolved.enabled:
         return []

@@ -1,13 +1,10 @@
 """The rank body of a ``scout campaign`` trial under Megatron-Core (DP x TP on CPU).
 
-:data:`SETUPS` (the ``scout.campaign_setups`` entry point ``megatron``) names this body
-for the ``megatron`` setup; ``scout campaign`` runs it on every rank of a trial: a real
-megatron-core ``GPTModel`` (:mod:`scout_megatron.testing`'s tiny GPT, with its CPU
-shims: torch DDP over Megatron's data-parallel group, Megatron's ``ChainedOptimizer``),
-tensor parallel of degree ``options["tp"]``, SCOUT attached with
-:func:`scout_megatron.attach` and the trial's settings, the trial's fault armed with
-:class:`scout_core.testing.TrialFault`. The evidence goes to the trial's report
-directory, where the campaign scores it.
+:data:`SETUPS` (entry point ``scout.campaign_setups`` / ``megatron``) names this body for the
+``megatron`` setup, DP 3 x TP 2: a megatron-core ``GPTModel`` (:mod:`scout_megatron.testing`'s
+tiny GPT with its CPU shims: torch DDP over Megatron's data-parallel group, ``ChainedOptimizer``),
+SCOUT attached with :func:`scout_megatron.attach`, and the trial's fault armed with
+:class:`scout_core.testing.TrialFault`.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ SETUPS: tuple[Setup, ...] = (
         "megatron", 6, f"{__name__}:trial_rank", ("megatron", "scout_megatron"), {"tp": 2}, 240.0
     ),
 )
-"""The campaign's Megatron setup: DP 3 x TP 2."""
 
 
 def trial_rank(trial: dict[str, Any], report_dir: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,11 @@
 """Megatron checkpoints through ``megatron.core.dist_checkpointing``, in the CheckpointIO shape.
 
-Contract: :class:`MegatronCheckpointIO` writes and reads one job's checkpoints the way
-Megatron-LM's ``save_checkpoint`` / ``load_checkpoint`` lay them out (``iter_{s + 1:07d}``
-after SCOUT step ``s``, a ``torch_dist`` sharded checkpoint of every chunk and the
-optimizer, the tracker file written by global rank 0), so the gate can certify and
-restore them and Megatron-LM can read them. It does not save ``args``, the scheduler, the
-RNG state, the FLOP count or the data position, and a save leaves no process behind. The
-layout, loading and the writer's Manager: docs/megatron.md, "Checkpoints through the gate".
+Contract: :class:`MegatronCheckpointIO` writes and reads checkpoints as Megatron-LM lays them out
+(``iter_{s + 1:07d}`` after SCOUT step ``s``, a ``torch_dist`` sharded checkpoint of every chunk
+and the optimizer, the tracker file written by global rank 0), so the gate can certify and
+restore them and Megatron-LM can read them. It does not save ``args``, the scheduler, RNG state,
+FLOP count or data position; a save leaves no process behind. Docs: docs/megatron.md,
+"Checkpoints through the gate".
 """
 
 from __future__ import annotations
@@ -52,15 +51,9 @@ def iteration_of(tag: str) -> int:
 
 
 class MegatronCheckpointIO:
-    """The checkpoints of one Megatron job in one directory (see the module docstring).
-
-    ``chunks`` are the model chunks (wrapped or not); ``optimizer`` is the Megatron
-    optimizer (``ChainedOptimizer`` ...) or None to save the model only. ``metadata``
-    is Megatron-LM's sharded-state-dict metadata (e.g.
-    ``{"distrib_optim_sharding_type": "fully_reshardable"}``), passed to every
-    ``sharded_state_dict`` call of save and load alike; None takes megatron-core's
-    defaults.
-    """
+    """One Megatron job's checkpoints in one directory. ``chunks`` may be wrapped; ``optimizer``
+    None saves the model only; ``metadata`` (e.g. ``{"distrib_optim_sharding_type":
+    "fully_reshardable"}``) goes to save and load alike (None: megatron-core's defaults)."""
 
     def __init__(
         self,
@@ -77,8 +70,6 @@ class MegatronCheckpointIO:
         self.last_loaded: dict[str, Any] | None = None
         """The state dict of the last load (common values included)."""
         self._restored: int | None = None
-
-    # -- names ---------------------------------------------------------------------
 
     def tag_for(self, step: int) -> str:
         """The checkpoint taken after SCOUT step ``step`` (0-based): ``iter_{step + 1}``."""
@@ -117,8 +108,6 @@ class MegatronCheckpointIO:
         """Global rank 0 writes the tracker file, so it writes SCOUT's sidecar too."""
         return dist.get_rank() == 0
 
-    # -- state dicts ---------------------------------------------------------------
-
     def _chunk_key(self, index: int) -> str:
         return "model" if len(self.chunks) == 1 else f"model{index}"
 
@@ -135,8 +124,6 @@ class MegatronCheckpointIO:
                 state, is_loading=loading, metadata=self.metadata
             )
         return state
-
-    # -- save / load ---------------------------------------------------------------
 
     def save(self, tag: str) -> bool:
         """Collective: write checkpoint ``tag`` and then the tracker file; True when written."""
@@ -159,11 +146,8 @@ class MegatronCheckpointIO:
         return True
 
     def load(self, tag: str | None = None) -> int:
-        """Collective: restore the chunks and the optimizer from ``tag`` (None: the latest).
-
-        Returns the iteration loaded. Raises :class:`~scout_core.CheckpointError` when
-        the tag (or, for None, the tracker file) names no complete checkpoint.
-        """
+        """Collective: restore chunks and optimizer from ``tag`` (None: the tracker's); returns
+        the iteration. ``CheckpointError`` when that names no complete checkpoint."""
         from megatron.core import dist_checkpointing
 
         if tag is None:
@@ -186,24 +170,20 @@ class MegatronCheckpointIO:
         return self._restored
 
     def restored_step(self) -> int:
-        """After :meth:`load`: the SCOUT step of the restored state, ``iteration - 1`` (the
-        last completed iteration, 0-based; -1 for a checkpoint taken before any step)."""
+        """After :meth:`load`: the restored SCOUT step, ``iteration - 1`` (-1: before any step)."""
         if self._restored is None:
             raise CheckpointError(f"nothing was loaded from {self.directory} yet")
         return self._restored - 1
 
 
 def _model(chunk: nn.Module) -> nn.Module:
-    """The model under its wrappers, as Megatron-LM's ``save_checkpoint`` unwraps it."""
     return unwrap_wrappers(chunk)
 
 
 @contextlib.contextmanager
 def _in_process_results() -> Iterator[None]:
-    """Inside: megatron-core's ``torch_dist`` writer collects its results in a plain queue
-    of this process instead of a ``multiprocessing`` Manager it never shuts down (see
-    docs/megatron.md, "Checkpoints through the gate"). Does nothing where that writer has
-    no such function."""
+    """Inside: megatron-core's ``torch_dist`` writer queues results in this process, not in a
+    ``multiprocessing`` Manager it never shuts down (no-op where it has no such factory)."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     # ``_get_write_results_queue()`` in 0.16, ``get_write_results_queue(mp_mode)`` from 0.17.
@@ -219,7 +199,6 @@ def _in_process_results() -> Iterator[None]:
 
 
 _RESULTS_QUEUE = ("_get_write_results_queue", "get_write_results_queue")
-"""The writer's results-queue factory, by release (see :func:`_in_process_results`)."""
 
 
 def _plain_queue(*_args: Any, **_kwargs: Any) -> queue.Queue[Any]:

@@ -1,13 +1,11 @@
 """Megatron checkpoints through SCOUT's checkpoint gate: save, load, recover.
 
-Contract: each function takes a :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`,
-whose model chunks name the session, and every rank calls it at the same point (saves
-and loads are collective). :func:`save_checkpoint` is refused (False, nothing written)
-while an SDC awaits recovery; :func:`load_checkpoint` without a tag loads the newest
-verified tag; :func:`recover` loads the tag the gate trusts after a failure;
+Contract: each function takes a ``MegatronCheckpointIO``, whose model chunks name the session,
+and every rank calls it at the same point (collective). :func:`save_checkpoint` is refused
+(False, nothing written) while an SDC awaits recovery; :func:`load_checkpoint` without a tag
+loads the newest verified tag; :func:`recover` loads the tag the gate trusts after a failure;
 :func:`record_save` records a save Bridge or Megatron-LM made itself. Without an enabled
-session they act on the IO directly. Docs: docs/megatron.md, "Checkpoints through the
-gate".
+session they act on the IO directly. Docs: docs/megatron.md, "Checkpoints through the gate".
 """
 
 from __future__ import annotations
@@ -49,9 +47,8 @@ def save_checkpoint(io: MegatronCheckpointIO, iteration: int | None = None) -> b
 
 
 def load_checkpoint(io: MegatronCheckpointIO, tag: str | None = None) -> int:
-    """Load ``tag`` (default: the newest verified one, see the module doc); returns the
-    iteration loaded. :class:`~scout_core.CheckpointError` when there is nothing to
-    load. Collective."""
+    """Load ``tag`` (default: the newest verified one); returns the iteration loaded.
+    ``CheckpointError`` when there is nothing to load. Collective."""
     gate = gate_of(io.chunks)
     out = io.load(tag) if gate is None else gate.load(io, tag)
     return int(out)
@@ -64,12 +61,8 @@ def recover(io: MegatronCheckpointIO, failure: Failure | str | None) -> Recovere
 
 
 class RecordedSave:
-    """A checkpoint IO whose ``save`` records a checkpoint the framework already wrote.
-
-    Everything else (tags, listing, loading) is the wrapped
-    :class:`~scout_megatron.checkpoint.MegatronCheckpointIO`'s. ``save(tag)`` is True
-    when the tag is a complete checkpoint in the directory.
-    """
+    """A checkpoint IO whose ``save`` records a checkpoint the framework already wrote (True
+    when ``tag`` is complete in the directory); the rest is the wrapped IO's."""
 
     def __init__(self, io: MegatronCheckpointIO) -> None:
         self.io = io
@@ -98,9 +91,8 @@ class RecordedSave:
 
 
 def record_save(io: MegatronCheckpointIO, iteration: int) -> bool:
-    """Record the checkpoint of ``iteration`` the framework has just written in ``io``'s
-    directory in the gate's ledger; False when refused (an SDC awaits recovery) or when
-    there is no gate. Collective."""
+    """Record in the gate's ledger the checkpoint of ``iteration`` the framework just wrote;
+    False when refused (an SDC awaits recovery) or without a gate. Collective."""
     gate = gate_of(io.chunks)
     if gate is None:
         return False

@@ -1,13 +1,10 @@
 """The mesh layout of a Megatron job, derived from its parallel sizes and checked against Megatron.
 
-Contract: :func:`megatron_layout` turns the sizes and Megatron's order string into one
-:class:`~scout_core.MeshLayout` (``t`` = TP, ``c`` = CP, ``e`` = EP, ``d`` = DP / EP,
-``p`` = PP, in Megatron's order) whose replica peers hold the same dense and expert
-weights, and verifies it against Megatron's ``RankGenerator``; :func:`peer_sets` reports
-partial distributed-optimizer blocks (:mod:`.live_groups` reads the live groups). A
-layout Megatron would not build raises :class:`~scout_core.UnsupportedSetupError`. Why
-this layout fits both of Megatron's generators: docs/megatron.md, "Peers from
-``parallel_state``".
+Contract: :func:`megatron_layout` turns the sizes and Megatron's order string into a ``MeshLayout``
+(``t`` TP, ``c`` CP, ``e`` EP, ``d`` DP / EP, ``p`` PP, in Megatron's order) whose replica peers
+hold the same dense and expert weights, checked against Megatron's ``RankGenerator`` (a layout it
+would not build raises ``UnsupportedSetupError``); :func:`peer_sets` gives distributed-optimizer
+blocks. Why it fits both generators: docs/megatron.md, "Peers from ``parallel_state``".
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ class ParallelSizes:
     cp: int = 1
     ep: int = 1
     etp: int | None = None
-    """Expert tensor-parallel size; ``None`` means TP (Megatron's default)."""
     vpp: int | None = None
     """Virtual pipeline stages (model chunks) per rank; ``None`` without interleaving."""
     dist_opt_instances: int = 1
@@ -76,7 +72,7 @@ class ParallelSizes:
 
     @property
     def expert_tp(self) -> int:
-        """Expert tensor-parallel size (TP when not set)."""
+        """Expert tensor-parallel size: ``etp``, or TP when None (Megatron's default)."""
         return self.tp if self.etp is None else self.etp
 
     @property
@@ -91,11 +87,8 @@ class ParallelSizes:
 
 
 def megatron_layout(sizes: ParallelSizes, *, verify: bool = True) -> MeshLayout:
-    """The :class:`~scout_core.MeshLayout` of a Megatron job (see the module docstring).
-
-    Raises :class:`~scout_core.UnsupportedSetupError` when one layout cannot express
-    both of Megatron's rank generators, or (``verify``) when it disagrees with them.
-    """
+    """The ``MeshLayout`` of a Megatron job. ``UnsupportedSetupError`` when one layout cannot
+    express both of Megatron's rank generators, or (``verify``) disagrees with them."""
     if sizes.ep > 1 and sizes.expert_tp != sizes.tp:
         raise UnsupportedSetupError(
             f"expert tensor parallel {sizes.expert_tp} != tensor parallel {sizes.tp} with "
@@ -188,11 +181,9 @@ class PeerSets:
     expert_replicas: tuple[int, ...]
     """Identical expert weights: Megatron's expert-DP group."""
     optimizer_instance: tuple[int, ...]
-    """This rank's partial distributed-optimizer instance inside DP-CP (all of DP-CP
-    with one instance): the ranks the distributed optimizer shards state over."""
+    """Ranks the distributed optimizer shards state over: this rank's instance in DP-CP."""
     optimizer_instances: tuple[int, ...]
-    """The ranks holding the same optimizer shard in the other instances (this rank
-    alone with one instance)."""
+    """Ranks holding the same optimizer shard in the other instances (this rank alone if one)."""
 
 
 def peer_sets(layout: MeshLayout, sizes: ParallelSizes, rank: int) -> PeerSets:

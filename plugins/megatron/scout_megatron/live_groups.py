@@ -1,10 +1,8 @@
 """What ``initialize_model_parallel`` built on this rank, read from Megatron.
 
-Contract: :func:`sizes_from_parallel_state` reads the live parallel sizes,
-:func:`training_groups` Megatron's process groups by role (for reference and
-re-pointing only: SCOUT never sends diagnostic traffic on them), and
-:func:`check_live_groups` compares the live groups with the layout
-:mod:`.layout` derives, returning the first mismatch.
+Contract: :func:`sizes_from_parallel_state` reads the live parallel sizes, :func:`training_groups`
+Megatron's process groups by role, and :func:`check_live_groups` compares the live groups with
+the layout :mod:`.layout` derives, returning the first mismatch.
 """
 
 from __future__ import annotations
@@ -40,11 +38,8 @@ def sizes_from_parallel_state(order: str = DEFAULT_ORDER) -> ParallelSizes:
 
 
 def training_groups() -> dict[str, Any]:
-    """Megatron's training process groups of this rank by ``ProcessGroupCollection`` name.
-
-    For reference and for re-pointing only: SCOUT never sends diagnostic traffic on
-    them. Groups Megatron did not build are left out.
-    """
+    """Megatron's training groups of this rank (those built) by ``ProcessGroupCollection`` name.
+    Only for reference and re-pointing: SCOUT never sends diagnostic traffic on them."""
     import dataclasses
 
     import torch.distributed as dist

@@ -1,11 +1,10 @@
 """Where the replayable blocks of Megatron model chunks are.
 
-Contract: :func:`unwrap_chunk` follows ``.module`` through every wrapper (Megatron's DDP,
-torch DDP, ``Float16Module``) without importing megatron-core, and :func:`unwrap_wrappers`
-strips exactly the wrappers, for checkpoints. In an unwrapped ``GPTModel`` the blocks are
-``decoder.layers`` (named by their global ``layer_number``), ``embedding`` on the first
-stage and ``output_layer`` on the last, which with tied embeddings needs the embedding's
-weight passed in. Docs: docs/megatron.md, "What attaches where".
+Contract: :func:`unwrap_chunk` follows ``.module`` through every wrapper (Megatron's DDP, torch
+DDP, ``Float16Module``) without importing megatron-core; :func:`unwrap_wrappers` strips exactly
+the wrappers, for checkpoints. In a ``GPTModel`` the blocks are ``decoder.layers`` (by global
+``layer_number``), ``embedding`` on the first stage and ``output_layer`` on the last (tied
+embeddings: it needs the embedding's weight). Docs: docs/megatron.md, "What attaches where".
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ class ChunkModules:
     index: int
     """Position of the chunk in the list (its virtual pipeline stage)."""
     root: nn.Module
-    """The unwrapped chunk."""
     layers_path: str
     layers: tuple[tuple[int, nn.Module], ...]
     """(global 1-based ``layer_number``, layer), in order."""

@@ -1,11 +1,11 @@
 """megatron-core ``MoELayer`` s as the core's ``router:<i>`` / ``experts:<i>`` parts.
 
 Contract: :func:`moe_parts` maps each ``MoELayer``'s ``TopKRouter`` to ``router:<i>``
-(``decoder.layers.<j>.mlp.router``) and a ``SequentialMLP``'s ``local_experts`` to
-``experts:<i>`` (``decoder.layers.<j>.mlp.experts``); grouped-GEMM experts hold no module
-per expert and are not replayed (logged once per layer). :func:`call_part` returns an
-expert's output (plus its bias when returned apart) and restores Megatron's MoE loss
-tracker after a replayed router. Details: docs/megatron.md, "MoE layers".
+(``...mlp.router``) and a ``SequentialMLP``'s ``local_experts`` to ``experts:<i>``
+(``...mlp.experts``); grouped-GEMM experts have no module per expert and are not replayed (logged
+once per layer). :func:`call_part` returns an expert's output (plus its bias when returned
+apart) and restores Megatron's MoE loss tracker after a replayed router. Docs: docs/megatron.md,
+"MoE layers".
 """
 
 from __future__ import annotations
@@ -74,9 +74,8 @@ def moe_parts(layers: Sequence[ModuleRef]) -> MoeParts:
 
 
 def _loss_entries() -> tuple[MutableMapping[str, Any], Callable[[Any], torch.Tensor]]:
-    """Megatron's MoE aux-loss tracker entries by name, and how to read an entry's values:
-    ``get_moe_metrics_tracker().metrics`` (``moe_logging``, 0.17 and later), else the
-    0.16 dict of ``moe_utils.get_moe_layer_wise_logging_tracker()`` (deprecated later)."""
+    """Megatron's MoE aux-loss tracker entries by name, and a reader of an entry's values:
+    ``moe_logging``'s (0.17+), else 0.16's ``moe_utils`` dict (deprecated later)."""
     try:
         from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
     except ImportError:

@@ -1,11 +1,10 @@
 """The torch optimizers inside a Megatron optimizer, and what each of them sees.
 
-Contract: :func:`inner_optimizers` returns the ``torch.optim.Optimizer`` s a
-``MegatronOptimizer`` drives (``.optimizer`` of ``FP32Optimizer``,
-``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``; each member of a
-``ChainedOptimizer``; none for a stub), each marked :attr:`InnerOptimizer.sharded` when
-it steps on this rank's ``DistributedOptimizer`` shard, which no replica peer holds. What
-optimizer replay covers for each kind: docs/megatron.md, "Optimizers".
+Contract: :func:`inner_optimizers` returns the ``torch.optim.Optimizer`` s a ``MegatronOptimizer``
+drives (``.optimizer`` of ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params`` and
+``DistributedOptimizer``; each member of a ``ChainedOptimizer``; none for a stub), each marked
+:attr:`InnerOptimizer.sharded` when it steps on this rank's ``DistributedOptimizer`` shard,
+which no replica peer holds. What replay covers per kind: docs/megatron.md, "Optimizers".
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ class InnerOptimizer:
     index: int
     """Position among the inner optimizers, in ``chained_optimizers`` order."""
     sharded: bool
-    """True under ``DistributedOptimizer``: the param groups hold this rank's fp32
-    shards, not replicated tensors."""
+    """True under ``DistributedOptimizer``: param groups hold this rank's fp32 shards."""
 
 
 def _walk(optimizer: Any, out: list[tuple[torch.optim.Optimizer, Any]]) -> None:
@@ -58,10 +56,7 @@ def _walk(optimizer: Any, out: list[tuple[torch.optim.Optimizer, Any]]) -> None:
 
 def inner_optimizers(optimizer: Any) -> list[InnerOptimizer]:
     """Every torch optimizer a Megatron (or torch) optimizer drives; none for stubs.
-
-    Raises :class:`~scout_core.UnsupportedSetupError` for an optimizer whose
-    ``.optimizer`` is not a torch optimizer.
-    """
+    ``UnsupportedSetupError`` when an ``.optimizer`` is not a torch optimizer."""
     found: list[tuple[torch.optim.Optimizer, Any]] = []
     _walk(optimizer, found)
     out = []

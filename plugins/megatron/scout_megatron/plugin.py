@@ -1,11 +1,10 @@
 """Switching SCOUT on for a Megatron job: the plugin, :func:`attach`, :func:`session_of`.
 
-Contract: :class:`MegatronPlugin` states the Megatron facts (which objects are Megatron's,
-the installed megatron-core version and probes, how to build the adapter from the chunks,
-the ``MegatronOptimizer`` and the rank ``order``, and ``gates_checkpoints``); the core
-owns the version check, idempotence, config resolution and the session registry. Chunks
-wrapped in torch DDP are not recognised by ``scout.enable``: :func:`attach` takes them
-directly. Nothing is patched; saves and loads reach the gate through
+Contract: :class:`MegatronPlugin` states the Megatron facts (which objects are Megatron's, the
+installed version and probes, the adapter from chunks, ``MegatronOptimizer`` and rank ``order``,
+``gates_checkpoints``); the core owns the version check, idempotence, config resolution and
+the session registry. ``scout.enable`` does not recognise chunks wrapped in torch DDP:
+:func:`attach` takes them. Nothing is patched; saves and loads reach the gate through
 :mod:`scout_megatron.gating`. Docs: docs/megatron.md, "Switching it on".
 """
 
@@ -83,16 +82,12 @@ def _nothing() -> None:
 
 
 plugin = MegatronPlugin()
-"""The object registered under the ``scout.plugins`` entry point ``megatron``."""
 
 
 def resolve(config: ConfigLike, environ: Any = None) -> Config | None:
-    """An explicit config from what :func:`attach` was given, or None (the environment).
-
-    A :class:`~scout_core.Config` is used as is; a path is read with
-    ``Config.from_file`` (then ``SCOUT_*`` overrides); a Megatron-LM ``args``
-    namespace gives its ``--scout-*`` flags (None without any).
-    """
+    """An explicit config from what :func:`attach` was given, or None (the environment): a
+    ``Config`` as is, a path via ``Config.from_file`` (then ``SCOUT_*`` overrides), or a
+    Megatron-LM ``args`` namespace's ``--scout-*`` flags (None without any)."""
     if config is None or isinstance(config, Config):
         return config
     if isinstance(config, argparse.Namespace):
@@ -110,18 +105,12 @@ def attach(
     order: str = DEFAULT_ORDER,
     callback: Callable[[Record], None] | None = None,
 ) -> Session:
-    """Attach SCOUT to Megatron model chunks and their optimizer; returns the session.
-
-    For scripts that call megatron-core directly. Call on every rank at the same
-    point, after ``initialize_model_parallel`` and after the optimizer is built
-    (collective: SCOUT creates its own groups). ``model`` is the list of model chunks
-    (or one chunk), wrapped or not; ``optimizer`` the ``MegatronOptimizer`` (or a
-    torch optimizer); ``config`` a :class:`~scout_core.Config`, a TOML/JSON path, the
-    Megatron-LM ``args`` namespace (its ``--scout-*`` flags), or None: then
-    ``SCOUT_CONFIG`` / ``SCOUT_ENABLED`` / ``SCOUT_*`` decide and SCOUT is off by
-    default. ``order`` is Megatron's rank order (``"tp-cp-ep-pp-dp"`` under
-    Megatron-LM's ``--use-tp-pp-dp-mapping``). Attaching twice returns the live session.
-    """
+    """Attach SCOUT to Megatron model chunks (or one, wrapped or not) and their
+    ``MegatronOptimizer`` (or a torch optimizer); returns the session. For scripts that call
+    megatron-core directly. Collective: call on every rank after ``initialize_model_parallel`` and
+    the optimizer. ``config``: see :func:`resolve` (None: ``SCOUT_*`` variables decide, off by
+    default); ``order``: Megatron's rank order (``"tp-cp-ep-pp-dp"`` under
+    ``--use-tp-pp-dp-mapping``). Attaching twice returns the live session."""
     from scout_megatron.adapter import as_chunks
 
     chunks = as_chunks(model)

@@ -1,10 +1,9 @@
 """The megatron-core internals the plugin uses, probed at activation.
 
-Contract: :data:`PROBES` lists each name megatron-core does not promise to keep, with what
-the plugin needs it for; :func:`require` (called before anything is hooked) checks them
-all and raises one :class:`~scout_core.UnsupportedSetupError` naming every missing piece,
-never an ``AttributeError`` mid-training. Attributes of live objects are checked by the
-adapter instead. Docs: docs/megatron.md (the version table).
+Contract: :data:`PROBES` lists each name megatron-core does not promise to keep, with its use;
+:func:`require` (called before anything is hooked) checks them all and raises one
+``UnsupportedSetupError`` naming every missing piece, never an ``AttributeError`` mid-training.
+The adapter checks attributes of live objects. Docs: docs/megatron.md (the version table).
 """
 
 from __future__ import annotations
@@ -95,7 +94,6 @@ PROBES: tuple[Probe, ...] = (
         use="gated checkpoints",
     ),
 )
-"""Every megatron-core name the plugin reaches outside live objects."""
 
 
 def _problem(probe: Probe) -> str | None:

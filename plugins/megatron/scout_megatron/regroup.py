@@ -1,12 +1,10 @@
 """Replaying a tensor-parallel Megatron layer without talking on Megatron's process groups.
 
-Contract: inside :meth:`Regrouper.repointed`, every multi-rank process group held by a
-module under the given one (``tp_group``, ``pg_collection``) is SCOUT's substitute over
-the same ranks, or a :class:`Forbidden` stand-in that refuses traffic
-(:class:`ForbiddenGroupError`); shared ``pg_collection`` objects are copied, never
-mutated, and every attribute is put back on exit, also on error. Where megatron-core
-keeps its groups and what is re-pointed: docs/megatron.md, "Replaying tensor-parallel
-layers".
+Contract: inside :meth:`Regrouper.repointed`, every multi-rank process group held under the
+module (``tp_group``, ``pg_collection``) is SCOUT's substitute over the same ranks, or a
+:class:`Forbidden` stand-in that refuses traffic; shared ``pg_collection`` objects are copied,
+never mutated, and every attribute is put back on exit, also on error. Where megatron-core keeps
+its groups and what is re-pointed: docs/megatron.md, "Replaying tensor-parallel layers".
 """
 
 from __future__ import annotations
@@ -79,13 +77,9 @@ def _is_collection(value: Any) -> bool:
 
 
 class Regrouper:
-    """Re-points a module's process groups to SCOUT's substitutes (see the module docstring).
-
-    ``substitutes`` are SCOUT-owned groups; each replaces the training groups with
-    exactly its ordered global ranks. ``by_ranks`` names the substitute for the
-    training groups of given ordered ranks explicitly, when it is another set of
-    ranks (the single-rank group a decoupled replay uses for a TP group).
-    """
+    """Re-points a module's process groups to SCOUT's substitutes: each of ``substitutes`` replaces
+    the training groups with exactly its ordered ranks; ``by_ranks`` maps ordered ranks to one
+    over other ranks (the single-rank group a decoupled replay uses for a TP group)."""
 
     def __init__(
         self,
@@ -167,8 +161,7 @@ class Regrouper:
 
 
 def _groups_in(name: str, value: Any, nested: bool = True) -> Iterator[tuple[str, Any]]:
-    """Groups held by one attribute: directly, in a list, or one collection level down
-    (the same reach as :meth:`Regrouper._remap`)."""
+    """Groups held by one attribute: directly, in a list, or one collection down (as ``_remap``)."""
     if isinstance(value, dist.ProcessGroup):
         yield name, value
     elif isinstance(value, (list, tuple)):

@@ -1,10 +1,9 @@
 """Megatron's RNG streams as (name, get, set), and how activation recompute is recognised.
 
 Contract: :func:`tracker_streams` gives every stream of Megatron's CUDA RNG tracker as a
-:class:`TrackerStream` whose getter always returns a CPU ``uint8`` copy, for plain and
-generator-backed trackers alike; :func:`in_recompute` is true on the second (backward)
-firing of a layer under full activation recompute. The streams and the recompute rule:
-docs/megatron.md, "RNG and activation recompute".
+:class:`TrackerStream` whose getter returns a CPU ``uint8`` copy (plain or generator-backed
+trackers); :func:`in_recompute` is true on the second (backward) firing of a layer under full
+activation recompute. Docs: docs/megatron.md, "RNG and activation recompute".
 """
 
 from __future__ import annotations
@@ -50,12 +49,9 @@ def _stream(tracker: Any, name: str) -> TrackerStream:
 
 
 def tracker_streams(tracker: Any = None) -> list[TrackerStream]:
-    """One :class:`TrackerStream` per state of the tracker, sorted by name.
-
-    ``tracker`` defaults to ``tensor_parallel.get_cuda_rng_tracker()``. Names are
-    prefixed ``megatron:`` so they cannot collide with the core's ``cpu``/``cuda``.
-    An uninitialised or inference tracker has no states and gives no streams.
-    """
+    """One :class:`TrackerStream` per tracker state, sorted by name; ``megatron:``-prefixed so
+    names cannot collide with the core's ``cpu``/``cuda``. ``tracker`` defaults to
+    ``tensor_parallel.get_cuda_rng_tracker()``; an uninitialised or inference one gives none."""
     if tracker is None:
         from megatron.core import tensor_parallel
 

@@ -1,10 +1,9 @@
 """The megatron-core releases this plugin supports, and how the installed one is read.
 
-Contract: :data:`SUPPORTED` is every release from 0.16 to 0.19 (tested: :data:`TESTED`);
-the installed version comes from the ``megatron-core`` distribution's metadata, or, for a
-Megatron-LM source checkout, from ``megatron/core/package_info.py`` parsed as text so
-nothing of megatron-core is imported. The core compares it with :data:`SUPPORTED` at
-activation; :mod:`scout_megatron.probes` checks the internals. Docs: docs/megatron.md.
+Contract: :data:`SUPPORTED` is every release from 0.16 to 0.19 (tested: :data:`TESTED`); the
+installed version comes from the ``megatron-core`` distribution's metadata, or for a source
+checkout from ``megatron/core/package_info.py`` parsed as text (nothing is imported). The core
+checks it at activation; :mod:`scout_megatron.probes` checks the internals. Docs: docs/megatron.md.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from scout_core.plugin_api import check_version as check_range
 __all__ = ["SUPPORTED", "TESTED", "check_version", "installed_version", "version_from_package_info"]
 
 SUPPORTED = ">=0.16,<0.20"
-"""Supported megatron-core versions (:data:`TESTED` lists the ones tested)."""
 
 TESTED = ("0.16.1", "0.19.2")
 """The releases the plugin's tests ran on (docs/megatron.md: which tests on which)."""

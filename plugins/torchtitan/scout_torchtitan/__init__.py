@@ -1,7 +1,6 @@
 """SCOUT plugin for TorchTitan 0.3 (distribution ``scout-torchtitan``).
 
-Switch SCOUT on for any TorchTitan job with one override, whose JSON object holds the keys
-of :class:`scout_core.Config`::
+One override switches SCOUT on; its JSON object holds :class:`scout_core.Config` keys::
 
     torchrun ... -m torchtitan.train --module llama3 --config llama3_8b \\
         --override.imports 'scout_torchtitan.overrides.scout={"replay_interval": 20}'

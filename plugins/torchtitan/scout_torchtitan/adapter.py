@@ -1,13 +1,10 @@
 """The TorchTitan adapter: a ``Trainer``'s facts in the shape of the core's adapter protocol.
 
-Contract: TorchTitan parallelises with DTensors, so :class:`TitanAdapter` builds on the
-core's :class:`~scout_core.plugin_api.TorchAdapter` and adds the layout from
-``ParallelDims`` (:mod:`.layout`, checked against every mesh), every model part's modules
-(:mod:`.modules`) and inner optimizers (:mod:`.optimizers`), a twin without TorchTitan's
-redistributing ``forward`` closures (:mod:`.replay`), and every enabled 1-D mesh as a
-training group. RNG streams are the core's defaults. Expert parallelism (``ep > 1``) is
-refused: its replicas overlap the dense axes and a replayed MoE block would dispatch over
-the training EP group. Docs: docs/torchtitan.md, "What attaches where".
+Contract: :class:`TitanAdapter` builds on the core's ``TorchAdapter`` (TorchTitan uses DTensors)
+and adds the layout from ``ParallelDims`` (:mod:`.layout`, checked against every mesh), each model
+part's modules (:mod:`.modules`) and inner optimizers (:mod:`.optimizers`), a twin without the
+redistributing ``forward`` closures (:mod:`.replay`), and every enabled 1-D mesh as a training
+group. Expert parallelism is refused. Docs: docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The rank body of a ``scout campaign`` trial under TorchTitan (``dp_replicate`` x TP on CPU).
 
-Contract: the ``torchtitan`` setup (:data:`SETUPS`, entry point ``scout.campaign_setups``)
-runs this body on every rank of a trial, without initialising the process group
-(TorchTitan does that itself): it builds TorchTitan's real ``Trainer`` with SCOUT
-switched on through the override, and drives the trial's fault from public hooks (the
-first forward of each step calls ``before_step``, the optimizer container's post-step hook
-``after_step``, the trial's watched loader wraps the dataloader), while ``trainer.train()``
-runs its own loop. Docs: docs/campaign.md.
+Contract: the ``torchtitan`` setup (:data:`SETUPS`; ``dp_replicate`` 3 x TP 2) runs this body on
+every rank without initialising the process group (TorchTitan does). It builds TorchTitan's real
+``Trainer`` with SCOUT on through the override and drives the fault from public hooks (a step's
+first forward, the optimizers' post-step hook, a watched loader) while ``trainer.train()`` runs
+its own loop. Docs: docs/campaign.md.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ SETUPS: tuple[Setup, ...] = (
         init_process_group=False,
     ),
 )
-"""The campaign's TorchTitan setup: ``dp_replicate`` 3 x TP 2."""
 
 
 class _Stalled:

@@ -1,12 +1,10 @@
 """TorchTitan's own checkpoints in the shape of the core's ``CheckpointIO``.
 
 Contract: :class:`TitanCheckpointIO` names TorchTitan 0.3's DCP checkpoints in
-``<dump_folder>/<checkpoint.folder>/step-<N>`` (``N`` the trainer's 1-based step, so SCOUT
-step ``s`` is ``step-{s+1}``: :meth:`TitanCheckpointIO.tag_for`), complete once their
-``.metadata`` exists. ``save`` writes synchronously through the manager's own machinery,
-since the gate has already decided; ``load`` is ``manager.load(step)`` (or the raw load
-it is given), after :func:`~scout_torchtitan.optimizers.materialize_state_quietly`. Docs:
-docs/torchtitan.md, "Checkpoint gating".
+``<dump_folder>/<checkpoint.folder>/step-<N>`` (SCOUT step ``s`` is ``step-{s+1}``), complete once
+their ``.metadata`` exists. ``save`` writes synchronously through the manager's own machinery (the
+gate has decided); ``load`` is ``manager.load(step)`` (or the given raw load) after
+``materialize_state_quietly``. Docs: docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations
@@ -78,11 +76,8 @@ class TitanCheckpointIO:
         return True
 
     def load(self, tag: str | None = None) -> Any:
-        """Restore ``tag`` (None: TorchTitan's latest) into the live trainer (collective).
-
-        Returns TorchTitan's ``load`` result (True). Raises :class:`CheckpointError`
-        when ``tag`` is not a complete checkpoint, or when there is none for None.
-        """
+        """Restore ``tag`` (None: the latest) into the live trainer; collective, returns True.
+        ``CheckpointError`` when ``tag`` is incomplete, or for None when there is none."""
         tags = self.list_tags()
         if tag is None:
             if not tags:
@@ -106,10 +101,7 @@ class TitanCheckpointIO:
         return int(self.manager.states["train_state"].step) - 1
 
     def list_tags(self) -> Sequence[str]:
-        """Complete ``step-N`` checkpoints (with ``.metadata``), oldest first.
-
-        Goes through TorchTitan's ``tools.filesystem``, so remote (fsspec) folders work.
-        """
+        """Complete ``step-N`` checkpoints (with ``.metadata``), oldest first; fsspec works."""
         from torchtitan.tools import filesystem as fs
 
         if not fs.isdir(self.directory):

@@ -1,9 +1,8 @@
 """TorchTitan config functions that run under :class:`~scout_torchtitan.trainer.ScoutTrainer`.
 
-``--module scout_torchtitan --config <name>`` picks one (``ConfigManager`` imports
-``scout_torchtitan.config_registry``); each is a stock TorchTitan config function
-wrapped with :func:`~scout_torchtitan.trainer.with_scout`, so every stock flag works
-and ``--scout.*`` flags are added. SCOUT stays off unless ``--scout.enabled``.
+``--module scout_torchtitan --config <name>`` picks one; each wraps a stock TorchTitan config
+function with :func:`~scout_torchtitan.trainer.with_scout`, so stock flags work and ``--scout.*``
+flags are added. SCOUT stays off unless ``--scout.enabled``.
 """
 
 from __future__ import annotations

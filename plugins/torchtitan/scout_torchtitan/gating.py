@@ -1,12 +1,10 @@
 """TorchTitan's own checkpoints, gated by the core: save, load and recover.
 
-Contract: :func:`gated_save` and :func:`gated_load` route TorchTitan's ``_save`` /
-``_load`` hooks through the core's :class:`~scout_core.plugin_api.FrameworkGate`:
-TorchTitan's policy decides whether to save, the gate writes synchronously or refuses
-while an SDC awaits recovery, and a load of ``-1`` picks the newest verified tag; the
-step-0 seed and the model-only export go to TorchTitan uncertified. SCOUT's manager
-overrides the hooks; :func:`wire` gives a stock ``CheckpointManager`` instance attributes
-that do the same, and its undo deletes them. Docs: docs/torchtitan.md, "Checkpoint gating".
+Contract: :func:`gated_save` / :func:`gated_load` route TorchTitan's ``_save`` / ``_load`` hooks
+through the core's ``FrameworkGate``: TorchTitan's policy decides whether to save, the gate writes
+synchronously or refuses while an SDC awaits recovery, and a load of ``-1`` picks the newest
+verified tag; the step-0 seed and model-only export go uncertified. SCOUT's manager overrides the
+hooks; :func:`wire` shadows them on a stock manager. Docs: docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations
@@ -75,12 +73,8 @@ def _class_method(manager: Any, name: str) -> Any:
 
 
 def wire(manager: Any, gate: FrameworkGate) -> Callable[[], None]:
-    """Route ``manager``'s saves and loads through ``gate``; returns the undo.
-
-    SCOUT's manager remembers the gate; any other ``CheckpointManager`` gets instance
-    ``_save`` / ``_load`` attributes. A disabled manager (no ``--checkpoint.enable``)
-    never saves or loads: nothing to wire.
-    """
+    """Route ``manager``'s saves and loads through ``gate``; returns the undo. A disabled manager
+    (no ``--checkpoint.enable``) never saves or loads: nothing to wire."""
     if not getattr(manager, "enable", False):
         log.info("TorchTitan checkpointing is off; the checkpoint gate has nothing to gate")
         return lambda: None

@@ -1,13 +1,11 @@
 """The job's mesh layout and peer groups, read off TorchTitan's ``ParallelDims``.
 
 Contract: TorchTitan 0.3 unflattens one world mesh in the fixed order ``pp, dp_replicate,
-dp_shard, cp, tp`` (``tp`` fastest), so the layout is
-``MeshLayout.from_order("tp-cp-dp_shard-dp_replicate-pp", ...)`` (``e`` = 1) and replay
-compares ranks across ``dp_replicate``. :func:`titan_layout` checks every enabled mesh of
-this rank (members and ``get_local_rank()``) against it, locally, and raises
-:class:`~scout_core.UnsupportedSetupError` on any difference; expert replica groups
-overlap the dense axes and come back as explicit rank tuples
-(:func:`expert_replica_groups`). Docs: docs/torchtitan.md, "What attaches where".
+dp_shard, cp, tp`` (``tp`` fastest), so the layout is :data:`DENSE_ORDER` (``e`` = 1) and replay
+compares ranks across ``dp_replicate``. :func:`titan_layout` checks every enabled mesh of this
+rank (members and ``get_local_rank()``) against it, locally, raising ``UnsupportedSetupError``
+on any difference; expert replica groups overlap the dense axes and come back as explicit rank
+tuples (:func:`expert_replica_groups`). Docs: docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations
@@ -56,7 +54,6 @@ class TitanLayout:
     expert_replicas: tuple[int, ...] | None
     """This rank's ``dp_replicate`` x ``efsdp`` group (same experts); None without EP."""
     coordinates: dict[str, int] = field(default_factory=dict)
-    """``get_local_rank()`` of every enabled one-dimensional mesh, by TorchTitan name."""
     spmd_backend: str = "spmd_types"
 
 
@@ -122,8 +119,7 @@ def _check(name: str, mesh: Any, want: tuple[int, ...], coord: int | None, rank:
 def _position(layout: MeshLayout, rank: int, axes: tuple[Axis, ...]) -> int:
     """Row-major index of ``rank`` within its group along ``axes`` (last axis fastest)."""
     address = layout.address(rank)
-    # layout.order is fastest first, as in TorchTitan's flattened meshes (e.g. the
-    # fsdp coordinate is dp_shard * cp_size + cp): the first axis has stride 1.
+    # Fastest axis first, as in TorchTitan's flattened meshes (fsdp = dp_shard * cp_size + cp).
     order = [a for a in layout.order if a in axes]
     pos, stride = 0, 1
     for axis in order:
@@ -133,11 +129,8 @@ def _position(layout: MeshLayout, rank: int, axes: tuple[Axis, ...]) -> int:
 
 
 def titan_layout(parallel_dims: Any, rank: int | None = None) -> TitanLayout:
-    """The layout, the peer groups and the coordinates of ``rank`` (default: this rank).
-
-    Checks each enabled mesh of this rank against the layout (see the module
-    docstring). Needs TorchTitan's meshes built (``parallel_dims.world_mesh``).
-    """
+    """The layout, peer groups and coordinates of ``rank`` (default: this rank), each enabled
+    mesh checked against the layout. Needs the meshes built (``parallel_dims.world_mesh``)."""
     import torch.distributed as dist
 
     pd = parallel_dims

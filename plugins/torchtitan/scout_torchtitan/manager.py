@@ -1,12 +1,11 @@
 """``ScoutCheckpointManager``: TorchTitan's checkpoint manager, built with the Trainer in hand.
 
-Only the checkpoint manager is built with the whole trainer (``states={"train_state":
-trainer}``), and every save and load goes through it, so it is SCOUT's seam. Contract:
-:class:`ScoutManagerMixin`, once the base manager is built, enables SCOUT on the trainer
-through the plugin with the settings the override validated, routes ``_save`` / ``_load``
-through the gate (:mod:`.gating`) and closes the session on ``close``; what it attached is
-a :class:`ScoutSeen` (logged, on ``manager.scout_seen`` and in :func:`built`). It does not
-need ``--checkpoint.enable``. Docs: docs/torchtitan.md, "What attaches where".
+The checkpoint manager alone is built with the whole trainer and sees every save and load:
+SCOUT's seam. Contract: :class:`ScoutManagerMixin`, once the base manager is built, enables SCOUT
+on the trainer with the override's settings, routes ``_save`` / ``_load`` through the gate
+(:mod:`.gating`), closes the session on ``close``, and records a :class:`ScoutSeen` (logged,
+``manager.scout_seen``, :func:`built`). It needs no ``--checkpoint.enable``. Docs:
+docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ class ScoutSeen:
     """What SCOUT attached when TorchTitan built its checkpoint manager (JSON-able)."""
 
     manager: str
-    """Class of the manager that was built (its ``__qualname__``)."""
     trainer: str
     step: int
     rank: int
@@ -97,14 +95,10 @@ def _seen(manager: Any, trainer: Any, session: Session) -> ScoutSeen:
 
 
 class ScoutManagerMixin:
-    """Put before a TorchTitan checkpoint manager class in the bases.
-
-    The subclass's ``Config`` must carry ``scout: scout_core.Config | None`` (the
-    settings the override factory validated). ``__init__`` takes the trainer out of
-    ``states`` *before* the base class adds its own entries, runs the base
-    ``__init__`` unchanged, then enables SCOUT on the trainer (collective over the
-    job: every rank builds its manager at the same point of ``Trainer.__init__``).
-    """
+    """Put before a TorchTitan checkpoint manager class in the bases; the subclass's ``Config``
+    carries ``scout: scout_core.Config | None``. ``__init__`` takes the trainer out of ``states``
+    *before* the base adds its own entries, runs the base ``__init__`` unchanged, then enables
+    SCOUT (collective: every rank builds its manager at the same point of ``Trainer.__init__``)."""
 
     scout_config: ScoutConfig
     scout_session: Session

@@ -19,14 +19,9 @@ __all__ = ["titan_modules"]
 
 
 def titan_modules(model_parts: Sequence[nn.Module], config: Config | None = None) -> Discovered:
-    """Blocks of every model part (in part order), the first stage's embedding and the
-    last stage's LM head.
-
-    ``config.layers`` / ``.embedding`` / ``.lm_head`` name other paths, as for any
-    model; by default the blocks are each part's ``layers``. Raises ``ValueError``
-    when a part has no ``layers`` container and no path was configured: the model is
-    not a TorchTitan decoder.
-    """
+    """Blocks of every model part (in part order), the first stage's embedding and the last
+    stage's LM head. ``config.layers`` / ``.embedding`` / ``.lm_head`` name other paths; by
+    default the blocks are each part's ``layers``, and a part without one raises ``ValueError``."""
     cfg = Config() if config is None else config
     layers: list[ModuleRef] = []
     embedding: ModuleRef | None = None
@@ -47,6 +42,5 @@ def titan_modules(model_parts: Sequence[nn.Module], config: Config | None = None
             embedding = found.embedding
         if found.lm_head is not None:
             lm_head = found.lm_head
-    # A tied LM head (``enable_weight_tying``) shares the embedding's weight but is a
-    # separate call with its own inputs, so it stays, as in the core's discovery.
+    # A tied LM head shares the embedding's weight but is a separate call: it stays, as in the core.
     return Discovered(layers=tuple(layers), embedding=embedding, lm_head=lm_head)

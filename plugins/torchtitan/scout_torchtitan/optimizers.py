@@ -1,11 +1,10 @@
 """TorchTitan's optimizers as SCOUT sees them: one container, one optimizer per model part.
 
-Contract: :func:`titan_optimizers` lists the inner optimizer of every model part (and
-optimizer name) inside ``trainer.optimizers``, an ``OptimizersContainer`` whose ``step()``
-steps each once per iteration: they are what optimizer replay re-runs and what the core's
-step clock hooks. :func:`materialize_state_quietly` runs TorchTitan's zero-lr
-``init_optim_state`` before a load that restores the optimizer, with the optimizers' step
-hooks set aside for that one call, so it is not counted as a training step. Docs:
+Contract: :func:`titan_optimizers` lists each model part's inner optimizer in
+``trainer.optimizers``, an ``OptimizersContainer`` whose ``step()`` steps each once per iteration:
+they are what optimizer replay re-runs and what the core's step clock hooks.
+:func:`materialize_state_quietly` runs TorchTitan's zero-lr ``init_optim_state`` before a load
+that restores the optimizer, with step hooks set aside so it is not counted as a step. Docs:
 docs/torchtitan.md, "Checkpoint gating".
 """
 
@@ -40,11 +39,8 @@ class TitanOptimizers:
 
 def titan_optimizers(container: Any, model_parts: Sequence[nn.Module]) -> TitanOptimizers:
     """Split ``trainer.optimizers`` into the hookable container and its inner optimizers.
-
-    Raises ``TypeError`` when the container is not a ``torch.optim.Optimizer`` (a
-    TorchTitan older than 0.3, or a custom container that skipped ``_post_init``),
-    and ``ValueError`` when an inner optimizer's parameters span several model parts.
-    """
+    ``TypeError`` when the container is not a ``torch.optim.Optimizer`` (TorchTitan < 0.3, or a
+    container that skipped ``_post_init``); ``ValueError`` when an inner one spans model parts."""
     if not isinstance(container, torch.optim.Optimizer):
         raise TypeError(
             f"trainer.optimizers is a {type(container).__name__}, not a torch.optim.Optimizer: "

@@ -1,12 +1,11 @@
 """The switch: ``--override.imports 'scout_torchtitan.overrides.scout={"replay_interval": 20}'``.
 
-Contract: :func:`scout`, an ``@override`` factory registered for every checkpoint-manager
-config (``BaseCheckpointManager.Config``, subclasses included, since ``exact=True`` would
-skip subclasses silently), validates the settings with ``Config.from_mapping`` and
-replaces the job's checkpoint-manager config by class: TorchTitan's → SCOUT's, TorchFT's
-→ SCOUT's TorchFT subclass, an already-SCOUT config → the new settings, any other →
-:class:`~scout_core.UnsupportedSetupError` naming its class, before anything is built.
-Docs: docs/torchtitan.md, "Switching it on".
+Contract: :func:`scout`, an ``@override`` factory registered for every checkpoint-manager config
+(``BaseCheckpointManager.Config`` and subclasses: ``exact=True`` would skip subclasses silently),
+validates the settings with ``Config.from_mapping`` and replaces the config by class before
+anything is built: TorchTitan's → SCOUT's, TorchFT's → SCOUT's TorchFT subclass, SCOUT's → the
+new settings, any other → ``UnsupportedSetupError`` naming its class. Docs: docs/torchtitan.md,
+"Switching it on".
 """
 
 from __future__ import annotations

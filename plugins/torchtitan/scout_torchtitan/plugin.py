@@ -1,10 +1,9 @@
 """The ``scout.plugins`` entry point ``torchtitan``: TorchTitan facts on the core's plugin base.
 
-Contract: :class:`TitanPlugin` attaches to TorchTitan's ``Trainer``, where every fact
-lives (``parallel_dims``, ``model_parts``, ``optimizers``, ``checkpointer``); the core owns
-the lifecycle. It is reached through SCOUT's checkpoint manager (the override or
-``ScoutTrainer``) or ``scout.enable(trainer)`` on a built trainer. Importing this module
-imports no TorchTitan module. Docs: docs/torchtitan.md, "Switching it on".
+Contract: :class:`TitanPlugin` attaches to TorchTitan's ``Trainer``, where every fact lives
+(``parallel_dims``, ``model_parts``, ``optimizers``, ``checkpointer``); the core owns the
+lifecycle. SCOUT's checkpoint manager or ``scout.enable(trainer)`` reaches it. Importing this
+module imports no TorchTitan module. Docs: docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ class TitanPlugin(FrameworkPlugin):
         self._managers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def check_version(self, version: str | None = None) -> str:
-        """The base's check (installed ``torchtitan`` in 0.3.x) with TorchTitan's own
-        wording, which also tells 0.2 and older apart and accepts a source checkout
-        reporting ``0.0.0`` when its API is 0.3's (:mod:`scout_torchtitan.versions`)."""
+        """The base's check (``torchtitan`` 0.3.x) in TorchTitan's wording, which tells 0.2 and
+        older apart and accepts a 0.3-API source checkout reporting ``0.0.0`` (:mod:`.versions`)."""
         from scout_torchtitan.versions import check_version
 
         return check_version(version)
@@ -87,7 +85,6 @@ class TitanPlugin(FrameworkPlugin):
 
 
 plugin = TitanPlugin()
-"""The object registered under the ``scout.plugins`` entry point ``torchtitan``."""
 
 
 def session_of(trainer: Any) -> Session | None:
@@ -96,14 +93,9 @@ def session_of(trainer: Any) -> Session | None:
 
 
 def recover(trainer: Any, failure: Failure | str | None) -> Recovered:
-    """Load the TorchTitan checkpoint SCOUT's gate trusts after ``failure``. Collective.
-
-    SDC (or an unreachable machine) → the newest *verified* ``step-N``; a straggler →
-    the newest tag SCOUT does not suspect; anything else → the full-catalog sweep
-    decides. The trainer's state (model, optimizer, schedulers, data loader, step)
-    is restored in place through TorchTitan's own load; returns
-    ``Recovered(tag, step, role, reason)`` and writes a ``scout.checkpoint/1`` record.
-    """
+    """Load the checkpoint SCOUT's gate trusts after ``failure`` (docs/checkpoint_gate.md,
+    "Retrieval"). Collective. Restores the trainer's state (model, optimizer, schedulers, data
+    loader, step) in place through TorchTitan's own load; writes a ``scout.checkpoint/1`` record."""
     from scout_torchtitan.checkpoint_io import TitanCheckpointIO
     from scout_torchtitan.gating import raw_load_of
 

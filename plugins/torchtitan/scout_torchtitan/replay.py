@@ -1,10 +1,9 @@
 """What replay must undo on a TorchTitan block so it runs locally under tensor parallelism.
 
 Contract: :func:`detach_titan_parallelism` removes from a replay twin the redistributing
-``forward`` closures TorchTitan's ``Module.parallelize`` installs on instances and clears
-its ``tp_group``, so the twin computes the plain, unsharded function of the full tensors
-it is given and never talks on the training TP group. It never touches the live module:
-pass it the twin. Why: docs/torchtitan.md, "Replay under TP".
+``forward`` closures TorchTitan's ``Module.parallelize`` installs on instances and clears its
+``tp_group``, so the twin computes the plain function of the full tensors it is given and never
+talks on the training TP group. Pass it the twin. Why: docs/torchtitan.md, "Replay under TP".
 """
 
 from __future__ import annotations
@@ -32,11 +31,8 @@ def parallel_forwards(module: nn.Module) -> list[str]:
 
 
 def detach_titan_parallelism(twin: nn.Module) -> nn.Module:
-    """Strip TorchTitan's TP wrappers and ``tp_group`` from ``twin`` (in place); return it.
-
-    ``twin`` must be a replay twin (its own ``__dict__`` per submodule, as the core's
-    ``hook_free_twin`` makes), never the live model.
-    """
+    """Strip TorchTitan's TP wrappers and ``tp_group`` from ``twin`` in place; return it. ``twin``
+    has its own ``__dict__`` per submodule (the core's ``hook_free_twin``): never the live model."""
     for sub in twin.modules():
         if is_titan_parallel_forward(sub.__dict__.get("forward")):
             del sub.__dict__["forward"]

@@ -1,15 +1,12 @@
 """SCOUT on TorchFT jobs: TorchFT's checkpoint manager with :class:`ScoutManagerMixin`.
 
-TorchTitan's TorchFT integration (``torchtitan.experiments.torchft``) replaces the
-checkpoint manager with ``TorchFTCheckpointManager``, a ``CheckpointManager``
-subclass that saves per-replica dataloader state and hands state-dict callbacks to
-the TorchFT manager (its ``__init__`` takes an extra ``ft_manager``). The override
-factory maps its config here so a fault-tolerant job keeps that behaviour and gains
-SCOUT's. Importing this module needs no ``torchft`` package; building the manager
-does (``FaultTolerantTrainer`` does both).
+TorchTitan's TorchFT integration swaps in ``TorchFTCheckpointManager``, which saves per-replica
+dataloader state and hands state-dict callbacks to the TorchFT manager (``__init__`` takes
+``ft_manager``). The override factory maps its config here, so a fault-tolerant job keeps that and
+gains SCOUT. Importing this module needs no ``torchft``; building the manager does.
 
-Phase 1 status: the config mapping is tested; the manager itself has not run,
-because ``torchft`` is not installed on the development machine.
+Phase 1 status: the config mapping is tested; the manager has not run (no ``torchft`` on the
+development machine).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """``ScoutTrainer``: TorchTitan's ``Trainer`` with a ``scout`` config section (``--scout.*``).
 
 Contract: ``ScoutTrainer.Config.scout`` is :class:`scout_core.Config` (one flag per field,
-validated at parse time), disabled by default; with ``--scout.enabled`` the trainer swaps
-its checkpoint-manager config for SCOUT's before ``Trainer.__init__`` builds anything, so
-it ends in the same manager as the override. :func:`with_scout` turns a stock
-``Trainer.Config`` into a ``ScoutTrainer.Config``; config functions are served from
-:mod:`scout_torchtitan.config_registry`. Not for TorchFT jobs: use the override there.
-Docs: docs/torchtitan.md, "Switching it on".
+validated at parse time), disabled by default; with ``--scout.enabled`` the trainer swaps its
+checkpoint-manager config for SCOUT's before ``Trainer.__init__`` builds anything, ending in the
+override's manager. :func:`with_scout` turns a stock ``Trainer.Config`` into a
+``ScoutTrainer.Config``; :mod:`.config_registry` serves config functions. Not for TorchFT jobs
+(use the override). Docs: docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ class ScoutTrainer(Trainer):  # type: ignore[misc]  # untyped base
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):  # type: ignore[misc]  # untyped base
         scout: ScoutConfig = field(default_factory=_disabled)
-        """SCOUT's settings (``--scout.<key>``, the keys of ``scout_core.Config``);
-        SCOUT attaches only with ``--scout.enabled``."""
+        """SCOUT's settings (``--scout.<key>``); SCOUT attaches only with ``--scout.enabled``."""
 
     def __init__(self, config: Config) -> None:
         if config.scout.enabled:
@@ -46,12 +44,9 @@ class ScoutTrainer(Trainer):  # type: ignore[misc]  # untyped base
 
 
 def with_scout(config: Any, **settings: Any) -> ScoutTrainer.Config:
-    """``config`` (a stock ``Trainer.Config``) as a ``ScoutTrainer.Config``.
-
-    ``settings`` are SCOUT keys (``enabled`` defaults to False), validated like the
-    override's. Subclassed trainer configs (TorchFT's ...) are refused: copying them
-    into a ``ScoutTrainer.Config`` would drop their own sections.
-    """
+    """``config`` (a stock ``Trainer.Config``) as a ``ScoutTrainer.Config`` with SCOUT ``settings``
+    (``enabled`` defaults to False). Subclassed configs (TorchFT's ...) are refused: copying them
+    would drop their own sections."""
     if type(config) is not Trainer.Config:
         raise UnsupportedSetupError(
             f"with_scout() takes TorchTitan's Trainer.Config, got {type(config).__qualname__}; "

@@ -1,11 +1,10 @@
 """The TorchTitan releases this plugin supports, and how older ones are told apart.
 
-Contract: the plugin supports TorchTitan 0.3 (``Configurable`` components,
-``config_registry``, ``torchtitan.config.override``); 0.2.x and older is a different
-design and is refused with a message that says so. The version comes from the
-distribution metadata; a placeholder version from a source checkout falls back to the API
-itself (the 0.3 override module means 0.3, the 0.2 ``train_spec`` / ``job_config`` modules
-mean 0.2 or older). Docs: docs/torchtitan.md.
+Contract: the plugin supports TorchTitan 0.3 (``Configurable`` components, ``config_registry``,
+``torchtitan.config.override``); 0.2.x and older is a different design, refused with a message
+saying so. The version comes from distribution metadata; a source checkout's placeholder falls
+back to the API (the 0.3 override module means 0.3, 0.2's ``train_spec`` / ``job_config``
+modules mean 0.2 or older). Docs: docs/torchtitan.md.
 """
 
 from __future__ import annotations
@@ -67,12 +66,8 @@ def _installed() -> str:
 
 
 def check_version(version: str | None = None, *, api: str | None = None) -> str:
-    """Raise :class:`~scout_core.UnsupportedSetupError` unless TorchTitan is 0.3.x.
-
-    ``version`` defaults to the installed distribution's, ``api`` to
-    :func:`detect_api` (used only when the version is not a real release, e.g.
-    ``0.0.0`` from a source checkout). Returns the version string checked.
-    """
+    """The version checked; ``UnsupportedSetupError`` unless TorchTitan is 0.3.x. ``version``
+    defaults to the installed one; ``api`` (:func:`detect_api`) decides for ``0.0.0`` checkouts."""
     version = _installed() if version is None else version
     got = parse_version(version)
     low, high = SUPPORTED_TORCHTITAN

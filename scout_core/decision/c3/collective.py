@@ -1,12 +1,10 @@
 """The C3 collective: one AllGather of fixed-size evidence, then the rule on every peer.
 
-Contract: each peer packs its surfaces into one int64 row of :data:`ROW_WORDS` words, the
-group runs one single-tensor AllGather on a diagnostic group, and every peer applies
-:mod:`scout_core.decision.c3.rule` to the same table, so every peer returns the identical
-:class:`C3Result` per surface. A layout, kappa or peer-order mismatch raises
-:class:`~scout_core.errors.ProtocolError` on every peer; argument errors raise
-``ValueError`` before the collective; ``value=None`` makes a surface inconclusive. The
-wire format and why the row size is constant: docs/internals.md, "The C3 wire format".
+Contract: each peer packs its surfaces into one int64 row of :data:`ROW_WORDS` words, one
+AllGather runs on a diagnostic group, and every peer applies :mod:`.rule` to the same table,
+so all return the identical :class:`C3Result` per surface. A layout, kappa or peer-order
+mismatch raises :class:`~scout_core.errors.ProtocolError` on every peer. The wire format
+and its constant row size: docs/internals.md, "The C3 wire format".
 """
 
 from __future__ import annotations
@@ -64,19 +62,15 @@ def _word(value: Any, what: str) -> int:
 class Surface:
     """One thing compared across the peers in an :func:`exchange`.
 
-    ``value`` is this peer's evidence: an int (a 64-bit signature, a progress
-    coordinate) or a sequence of exactly ``width`` ints for :attr:`Mode.EXACT`; a
-    float (a timing in seconds, width 1) for :attr:`Mode.STATISTICAL`; ``None``
-    when this peer has no evidence, which makes the surface inconclusive on every
-    peer. Every peer must pass the same names, modes and widths in the same order.
+    ``value``: an int or ``width`` ints (:attr:`Mode.EXACT`), a float in seconds
+    (:attr:`Mode.STATISTICAL`), or ``None``, which makes the surface inconclusive on every
+    peer. Every peer passes the same names, modes and widths in the same order.
     """
 
     name: str
     """Stable identifier, e.g. ``layer/blocks.3/forward``; unique within one exchange."""
     mode: Mode
-    """Exact (strict majority of identical values) or statistical (robust timing outliers)."""
     value: int | float | Sequence[int] | None
-    """This peer's evidence, or ``None`` for none."""
     width: int = 1
     """Number of 64-bit words of an exact value; statistical surfaces have width 1."""
 
@@ -133,11 +127,8 @@ class Surface:
 
 @dataclass(frozen=True)
 class C3Result:
-    """The outcome of one surface of an :func:`exchange`, identical on every peer.
-
-    ``bitmap``, ``evidence`` and ``ranks`` are aligned: position ``j`` is peer
-    ``ranks[j]`` (a global rank) of the ordered group.
-    """
+    """One surface's outcome, identical on every peer; position ``j`` of ``bitmap``,
+    ``evidence`` and ``ranks`` is peer ``ranks[j]`` (a global rank)."""
 
     surface: str
     mode: Mode
@@ -146,7 +137,6 @@ class C3Result:
     evidence: tuple[Evidence, ...]
     """Decoded value per peer: unsigned int or word tuple (exact), float (statistical), or None."""
     ranks: tuple[int, ...]
-    """The ordered peer → global-rank map."""
 
     @property
     def outliers(self) -> tuple[int, ...]:
@@ -297,16 +287,10 @@ def exchange(
 ) -> dict[str, C3Result]:
     """Run C3 on several surfaces with one AllGather; return one result per surface name.
 
-    ``group`` is a diagnostic process group (never ``WORLD``, never a training
-    group) and ``ranks`` its global ranks in the order the results report them;
-    every peer must pass the same surfaces (names, modes, widths, order), the same
-    ``kappa`` and the same ``ranks`` order, or every peer raises
-    :class:`~scout_core.errors.ProtocolError`. ``device`` places the wire tensors
-    for a device backend (NCCL needs CUDA tensors); the default is CPU for Gloo.
-
-    Raises ``ValueError`` (before any communication) for an empty or duplicated
-    surface list, a bad ``kappa``, ``WORLD``, or a caller or ``ranks`` that does
-    not match the group.
+    ``ranks`` are the diagnostic ``group``'s global ranks in result order; ``device`` places
+    the wire tensors (NCCL needs CUDA; default CPU). Raises ``ValueError`` before any
+    communication for an empty or duplicated surface list, a bad ``kappa``, ``WORLD``, or a
+    caller or ``ranks`` that does not match the group.
     """
     if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
         raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
@@ -336,7 +320,6 @@ def exchange(
         recv = torch.empty(n * ROW_WORDS, dtype=torch.int64, device=device)
         all_gather_single()(recv, send.to(device), group=group)
         host.copy_(recv)
-    # Only the used prefix of each row is read; the padding is ignored.
     rows = [plan.packer.unpack_from(table, k * ROW_WORDS * 8) for k in plan.order]
 
     bad = [(r, row[0]) for r, row in zip(plan.ranks, rows, strict=True) if row[0] != plan.header]

@@ -20,11 +20,8 @@ __all__ = ["Decision", "decide_exact", "decide_statistical", "robust_scale"]
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of the rule on one surface: a status and an N-bit outlier bitmap.
-
-    ``bitmap[j]`` is true iff peer ``j`` (position in the ordered group) is
-    attributed. It is all false unless ``status`` is ``ATTRIBUTED``.
-    """
+    """A status and an N-bit bitmap: ``bitmap[j]`` iff peer ``j`` is attributed (all false
+    unless ``status`` is ``ATTRIBUTED``)."""
 
     status: Status
     bitmap: tuple[bool, ...]
@@ -37,22 +34,17 @@ def _quiet(n: int, status: Status) -> Decision:
 def decide_exact(values: Sequence[Hashable]) -> Decision:
     """Strict-majority consensus over values that healthy peers hold identically.
 
-    Let ``v*`` be the most frequent value and ``c*`` its count among the ``N``
-    values. If ``c* ≤ N/2`` there is no strict-majority reference: inconclusive,
-    all-zero bitmap. Otherwise every peer whose value differs from ``v*`` is
-    flagged (several distinct minority values are all flagged); attributed if any
-    bit is set, else agree.
-
-    Raises ``ValueError`` for an empty group. One peer trivially agrees.
+    With ``v*`` the most frequent value and ``c*`` its count: ``c* ≤ N/2`` is inconclusive
+    (all-zero bitmap); else every peer not holding ``v*`` is flagged. Raises ``ValueError``
+    for an empty group; one peer trivially agrees.
     """
     n = len(values)
     if n == 0:
         raise ValueError("C3 needs at least one peer value, got none")
     if values.count(values[0]) == n:  # the healthy path, at C speed
         return _quiet(n, Status.AGREE)
-    # Count in first-appearance order (dicts keep insertion order) and keep the
-    # first value reaching the highest count. A tie can never exceed N/2, so the
-    # choice never changes a verdict, but this makes it visibly deterministic.
+    # First value reaching the top count, in first-appearance order: a tie never exceeds
+    # N/2, so it never changes a verdict, but the choice is visibly deterministic.
     counts: dict[Hashable, int] = {}
     for v in values:
         counts[v] = counts.get(v, 0) + 1
@@ -78,14 +70,12 @@ def _median_sorted(xs: Sequence[float]) -> float:
 def robust_scale(values: Sequence[float]) -> float:
     """The robust dispersion ``d`` of statistical C3: MAD, then IQR, then scaled range.
 
-    1. the unscaled MAD, ``median_i |τ_i - m|`` (``m`` the median, the mean of the
-       middle pair for even N);
-    2. if that is 0, the inner IQR ``x[floor(0.75·(N-1))] - x[ceil(0.25·(N-1))]`` of the
-       sorted values (0 when N ≤ 2);
-    3. if that is 0 too, ``(max - min) / (2·N)``.
+    1. the unscaled MAD, ``median_i |τ_i - m|`` (``m`` the median);
+    2. if 0, the inner IQR ``x[floor(0.75·(N-1))] - x[ceil(0.25·(N-1))]`` (0 when N ≤ 2);
+    3. if 0 too, ``(max - min) / (2·N)``.
 
-    The result is 0 only when every value is equal. Raises ``ValueError`` for an empty
-    sequence or a non-finite value. Why these fallbacks: docs/concepts.md, "C3".
+    Zero only when every value is equal. Raises ``ValueError`` for an empty sequence or a
+    non-finite value. Why these fallbacks: docs/concepts.md, "C3".
     """
     n = len(values)
     if n == 0:
@@ -112,17 +102,11 @@ def robust_scale(values: Sequence[float]) -> float:
 def decide_statistical(values: Sequence[float], kappa: float) -> Decision:
     """Robust outlier rule for timings: flag ``|τ_j - m| > κ·d``.
 
-    ``m`` is the median and ``d`` is :func:`robust_scale`. ``d = 0`` happens only
-    when every timing is equal, which is agreement. A fleet-wide slowdown shifts
-    ``m`` with all peers and flags no one, by design (paper §5).
-
-    A non-finite timing (NaN or ±inf) means a measurement failed or never
-    finished on some peer. Its size is unknown, so nothing can be attributed from
-    it, and it may not be read as agreement either: the result is inconclusive
-    with an all-zero bitmap (fail closed).
-
-    Raises ``ValueError`` for an empty group or a ``kappa`` that is not a finite
-    positive number.
+    ``m`` is the median and ``d`` is :func:`robust_scale`; ``d = 0`` (all equal) is agreement.
+    A fleet-wide slowdown shifts ``m`` with all peers and flags no one (paper §5). A
+    non-finite timing is a failed measurement of unknown size, neither blame nor agreement:
+    inconclusive, all-zero bitmap (fail closed). Raises ``ValueError`` for an empty group or
+    a ``kappa`` that is not finite and positive.
     """
     if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
         raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
