@@ -114,7 +114,7 @@ class Config:
     """Elements in one optimizer-replay slice; the slice rotates over the parameters
     (1..67,108,864)."""
 
-    custody_slices: int = 256
+    custody_slices: int = 512
     """Parameter custody's rotation length (0..1,000,000; 0 is off): a rank signs its
     local parameters and their optimizer slots right after the optimizer step writes them
     and checks them before the next step, 1/``custody_slices`` of them per step on

@@ -30,6 +30,7 @@ from scout_core.records.evidence import EvidenceWriter
 from scout_core.records.record import Record
 from scout_core.replay.all_to_all import AllToAllRunner
 from scout_core.replay.boundary import Boundary, BoundaryEvents, StepClock
+from scout_core.replay.buddy import BuddyReplay
 from scout_core.replay.capture import Capturer
 from scout_core.replay.control import ControlFlow
 from scout_core.replay.custody import Custody
@@ -70,7 +71,7 @@ class ReplayDriver:
     """The hooks and per-step logic of replay; one per session."""
 
     _custody: tuple[Record, ...] = ()
-    """This rank's first custody verdict since the last restore (for the gate)."""
+    """This rank's first custody or buddy verdict since the last restore (for the gate)."""
 
     def __init__(
         self,
@@ -183,6 +184,7 @@ class ReplayDriver:
             kappa=config.kappa,
             ownership=adapter.optimizer_ownership(),
         )
+        self.buddy = BuddyReplay(self.opt, self.peers)
         # The group a slow t_gather points at: the shard group under FSDP, else the TP group.
         comm_of: dict[int, tuple[str, tuple[int, ...]]] = {}
         if fsdp or tp:
@@ -322,8 +324,10 @@ class ReplayDriver:
         out: list[RoundOutcome] = []
         counts = self.control.take()
         for recipe in due:
-            if recipe.kind == OPTIMIZER:
-                outcome: RoundOutcome | None = self.opt.run(step, counts=counts)
+            if recipe.kind == OPTIMIZER and not self.opt.supported:
+                outcome: RoundOutcome | None = self.buddy.run(step)
+            elif recipe.kind == OPTIMIZER:
+                outcome = self.opt.run(step, counts=counts)
             elif recipe.kind == EXPERTS:
                 outcome = self.experts.run(recipe, step)
             elif recipe.kind == ALL_TO_ALL:
@@ -346,8 +350,12 @@ class ReplayDriver:
                 continue
             out.append(outcome)
             self.history.append(outcome)
+            me = self.adapter.rank()
             for record in self.verdicts.judge(outcome):
                 self._deliver(record)
+                if recipe.kind == OPTIMIZER and not self.opt.supported and me in record.outliers:
+                    # a buddy verdict: outside the gate's catalog, kept like custody's
+                    self._custody = self._custody or (record,)
         return out
 
     def _deliver(self, record: Record) -> None:

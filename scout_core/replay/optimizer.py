@@ -7,8 +7,8 @@ Contract: :meth:`OptimizerReplay.snapshot` (a step pre-hook) clones one rotating
 slice (``optimizer/result``) across the replica peers. A healthy round is one exchange on
 the peer group and moves no payload; only where the peers' slices differ does the source
 broadcast its slice (``optimizer/received``, ``t_bcast``) for a second exchange. Live
-training state is only read. Uniquely owned state (pure FSDP, ZeRO-3 without replicas)
-is skipped with a logged reason. The recipe, several optimizers and its limits:
+training state is only read. Uniquely owned state (pure FSDP, ZeRO 1-3) is compared by
+:mod:`.buddy` instead, from the same snapshot. The recipe, several optimizers and its limits:
 docs/replay.md, "What is compared, and with whom".
 """
 
@@ -33,7 +33,7 @@ from scout_core.topology.groups import PeerGroup
 from scout_core.topology.shards import local_shard
 from scout_core.vocabulary import Mode, Status
 
-__all__ = ["OptimizerReplay"]
+__all__ = ["OptimizerReplay", "Piece", "hyperparameters"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _UPDATE = "optimizer/update"
 
 
 @dataclass
-class _Piece:
+class Piece:
     """One parameter's part of the slice."""
 
     optimizer: int
@@ -72,13 +72,15 @@ class OptimizerReplay:
         self.slice_size = slice_size
         self.kappa = kappa
         self.ownership = ownership
-        self._pieces: list[_Piece] | None = None
+        self._pieces: list[Piece] | None = None
+        self._taken: list[tuple[int, torch.Tensor, slice]] = []
+        """(optimizer, parameter, flat range) of each snapshot piece, for its post-step values."""
         self._index = 0
         self._snap_step = -1
-        self._warned = False
 
     @property
     def supported(self) -> bool:
+        """Replica peers hold the same state (else :mod:`.buddy` runs the recipe)."""
         return self.ownership is not Ownership.UNIQUE
 
     def _params(self) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -113,19 +115,11 @@ class OptimizerReplay:
         """Clone optimizer ``which``'s part of slice ``index`` (parameters, gradients,
         slots) at iteration ``step``: the pre-step hook of that optimizer's first step
         in the iteration. The parts of one iteration add up to the slice."""
-        if not self.supported:
-            if not self._warned:
-                log.warning(
-                    "optimizer replay skipped: optimizer state is uniquely owned "
-                    "(%s), so no peer holds the same state to compare with",
-                    self.ownership.value,
-                )
-                self._warned = True
-            return
         if (index, step) != (self._index, self._snap_step) or self._pieces is None:
             self._index, self._snap_step = index, step
-            self._pieces = []
+            self._pieces, self._taken = [], []
         for oi, gi, p, flat in self._spans(which):
+            self._taken.append((oi, p, flat))
             local = local_shard(p)
             n = local.numel()
             state = self.optimizers[oi].state.get(p, {})
@@ -139,7 +133,7 @@ class OptimizerReplay:
                 elif v.numel() == 1:
                     slots[key] = v.detach().clone()
             self._pieces.append(
-                _Piece(
+                Piece(
                     oi,
                     gi,
                     local.detach().reshape(-1)[flat].clone(),
@@ -158,7 +152,7 @@ class OptimizerReplay:
             return None
         pieces, self._pieces = self._pieces, None
         recipe = Recipe(OPTIMIZER, None, self._index)
-        own_before = None if pieces is None else sign(self._flat(pieces))
+        own_before = None if pieces is None else sign(self.flat(pieces))
         after = sign(self._after())
         # Optimistically, each peer replays its own slice before the one exchange: where
         # every peer's slice agrees that is the source's bytes (docs/replay.md).
@@ -192,7 +186,7 @@ class OptimizerReplay:
         received, t_bcast = self._broadcast(pieces, src)
         results = exchange(
             [
-                Surface("optimizer/received", Mode.EXACT, sign(self._flat(received))),
+                Surface("optimizer/received", Mode.EXACT, sign(self.flat(received))),
                 Surface("optimizer/t_bcast", Mode.STATISTICAL, t_bcast),
                 Surface(_UPDATE, Mode.EXACT, self._signed_update(received)),
             ],
@@ -202,15 +196,15 @@ class OptimizerReplay:
         )
         return RoundOutcome(recipe, step, self.peers.ranks, True, {**first, **results}, source=src)
 
-    def _signed_update(self, pieces: list[_Piece]) -> int | None:
+    def _signed_update(self, pieces: list[Piece]) -> int | None:
         """The signature of the replayed update of ``pieces``; None when it failed."""
         try:
-            return sign(self._replay(pieces))
+            return sign(self.replay(pieces))
         except Exception as exc:  # evidence goes missing; peers read inconclusive
             log.warning("optimizer replay failed on this rank: %s", exc)
             return None
 
-    def _digest(self, pieces: list[_Piece] | None, step: int) -> int | None:
+    def _digest(self, pieces: list[Piece] | None, step: int) -> int | None:
         if pieces is None:
             return None
         meta = {
@@ -227,22 +221,39 @@ class OptimizerReplay:
                 ]
                 for pc in pieces
             ],
-            "hyper": [[_hyper(g) for g in o.param_groups] for o in self.optimizers],
+            "hyper": [[hyperparameters(g) for g in o.param_groups] for o in self.optimizers],
         }
         text = json.dumps(meta, sort_keys=True, separators=(",", ":"))
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
     @staticmethod
-    def _flat(pieces: list[_Piece]) -> list[torch.Tensor]:
+    def flat(pieces: list[Piece]) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
         for pc in pieces:
             out += [pc.param, pc.grad] + [pc.slots[k] for k in sorted(pc.slots)]
         return out
 
-    def _after(self) -> list[torch.Tensor]:
-        """This peer's own post-step values of the same slice (parameter and slots)."""
+    def take(self) -> tuple[list[Piece] | None, int | None, int]:
+        """The snapshot taken before this step, the signature of the same slice's
+        post-step values and the slice index; the snapshot is consumed."""
+        pieces, self._pieces = self._pieces, None
+        after = None if pieces is None else sign(self._after(self._taken))
+        return pieces, after, self._index
+
+    def max_bytes(self) -> int:
+        """A bound on a shipped slice's bytes: eight 8-byte tensors of the slice, plus
+        scalar slots."""
+        return 64 * self.slice_size + (1 << 16)
+
+    def _after(
+        self, taken: list[tuple[int, torch.Tensor, slice]] | None = None
+    ) -> list[torch.Tensor]:
+        """This peer's own post-step values of the same slice (parameter and slots): of
+        the snapshot's pieces when ``taken`` is given (a framework may drop the gradients
+        after its step), else of the current slice's."""
         out: list[torch.Tensor] = []
-        for oi, _, p, flat in self._spans():
+        spans = taken if taken is not None else [(oi, p, f) for oi, _, p, f in self._spans()]
+        for oi, p, flat in spans:
             local = local_shard(p)
             out.append(local.detach().reshape(-1)[flat])
             state = self.optimizers[oi].state.get(p, {})
@@ -255,19 +266,19 @@ class OptimizerReplay:
                     out.append(v.detach().reshape(-1)[flat])
         return out
 
-    def _broadcast(self, pieces: list[_Piece], src: int) -> tuple[list[_Piece], float]:
-        flat = self._flat(pieces)
+    def _broadcast(self, pieces: list[Piece], src: int) -> tuple[list[Piece], float]:
+        flat = self.flat(pieces)
         buf = pack(flat, device=payload_device(self.peers, flat))
         t_bcast = timed_broadcast(buf, src, self.peers)
         got = iter(unpack(buf, flat))
-        out: list[_Piece] = []
+        out: list[Piece] = []
         for pc in pieces:
             param, grad = next(got), next(got)
             slots = {k: next(got) for k in sorted(pc.slots)}
-            out.append(_Piece(pc.optimizer, pc.group, param, grad, slots))
+            out.append(Piece(pc.optimizer, pc.group, param, grad, slots))
         return out, t_bcast
 
-    def _replay(self, pieces: list[_Piece]) -> list[torch.Tensor]:
+    def replay(self, pieces: list[Piece]) -> list[torch.Tensor]:
         """Apply each piece's optimizer class to copies of the slice; the updated values."""
         out: list[torch.Tensor] = []
         for oi, opt in enumerate(self.optimizers):
@@ -277,14 +288,14 @@ class OptimizerReplay:
         return out
 
     @staticmethod
-    def _replay_one(opt: torch.optim.Optimizer, pieces: list[_Piece]) -> list[torch.Tensor]:
+    def _replay_one(opt: torch.optim.Optimizer, pieces: list[Piece]) -> list[torch.Tensor]:
         groups: list[dict[str, Any]] = []
         params: list[torch.Tensor] = []
         for pc in pieces:
             q = pc.param.clone().requires_grad_(True)
             q.grad = pc.grad.clone()
             params.append(q)
-            hyper = dict(_hyper(opt.param_groups[pc.group], raw=True))
+            hyper = dict(hyperparameters(opt.param_groups[pc.group], raw=True))
             groups.append({"params": [q], **hyper})
         shadow = type(opt)(groups)  # type: ignore[call-arg]  # subclasses take (params, **defaults)
         for q, pc in zip(params, pieces, strict=True):
@@ -302,7 +313,7 @@ class OptimizerReplay:
         return out
 
 
-def _hyper(group: dict[str, Any], *, raw: bool = False) -> dict[str, Any]:
+def hyperparameters(group: dict[str, Any], *, raw: bool = False) -> dict[str, Any]:
     """A group's hyperparameters (everything but its params), JSON-safe unless ``raw``."""
     out: dict[str, Any] = {}
     for k, v in group.items():

@@ -186,7 +186,10 @@ class Trigger:
         return self._add("optim_after", param, (how, key))
 
     def corrupt_grad(self, param: str, how: Corruption) -> Faults:
-        """Corrupt a parameter's (already reduced) gradient before the optimizer step."""
+        """Corrupt a parameter's (already reduced) gradient before the optimizer step, in a
+        step pre-hook (attached after ``scout.enable``, the step computes from the corrupted
+        gradient while SCOUT's snapshot holds the clean one: a miscomputed update).
+        ``param`` may be ``"#<group>.<position>"``, as for :meth:`corrupt_param_after_step`."""
         return self._add("grad", param, how)
 
     def corrupt_optimizer_state(
@@ -423,6 +426,10 @@ class Faults:
                     if found is None:
                         continue  # no state yet (first step): nothing to corrupt
                     param = found
+                elif f.target.startswith("#"):  # the tensor a framework's optimizer steps
+                    param = self._stepped(opt, f.target)
+                    if param is None:
+                        continue  # not held by this step (ZeRO steps one group at a time)
                 else:
                     param = self._params.get(f.target)
                     if param is None:
@@ -431,9 +438,9 @@ class Faults:
                 if f.kind == "param":
                     f.payload.apply_(p)
                 elif f.kind == "grad":
-                    if p.grad is None:
+                    if param.grad is None:  # a DTensor's gradient is on the DTensor
                         continue
-                    f.payload.apply_(local_shard(p.grad))
+                    f.payload.apply_(local_shard(param.grad))
                 else:
                     how, key = f.payload
                     slot = _slot(optimizer, param, key)

@@ -43,7 +43,9 @@ def _arm(spec: dict[str, Any], model: Any, opt: Any) -> Faults | None:
     faults = Faults()
     when = faults.at(rank=int(spec["victim"]), steps=range(int(spec["start"]), 100_000))
     how = BitFlip(bit=int(spec["bit"]), index=int(spec["index"]))
-    if spec.get("slot"):  # a stuck cell in the optimizer state, not the parameter
+    if spec.get("fault") == "grad":  # the step computes from a wrong gradient
+        when.corrupt_grad(str(spec["param"]), how)
+    elif spec.get("slot"):  # a stuck cell in the optimizer state, not the parameter
         when.corrupt_optimizer_state_after_step(str(spec["param"]), how, key=str(spec["slot"]))
     else:
         when.corrupt_param_after_step(str(spec["param"]), how)
@@ -84,6 +86,13 @@ def _result(session: Any, faults: Faults | None, trained: int) -> dict[str, Any]
         "fired": faults.fired() if faults is not None else [],
         "trained": trained,
         "checked": replay.custody.checked if replay is not None else 0,
+        "slices": replay.opt.slices() if replay is not None else 0,
+        "buddy_agreed": sum(
+            1
+            for o in (replay.history if replay is not None else ())
+            if "optimizer/buddy" in o.results
+            and o.results["optimizer/buddy"].status.value == "agree"
+        ),
         "total": replay.custody.total if replay is not None else 0,
         "pending": None if pending is None else str(getattr(pending, "reason", pending)),
     }

@@ -46,7 +46,7 @@ EXPECTED_DEFAULTS = {
     ),
     "variants": (0.1, 1.0, 10.0),
     "optimizer_slice": 65536,
-    "custody_slices": 256,
+    "custody_slices": 512,
     "custody_every": 16,
     "referee_timeout_s": 60.0,
     "kappa": 5.0,
