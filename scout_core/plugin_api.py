@@ -29,6 +29,7 @@ from scout_core.plugin.base import (
     gate_of,
     recover,
     shadow_methods,
+    swapped_attributes,
 )
 from scout_core.plugin.torch_adapter import TorchAdapter, hook_free_twin, param_items
 from scout_core.replay.boundary import Boundary
@@ -51,6 +52,7 @@ __all__ = [
     "recover",
     "agree_or_raise",
     "shadow_methods",
+    "swapped_attributes",
     # the adapter side
     "FrameworkAdapter",
     "AdapterBase",

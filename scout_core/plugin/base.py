@@ -11,7 +11,8 @@ import logging
 import os
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -237,6 +238,29 @@ def shadow_methods(obj: Any, **methods: Callable[..., Any]) -> Callable[[], None
                 delattr(obj, name)
 
     return undo
+
+
+@contextmanager
+def swapped_attributes(
+    changes: Iterable[tuple[Any, str, Any]], *, keep: Iterable[tuple[Any, str]] = ()
+) -> Iterator[None]:
+    """Inside: each ``(obj, name, value)`` of ``changes`` is set in ``obj.__dict__`` (a
+    process group swapped for SCOUT's during a replayed call, say), and each ``(obj, name)``
+    of ``keep`` that ``obj.__dict__`` holds is saved as it is (state the call overwrites).
+    On exit, also on error, everything is put back in reverse order. ``changes`` is read
+    inside the block, so a generator that fails still restores what it had set."""
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for obj, name in keep:
+            if name in obj.__dict__:
+                saved.append((obj, name, obj.__dict__[name]))
+        for obj, name, value in changes:
+            saved.append((obj, name, obj.__dict__[name]))
+            obj.__dict__[name] = value
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            obj.__dict__[name] = value
 
 
 def agree_or_raise(problem: str | None, *, plugin: str, what: str) -> None:

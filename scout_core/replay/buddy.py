@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 
 import torch
@@ -105,8 +106,7 @@ class BuddyReplay:
             raise ValueError(f"optimizer classes differ: {meta['cls']}")
         if meta["hyper"] != [[hyperparameters(g) for g in o.param_groups] for o in opts]:
             raise ValueError("hyperparameters differ")
-        device = _device(opts)
-        like: list[torch.Tensor] = []
+        specs: list[tuple[list[int], torch.dtype]] = []
         shapes: list[tuple[int, int, list[str]]] = []
         for oi, gi, parts in meta["pieces"]:
             if not (0 <= oi < len(opts) and 0 <= gi < len(opts[oi].param_groups)):
@@ -116,12 +116,15 @@ class BuddyReplay:
                 kind = getattr(torch, str(dtype), None)
                 if not isinstance(kind, torch.dtype):
                     raise ValueError(f"unknown dtype {dtype!r}")
-                like.append(torch.empty([int(x) for x in shape], dtype=kind, device=device))
+                specs.append(([int(x) for x in shape], kind))
                 names.append(str(name))
             shapes.append((oi, gi, names))
-        size = sum(t.numel() * t.element_size() for t in like)
+        # Sizes first: nothing is allocated for a layout that the payload does not fill.
+        size = sum(math.prod(shape) * kind.itemsize for shape, kind in specs)
         if size != payload.numel():
             raise ValueError(f"payload has {payload.numel()} bytes, the layout {size}")
+        device = _device(opts)
+        like = [torch.empty(shape, dtype=kind, device=device) for shape, kind in specs]
         got = iter(unpack(payload, like))
         out = []
         for oi, gi, names in shapes:

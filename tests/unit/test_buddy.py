@@ -97,6 +97,10 @@ def test_a_shipment_that_does_not_fit_is_refused_naming_why() -> None:
     with pytest.raises(ValueError, match="unknown dtype 'pickle'"):
         ship._rebuild(json.dumps(bad).encode(), payload)
     bad = json.loads(layout)
+    bad["pieces"][0][2][0][1] = [10**12]  # refused by size, before any allocation
+    with pytest.raises(ValueError, match="payload has"):
+        ship._rebuild(json.dumps(bad).encode(), payload)
+    bad = json.loads(layout)
     bad["pieces"][0][1] = 7
     with pytest.raises(ValueError, match="no optimizer 0 group 7"):
         ship._rebuild(json.dumps(bad).encode(), payload)

@@ -25,6 +25,7 @@ PLUGIN_API = {
     "gate_of",
     "recover",
     "shadow_methods",
+    "swapped_attributes",
     "agree_or_raise",
     "FrameworkAdapter",
     "AdapterBase",
@@ -267,3 +268,30 @@ def test_shadow_methods_shadows_on_the_instance_and_its_undo_removes_only_its_ow
     assert (engine.save(), engine.load()) == ("framework", "someone else")
     assert "save" not in vars(engine) and Engine.save(engine) == "framework"
     undo()  # twice: nothing left to remove
+
+
+def test_swapped_attributes_puts_everything_back_also_on_error() -> None:
+    class Layer:
+        def __init__(self) -> None:
+            self.group = "training"
+            self.l_aux = 1.0
+
+    layer, other = Layer(), Layer()
+    with api.swapped_attributes(
+        [(layer, "group", "scout")], keep=[(layer, "l_aux"), (layer, "absent")]
+    ):
+        assert (layer.group, other.group) == ("scout", "training")
+        layer.l_aux = 9.0  # the call overwrites its own state
+    assert (layer.group, layer.l_aux) == ("training", 1.0)
+    assert "absent" not in vars(layer)
+
+    def changes():  # fails after its first swap: that one is put back too
+        yield layer, "group", "scout"
+        raise RuntimeError("no substitute")
+
+    with pytest.raises(RuntimeError, match="no substitute"), api.swapped_attributes(changes()):
+        pass
+    assert layer.group == "training"
+    with pytest.raises(ValueError, match="inside"), api.swapped_attributes([(layer, "group", "x")]):
+        raise ValueError("inside")
+    assert layer.group == "training"

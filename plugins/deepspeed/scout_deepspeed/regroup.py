@@ -15,13 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
 from scout_core import Axis, MeshLayout
-from scout_core.plugin_api import diagnostic_groups, group_ranks
+from scout_core.plugin_api import diagnostic_groups, group_ranks, swapped_attributes
 
 __all__ = ["DIAGNOSTIC_TIMEOUT", "Repointer", "Site", "find_sites"]
 
@@ -121,15 +120,8 @@ class Repointer:
         """Inside: every site under ``module`` holds SCOUT's group; restored on exit."""
         inside = {id(m) for m in module.modules()}
         chosen = [s for s in self.sites if id(s.module) in inside and s.axis in self.groups]
-        saved: list[tuple[nn.Module, str, Any]] = []
-        try:
-            for site in chosen:
-                saved.append((site.module, site.attr, getattr(site.module, site.attr)))
-                for name in _STATE_ATTRS:
-                    if name in site.module.__dict__:
-                        saved.append((site.module, name, site.module.__dict__[name]))
-                setattr(site.module, site.attr, self.groups[site.axis])
+        with swapped_attributes(
+            [(s.module, s.attr, self.groups[s.axis]) for s in chosen],
+            keep=[(s.module, name) for s in chosen for name in _STATE_ATTRS],
+        ):
             yield
-        finally:
-            for mod, name, value in reversed(saved):
-                setattr(mod, name, value)

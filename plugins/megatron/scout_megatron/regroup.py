@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scout_core import ScoutError
-from scout_core.plugin_api import group_ranks
+from scout_core.plugin_api import group_ranks, swapped_attributes
 
 __all__ = ["Forbidden", "ForbiddenGroupError", "GroupSite", "Regrouper"]
 
@@ -146,18 +146,16 @@ class Regrouper:
     def repointed(self, module: nn.Module) -> Iterator[None]:
         """Inside: ``module`` and its submodules hold SCOUT's groups (or stand-ins)."""
         memo: dict[int, tuple[Any, Any]] = {}
-        saved: list[tuple[nn.Module, str, Any]] = []
-        try:
+
+        def changes() -> Iterator[tuple[nn.Module, str, Any]]:
             for mod in module.modules():
                 for name, value in list(vars(mod).items()):
                     new = self._remap(value, memo)
                     if new is not value:
-                        saved.append((mod, name, value))
-                        mod.__dict__[name] = new
+                        yield mod, name, new
+
+        with swapped_attributes(changes()):
             yield
-        finally:
-            for mod, name, value in reversed(saved):
-                mod.__dict__[name] = value
 
 
 def _groups_in(name: str, value: Any, nested: bool = True) -> Iterator[tuple[str, Any]]:

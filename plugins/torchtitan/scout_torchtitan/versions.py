@@ -4,7 +4,8 @@ Contract: the plugin supports TorchTitan 0.3 (``Configurable`` components, ``con
 ``torchtitan.config.override``); 0.2.x and older is a different design, refused with a message
 saying so. The version comes from distribution metadata; a source checkout's placeholder falls
 back to the API (the 0.3 override module means 0.3, 0.2's ``train_spec`` / ``job_config``
-modules mean 0.2 or older). Docs: docs/torchtitan.md.
+modules mean 0.2 or older). The range check is the core's (``plugin_api.check_version``);
+the refusal says which design the installed release has. Docs: docs/torchtitan.md.
 """
 
 from __future__ import annotations
@@ -14,20 +15,19 @@ import importlib.util
 import re
 
 from scout_core import UnsupportedSetupError
+from scout_core.plugin_api import check_version as check_range
 
 __all__ = [
-    "SUPPORTED_TORCHTITAN",
     "SUPPORTED_RANGE",
     "check_version",
     "detect_api",
     "parse_version",
 ]
 
-SUPPORTED_TORCHTITAN = ((0, 3), (0, 4))
-"""``[low, high)`` as (major, minor): every 0.3.x release; the one tested is 0.3.0."""
-
 SUPPORTED_RANGE = ">=0.3,<0.4"
-"""The same range as a requirement specifier (``pyproject.toml`` pins it too)."""
+"""Every 0.3.x release (the one tested is 0.3.0); ``pyproject.toml`` pins it too."""
+_OLDEST = (0, 3)
+"""Releases before this one are the 0.2 design (TOML configs)."""
 
 _OLD_API = ("torchtitan.protocols.train_spec", "torchtitan.config.job_config")
 _NEW_API = "torchtitan.config.override"
@@ -70,11 +70,13 @@ def check_version(version: str | None = None, *, api: str | None = None) -> str:
     defaults to the installed one; ``api`` (:func:`detect_api`) decides for ``0.0.0`` checkouts."""
     version = _installed() if version is None else version
     got = parse_version(version)
-    low, high = SUPPORTED_TORCHTITAN
     if got is not None and got != (0, 0):
-        if low <= got < high:
-            return version
-        old = got < low
+        try:  # the core's range check; only the refusal's wording is TorchTitan's
+            return check_range(
+                "torchtitan", SUPPORTED_RANGE, plugin="scout-torchtitan", version=version
+            )
+        except UnsupportedSetupError:
+            old = got < _OLDEST
     else:
         kind = detect_api() if api is None else api
         if kind == "0.3":
