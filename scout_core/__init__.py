@@ -7,9 +7,6 @@ The public API: everything outside ``__all__`` is private, but for ``scout_core.
     session = scout.enable(model, optimizer, config=scout.Config(report_dir="runs/scout"))
     ...            # the training loop, unchanged
     session.close()
-
-``enable`` also hands a framework object (a DeepSpeed engine, a TorchTitan trainer, Megatron
-model chunks) to the plugin registered for it under ``scout.plugins``.
 """
 
 from __future__ import annotations
@@ -38,10 +35,8 @@ if TYPE_CHECKING:
     from scout_core.checkpoint import attach_gate, restore_from_disk
 
 __all__ = [
-    # entry point
     "enable",
     "Config",
-    # decisions and evidence
     "C3Result",
     "Surface",
     "exchange",
@@ -52,7 +47,6 @@ __all__ = [
     # the checkpoint gate (docs/checkpoint_gate.md), imported on first use
     "attach_gate",
     "restore_from_disk",
-    # vocabulary
     "Axis",
     "MeshAddress",
     "MeshLayout",
@@ -60,7 +54,6 @@ __all__ = [
     "Mode",
     "Scope",
     "Status",
-    # errors
     "ScoutError",
     "ConfigError",
     "UnsupportedSetupError",
@@ -107,15 +100,13 @@ def enable(
     callback: Callable[[Record], None] | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Attach SCOUT to a training job and return its session.
-
-    ``obj`` is a plain ``torch.nn.Module`` (with ``optimizer``, one or a list, and optionally
-    ``mesh=``) or a framework object an installed plugin handles. ``config`` is a
-    :class:`Config`, a mapping of its keys, a TOML/JSON path, or None (the framework's SCOUT
-    section, ``SCOUT_CONFIG``, ``SCOUT_*`` variables, defaults). ``callback`` receives every
-    verdict record. Bad configuration raises :class:`ConfigError` before anything is
-    attached. Collective; enabling the same object twice returns the live session.
-    """
+    """Attach SCOUT to a training job and return its session (collective; enabling the same
+    object twice returns the live session). ``obj``: a plain ``torch.nn.Module`` (with
+    ``optimizer``, one or a list, and optionally ``mesh=``) or a framework object an installed
+    plugin handles. ``config``: a :class:`Config`, a mapping of its keys, a TOML/JSON path, or
+    None (the framework's SCOUT section, ``SCOUT_CONFIG``, ``SCOUT_*`` variables, defaults).
+    ``callback`` receives every verdict record. Bad configuration raises :class:`ConfigError`
+    before anything is attached."""
     from scout_core.integration.registry import describe_unsupported, select_plugin
 
     cfg = None if config is None else _resolve_config(config)

@@ -1,10 +1,9 @@
 """Where incidents are made: job-wide, at the replay boundary, on a diagnostic group.
 
-Contract: :class:`IncidentMerger` collects this rank's verdict records between boundaries;
-at each due boundary one ``MAX`` word (a :class:`~scout_core.decision.vote.BoundaryVote`
-seat, or its own reduction) asks whether any rank has any; only then do they travel as JSON
-in one all-gather, every rank merges them alike and the lowest rank writes the incidents.
-Docs: docs/evidence.md, "Where incidents are made".
+Contract: :class:`IncidentMerger` collects this rank's verdict records; at each due boundary
+one ``MAX`` word (a :class:`~scout_core.decision.vote.BoundaryVote` seat, or its own reduction)
+asks whether any rank has some, and only then do they travel as JSON in one all-gather; all
+ranks merge alike, the lowest writes the incidents (docs/evidence.md, "Where incidents are made").
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ _COUPLING = (Axis.S, Axis.T, Axis.C, Axis.E)
 
 
 def coupled_partners(layout: MeshLayout) -> Callable[[int], frozenset[int]]:
-    """Per rank, its FSDP shard, tensor, context and expert partners (the ranks it exchanges
-    data with inside a replayed layer)."""
+    """Per rank, its FSDP shard, tensor, context and expert partners (data peers in a layer)."""
     axes = [a for a in _COUPLING if layout.size(a) > 1]
     cache: dict[int, frozenset[int]] = {}
 
@@ -104,9 +102,8 @@ class IncidentMerger:
         return found is not None and found[0] == 1
 
     def collect(self, record: Record) -> None:
-        """Take a verdict delivered on this rank. Every member of the judging group delivers
-        the same record; its group's lowest member keeps it, and so does every rank outside
-        that group (whose lowest rank may not have judged it): duplicates merge by id."""
+        """Take a verdict delivered here. Of the judging group, its lowest member keeps it, and so
+        does every rank outside it (whose lowest may not have judged it); duplicates merge by id."""
         if record.schema != VERDICT_SCHEMA:
             return
         if record.failure is None and record.status is not Status.INCONCLUSIVE:

@@ -1,10 +1,9 @@
 """A SCOUT session: the composition root of one job's replay, observer and gate.
 
-Contract: :func:`compose` builds the parts around a framework adapter in this order: the
-evidence writer, the replay driver (the one step clock and its boundary events), the
-checkpoint gate and the hang observer. Each part subscribes to what it needs and registers
-its own undo; the :class:`Session` only holds the parts and delivers verdicts. ``close``
-runs the closers in reverse order, idempotently.
+Contract: :func:`compose` builds the parts around a framework adapter in order: the evidence
+writer, the replay driver (the one step clock and its boundary events), the checkpoint gate, the
+hang observer. Each part subscribes to what it needs and registers its own undo; the
+:class:`Session` only holds them and delivers verdicts; ``close`` undoes in reverse, idempotently.
 """
 
 from __future__ import annotations
@@ -62,9 +61,7 @@ class Session:
         self.incidents: deque[Record] = deque(maxlen=1)
         """The job's merged incidents, newest revision last; the same on every rank."""
         self.adapter: FrameworkAdapter | None = None
-        """None when SCOUT is disabled, like :attr:`replay`."""
         self.replay: ReplayDriver | None = None
-        """The replay driver, owner of the step clock."""
         self.observer: ObserverHandle | None = None
         """This rank's hang observer (None when ``Config.observer`` is off)."""
         self.checkpoints: CheckpointGate | None = None
@@ -72,8 +69,6 @@ class Session:
         self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
         self._closed = False
-
-    # -- read-only views -----------------------------------------------------------------
 
     @property
     def enabled(self) -> bool:
@@ -94,8 +89,6 @@ class Session:
     def gate(self) -> CheckpointGate | None:
         """The same as :attr:`checkpoints` (its earlier name)."""
         return self.checkpoints
-
-    # -- lifecycle -----------------------------------------------------------------------
 
     def add_closer(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on :meth:`close` (last added, first run)."""
@@ -137,8 +130,6 @@ class Session:
     ) -> None:
         self.close()
 
-    # -- what users call during training --------------------------------------------------
-
     def watch_dataloader(self, loader: Iterable[T]) -> Iterable[T]:
         """Wrap a DataLoader (any iterable) so the observer sees each fetch (``input_stall``);
         ``loader`` itself when the observer is off."""
@@ -147,8 +138,7 @@ class Session:
         return watch_dataloader(loader, self.observer.publisher)
 
     def checkpoint_stage(self, kind: str = "write") -> AbstractContextManager[None]:
-        """Context around a checkpoint write (or ``kind="read"``), watched for
-        ``checkpoint_stall``."""
+        """Context watching a checkpoint write (or ``kind="read"``) for ``checkpoint_stall``."""
         if self.observer is None:
             return contextlib.nullcontext()
         return checkpoint_stage(self.observer.publisher, kind)
@@ -156,10 +146,9 @@ class Session:
     def recover(
         self, failure: Failure | str | None, *, machines_accessible: bool = True
     ) -> Recovery:
-        """Restore the checkpoint the gate trusts after ``failure`` (collective; paper
-        Algorithm 3): SDC or an unreachable machine restores *verified*, a straggler
-        *latest*, anything else first replays the whole recipe catalog. Returns what was
-        restored, or the tag a framework's gate loaded; writes a checkpoint record."""
+        """Restore the checkpoint the gate trusts after ``failure`` (collective; paper Algorithm
+        3; docs/checkpoint_gate.md, "Retrieval"). Returns what was restored, or the tag a
+        framework's gate loaded; writes a checkpoint record."""
         if self.checkpoints is None:
             raise UnsupportedSetupError(
                 "session.recover needs the checkpoint gate: it is off (Config.gate) or the "
@@ -196,13 +185,10 @@ def compose(
     gates_checkpoints: bool = False,
     wire_checkpoints: Callable[[FrameworkGate], Callable[[], None]] | None = None,
 ) -> Session:
-    """Start a session on ``adapter``: replay, the checkpoint gate and the observer.
-
-    Collective. ``gates_checkpoints`` (implied by ``wire_checkpoints``) picks
-    :class:`FrameworkGate` over :class:`GateHandle`; ``wire_checkpoints(gate)`` routes the
-    framework's checkpoint seam through it and returns the undo. First the ranks agree on the
-    run id and the storage check (a :class:`ConfigError` on every rank).
-    """
+    """Start a session on ``adapter`` (collective); the ranks first agree on the run id and the
+    storage check (a :class:`ConfigError` on every rank). ``gates_checkpoints`` (implied by
+    ``wire_checkpoints``) picks :class:`FrameworkGate` over :class:`GateHandle`;
+    ``wire_checkpoints(gate)`` routes the framework's checkpoints through it, returns the undo."""
     session = Session(config, callback=callback)
     if not config.enabled:
         adapter.close()
@@ -224,16 +210,14 @@ def _compose(
     gates_checkpoints: bool,
     wire: Callable[[FrameworkGate], Callable[[], None]] | None,
 ) -> None:
-    # One diagnostic group over the job for what every rank must agree on: the run id,
-    # the storage check, the checkpoint gate's decisions.
+    # One job-wide diagnostic group for what all ranks agree on: run id, storage, the gate.
     group = diagnostic_group()
     config = dataclasses.replace(config, run_id=agree_run_id(config, group))
     session.config = config  # every part below records under the agreed run id
     check_storage(config, group)
     writer = EvidenceWriter(config.report_dir, adapter.rank(), run_id=config.resolved_run_id())
     session.add_closer(writer.close)
-    # What the merger and the gate must agree on at a due boundary travels in one
-    # reduction (scout_core.decision.vote), whoever of them reads it first.
+    # The merger's and the gate's boundary words ride one reduction (scout_core.decision.vote).
     vote: BoundaryVote[Boundary] = BoundaryVote(group)
     merger = IncidentMerger(
         adapter.layout(),
@@ -269,9 +253,8 @@ def _compose(
 
 
 def _terminate_on_sdc(session: Session, step: int) -> None:
-    """``on_sdc = "terminate"``: the job-wide SDC decision at ``step`` ends every rank at once
-    with torchelastic's error file and ``sdc_exit_code``, so the launcher restarts the job and
-    ``session.resume()`` restores verified. Every record is already flushed to disk."""
+    """``on_sdc = "terminate"``: end every rank at once with torchelastic's error file and
+    ``sdc_exit_code`` (records already flushed); the relaunch's ``resume()`` restores verified."""
     config = session.config
     named = [v for v in session.verdicts if v.outliers and v.failure is Failure.SDC][-8:]
     rank = session.adapter.rank() if session.adapter is not None else 0

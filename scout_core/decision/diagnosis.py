@@ -1,10 +1,9 @@
 """Cross-PG validation: turn slow process groups into a machine, group or job diagnosis.
 
-A communication straggler slows every member of a collective, so timing C3 inside one
-group can only name the group (paper Figure 2); slow groups of different dimensions narrow
-the fault to what they share (paper §6.1.2, Figure 3). Contract: :func:`diagnose` is pure,
-so ranks that see the same slow groups reach the same diagnosis. The rule:
-docs/concepts.md, "Cross-PG validation".
+A straggling link slows every member of a collective, so timing C3 names only the group
+(paper Figure 2); slow groups of different dimensions narrow the fault to what they share
+(§6.1.2, Figure 3). Contract: :func:`diagnose` is pure, so ranks that see the same slow
+groups agree. The rule: docs/concepts.md, "Cross-PG validation".
 """
 
 from __future__ import annotations
@@ -82,10 +81,8 @@ def _hosts_of(group: SlowGroup, hosts: Mapping[int, str]) -> frozenset[str]:
 
 def diagnose(slow: Sequence[SlowGroup], hosts: Mapping[int, str]) -> Diagnosis | None:
     """Combine slow groups of different kinds into one diagnosis (``None`` if none is slow).
-
-    ``hosts`` maps every rank of every slow group to its machine; a missing rank is a
-    :class:`ValueError`, because guessing a host could blame the wrong machine.
-    """
+    ``hosts`` maps each of their ranks to its machine; a missing rank is a :class:`ValueError`
+    (a guessed host could blame the wrong machine)."""
     groups = tuple(sorted(set(slow), key=lambda g: (g.kind, g.ranks)))
     if not groups:
         return None

@@ -39,7 +39,7 @@ class Outcome(str, Enum):
     INCONCLUSIVE = "inconclusive"
     """A numerical comparison had no strict majority: not clean."""
     MISSING = "missing"
-    """This rank has no result for the boundary: incomplete evidence."""
+    """This rank has no result for the boundary."""
     HANG = "hang"
 
 
@@ -49,8 +49,7 @@ class Action(str, Enum):
     CAPTURE = "capture"
     """Accepted check inside a cycle: capture ``latest``."""
     ROTATE = "rotate"
-    """Accepted check that closes the cycle: capture ``latest``, promote the candidate to
-    verified, make ``latest`` the new (persisted) candidate."""
+    """Closes the cycle: capture ``latest``, candidate → verified, ``latest`` → saved candidate."""
     SKIP = "skip"
     """Not clean (inconclusive/missing): capture nothing, restart the cycle, drop the candidate."""
     RETRIEVE = "retrieve"
@@ -103,8 +102,7 @@ _SEVERITY = (Outcome.CLEAN, Outcome.INCONCLUSIVE, Outcome.MISSING, Outcome.HANG,
 
 
 def worst(outcomes: Iterable[Outcome]) -> Outcome:
-    """One rank's boundary outcome from its recipe rounds: SDC > hang > missing >
-    inconclusive > clean. No rounds at all is ``MISSING`` (fail closed)."""
+    """A rank's outcome: SDC > hang > missing > inconclusive > clean; no rounds fails closed."""
     found = [Outcome(o) for o in outcomes]
     if not found:
         return Outcome.MISSING
@@ -161,7 +159,6 @@ class Gate:
         self.candidate: int | None = None
         self.verified: int | None = None
         self.cycles = 0
-        """Clean cycles closed so far."""
         self._accepted: set[int] = set()
 
     @property
@@ -254,10 +251,8 @@ class Gate:
         )
 
     def apply(self, decision: Decision, *, captured: bool = True) -> None:
-        """Commit ``decision`` (from :meth:`decide` on this gate) to the state.
-
-        ``captured=False`` is a CAPTURE not taken (lean ``Config.gate_memory``): its recipes
-        count toward the cycle, but ``latest`` stays the last generation actually held."""
+        """Commit ``decision`` (from :meth:`decide` on this gate). ``captured=False``: a CAPTURE
+        not taken (lean ``Config.gate_memory``): recipes count, ``latest`` stays the last held."""
         if decision.action is Action.CAPTURE:
             if captured:
                 self.latest = decision.step
@@ -315,13 +310,8 @@ def retrieval(
     machines_accessible: bool = True,
     sweep: Callable[[], Outcome] | None = None,
 ) -> Retrieval:
-    """Algorithm 3's ``CheckpointRetrieval``: choose ``latest`` or ``verified``.
-
-    * SDC, or a machine unreachable (its latest shard cannot be inspected) → verified;
-    * a straggler (compute or communication) → latest: slowness is not divergence;
-    * else run the full catalog via ``sweep`` (it returns the *job-wide* outcome): latest
-      only when clean; any other outcome, or no sweep, selects verified.
-    """
+    """Algorithm 3's ``CheckpointRetrieval``: ``latest`` or ``verified`` by the table in
+    docs/checkpoint_gate.md, "Retrieval"; ``sweep`` returns the *job-wide* outcome."""
     failure = None if failure is None else Failure(failure)
     if failure is Failure.SDC:
         return Retrieval(Selection.VERIFIED, verified, "sdc: only certified state is trusted")

@@ -1,11 +1,9 @@
 """The checkpoint gate's wire format: one rank's flags as int64 words, combined job-wide.
 
-Before any change of gate state every rank's :class:`~scout_core.decision.gate.LocalFlags`
-are combined with one ``MAX`` reduction on a diagnostic group. Each flag is one word (any
-rank's flag wins); the step, the recipes digest and the gate-state digest travel twice,
-once negated, so the fold sees their maximum and minimum and detects disagreement
-(:func:`merge_flags` is the same fold, pure). Disagreement raises
-:class:`~scout_core.errors.ProtocolError` on every rank: a gate never guesses which is right.
+Contract: one ``MAX`` reduction combines every rank's flags before any gate state changes.
+Any rank's flag wins; the step and both digests also travel negated, so a disagreement shows
+and raises :class:`~scout_core.errors.ProtocolError` on every rank (docs/checkpoint_gate.md,
+"Job-wide agreement"). :func:`merge_flags` is the same fold, pure.
 """
 
 from __future__ import annotations

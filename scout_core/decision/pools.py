@@ -1,10 +1,9 @@
 """Timing pools and the pair's own history: naming a straggler where values have two copies.
 
-A timing comparison needs only the same *work*, not the same values: :func:`work_key`
-digests what makes two replays cost the same, :func:`pool_classes` and :func:`excluded`
-keep other work out, :class:`OwnHistory` judges a pair by each rank's own history.
-Contract: all is pure (an ``OwnHistory`` is fed the same rounds on every rank), so every
-rank decides alike. The rules: docs/replay.md, "Timing pools: equal work, not equal values".
+A timing comparison needs only the same *work*, not the same values: :func:`work_key` digests
+what makes two replays cost the same, :func:`pool_classes` and :func:`excluded` keep other work
+out, :class:`OwnHistory` judges a pair by each rank's own history. Contract: all is pure and fed
+alike on every rank. Rules: docs/replay.md, "Timing pools: equal work, not equal values".
 """
 
 from __future__ import annotations
@@ -124,8 +123,7 @@ class PairCall:
 
 
 class OwnHistory:
-    """Each rank's recent clean rounds per timing series, and the pair rule; every rank feeds
-    it the same rounds in the same order."""
+    """Recent clean rounds per rank and timing series, and the pair rule (fed alike everywhere)."""
 
     def __init__(self, *, rounds: int, min_excess_s: float, min_ratio: float) -> None:
         self.rounds = rounds

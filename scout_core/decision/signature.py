@@ -2,9 +2,8 @@
 
 Contract: equal tensors sign equal on every rank, run and device, and a single flipped bit
 anywhere changes the signature. :func:`fold` reduces the bytes on the tensor's device to at
-most :data:`MAX_FOLD_WORDS` 64-bit words; :func:`finalize` mixes them with dtype and shape
-on the CPU. Definition, limits, 32-bit lanes, CPU ``mm`` and NumPy: docs/internals.md,
-"Signatures: the fold".
+most :data:`MAX_FOLD_WORDS` 64-bit words; :func:`finalize` mixes them with dtype and shape on
+the CPU. Definition, limits and speed: docs/internals.md, "Signatures: the fold".
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ _ROW_BYTES = _LANES * _LANE_BYTES
 _MASK32 = (1 << 32) - 1
 _MASK = (1 << 64) - 1
 
-# splitmix64 constants (Steele, Lea, Flood 2014): the golden-ratio increment and the
-# finalizer multipliers. The finalizer is a bijection on 64-bit integers.
+# splitmix64 (Steele, Lea, Flood 2014): golden-ratio increment, finalizer multipliers (bijective).
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
@@ -52,10 +50,9 @@ _SEED_MANY = 0x3A7C4E9D12F6B085  # start of a sequence's chain
 _TAG_TENSOR = 1
 _TAG_NONE = 2
 
-# Rows per chunk (any value gives the same lanes). One CPU thread: 128 rows (512 KiB) stay in
-# the core's cache. Several threads: each chunk is two kernels waiting on every worker, so
-# larger chunks (4 MiB, the last-level cache) win. An accelerator pays per launch: larger
-# still, bounded to keep the temporary small next to training memory.
+# Rows per chunk (any value gives the same lanes): one CPU thread, 512 KiB in the core's cache;
+# several, 4 MiB (last-level cache), as each chunk waits on every worker; an accelerator pays
+# per launch, so larger still, bounded to keep the temporary small next to training memory.
 _CPU_CHUNK_ROWS = 128
 _CPU_PARALLEL_CHUNK_ROWS = 1024
 _DEVICE_CHUNK_ROWS = 16384
@@ -84,19 +81,16 @@ def _mix64(z: int) -> int:
 
 
 def _absorb(h: int, value: int) -> int:
-    # A bijection of h for a fixed value and of value for a fixed h: two chains that
-    # differ in one absorbed value end in different states.
+    # Bijective in h and in value: two chains that differ in one absorbed value end apart.
     return _mix64((h ^ (value & _MASK)) + _GOLDEN)
 
 
-# Masks that turn torch's arithmetic ``>>`` on int64 into splitmix64's logical shift (as
-# tensors, so no Python int is converted per call).
+# Masks that make torch's arithmetic int64 ``>>`` logical (tensors: no int converted per call).
 _LSR_MASKS = {shift: torch.tensor((1 << (64 - shift)) - 1) for shift in (30, 27, 31)}
 
 
 def _mix64_inplace(z: Tensor) -> Tensor:
-    """:func:`_mix64` element-wise on int64 ``z``, in place (wrapping mod 2**64): on a few
-    hundred words each op costs its dispatch and allocation, not its arithmetic."""
+    """:func:`_mix64` element-wise on int64 ``z``, in place (wrapping mod 2**64; module doc)."""
     for shift, mult in ((30, to_int64(_MIX1)), (27, to_int64(_MIX2)), (31, None)):
         shifted = z >> shift
         shifted &= _LSR_MASKS[shift]
@@ -146,8 +140,7 @@ def _byte_view(t: Tensor) -> Tensor:
     if t.device.type == "meta":
         raise ValueError("a meta tensor has no data to sign")
     t = t.detach()
-    # Lazy conjugate/negative views carry a flag, not different bytes; resolve them so
-    # the signature describes the values the tensor shows.
+    # Lazy conjugate/negative views carry a flag, not other bytes: sign the values shown.
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
@@ -329,8 +322,7 @@ def _close(dtype: torch.dtype, dims: Sequence[int], nbytes: int, n: int, body: i
 
 @functools.lru_cache(maxsize=4096)
 def _header(dtype: torch.dtype, dims: tuple[int, ...], nbytes: int, n: int) -> int:
-    """The chain's state after the header: a replay round signs the same shapes every
-    time, and absorbing a header is a dozen Python mixes."""
+    """The chain's state after the header (cached: replay signs the same shapes each round)."""
     h = _SEED_ONE
     for value in (_dtype_code(dtype), len(dims), *dims, nbytes, n):
         h = _absorb(h, value)
@@ -338,11 +330,9 @@ def _header(dtype: torch.dtype, dims: tuple[int, ...], nbytes: int, n: int) -> i
 
 
 def finalize(words: Tensor, dtype: torch.dtype, shape: Sequence[int]) -> int:
-    """Mix fold ``words`` with ``dtype`` and ``shape`` into an unsigned 64-bit signature.
-
-    Runs on the CPU. Words are keyed by position and bijectively mixed: any single-word change
-    changes the result, a swap does but for a 2**-64 coincidence.
-    """
+    """Mix fold ``words`` with ``dtype`` and ``shape`` into an unsigned 64-bit signature, on the
+    CPU. Words are keyed by position and bijectively mixed: any single-word change changes the
+    result, a swap does but for a 2**-64 coincidence."""
     if words.dtype != torch.int64 or words.dim() != 1:
         raise ValueError(
             f"words must be a 1-D int64 tensor, got {words.dtype} {tuple(words.shape)}"
@@ -359,11 +349,9 @@ def signature(t: Tensor) -> int:
 
 
 def signature_many(tensors: Iterable[Tensor | None]) -> int:
-    """Order-sensitive signature of a sequence of tensors (a flattened pytree).
-
-    ``None`` is a distinct marker: ``[a, None]``, ``[None, a]`` and ``[a]`` differ. The words
-    leave each device in one copy (one sync per device) and are mixed in one CPU pass.
-    """
+    """Order-sensitive signature of a sequence of tensors (a flattened pytree). ``None`` is a
+    distinct marker: ``[a, None]``, ``[None, a]`` and ``[a]`` differ. The words leave each
+    device in one copy (one sync per device) and are mixed in one CPU pass."""
     items = list(tensors)
     folded: dict[int, Tensor] = {}
     by_device: dict[torch.device, list[int]] = {}

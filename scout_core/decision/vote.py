@@ -1,10 +1,9 @@
 """One job-wide reduction per replay boundary for every part that must agree there.
 
 Contract: each part takes a :class:`Seat` from :class:`BoundaryVote`; the first read of an
-event's result reduces every seat's words in one ``MAX`` reduction, later reads return the
-stored slice. Every rank must read at the same (due) boundaries; ranks that disagree about
-whether a part runs raise :class:`~scout_core.errors.ProtocolError`. Presence words and
-the order of reads: docs/internals.md, "The boundary vote".
+event's result reduces every seat's words in one ``MAX`` reduction, later reads reuse it. All
+ranks read at the same (due) boundaries; ranks that disagree whether a part runs raise
+:class:`~scout_core.errors.ProtocolError`. Presence words: docs/internals.md, "The boundary vote".
 """
 
 from __future__ import annotations

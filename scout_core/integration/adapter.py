@@ -1,10 +1,9 @@
 """The adapter protocol: what a framework plugin tells the core about a training job.
 
-The core never imports a framework. Contract: a :class:`FrameworkAdapter` gives the few facts
-replay, the observer and the gate need (below); adapters do not count steps. The protocol is
+Contract: a :class:`FrameworkAdapter` gives the few facts replay, the observer and the gate
+need, so the core never imports a framework; adapters do not count steps. The protocol is
 structural; :class:`~.adapter_base.AdapterBase` holds the shared part and
-:func:`scout_core.testing.conformance.check_adapter` checks every plugin. Docs:
-docs/plugins.md, "The adapter".
+:func:`scout_core.testing.conformance.check_adapter` checks every plugin (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -65,22 +64,17 @@ class Ownership(str, Enum):
     REPLICATED = "replicated"
     """Every replica peer holds the same full state (DDP, ZeRO-0): optimizer replay applies."""
     SHARDED = "sharded"
-    """State is sharded, but each shard is replicated across replica peers (HSDP, ZeRO-1/2
-    with replica groups): replay compares shards between replica peers."""
+    """Each shard replicated on replica peers (HSDP, ZeRO-1/2 with replicas), which compare it."""
     UNIQUE = "unique"
-    """Each shard has a single owner (pure FSDP, ZeRO-3 without replicas): no peer can check
-    it, so optimizer replay is skipped with a logged reason."""
+    """One owner per shard (pure FSDP, ZeRO-3 without replicas): buddy replay checks it."""
 
 
 @dataclass(frozen=True)
 class ModuleRef:
-    """A module and its dotted path inside the model, as evidence records name it.
-
-    A wrapped block (activation checkpointing, ``torch.compile``, FSDP) has two handles:
-    ``module``, the block replay materialises and calls, and ``outer``, the wrapper the model
-    calls, where capture hooks go (it runs once per forward, while a checkpointed block runs
-    again in backward). ``outer`` is None when the two are the same module.
-    """
+    """A module and its dotted path inside the model, as evidence records name it. A wrapped
+    block (activation checkpointing, ``torch.compile``, FSDP) has two handles: ``module``, the
+    block replay materialises and calls, and ``outer`` (None when the same), the wrapper the
+    model calls, where capture hooks go: it runs once per forward, a checkpointed block twice."""
 
     path: str
     module: torch.nn.Module

@@ -1,9 +1,8 @@
 """What every framework adapter shares: RNG streams, optimizers and accessors.
 
-Adapters differ in how they derive the layout, materialise parameters and call a module
-without framework hooks; the rest of the protocol lives here once: the optimizers (stubs not
-listed) and their steps per iteration, the RNG streams (CPU, current CUDA device, framework
-trackers) and accessors. Adapters attach and count nothing: the replay driver owns the clock.
+Contract: a subclass adds only the layout, ``materialize`` and a hook-free ``call``; the
+optimizers (stubs not listed), their steps per iteration, the RNG streams (CPU, CUDA, framework
+trackers) and accessors live here. Adapters attach and count nothing: replay owns the clock.
 """
 
 from __future__ import annotations
@@ -42,9 +41,8 @@ class AdapterBase:
     """The shared part of an adapter; subclasses add layout, materialise and call."""
 
     replays_ep_blocks: bool = False
-    """Whether a block with an expert-parallel MoE layer may stay in the hidden-layer rotation:
-    True only if ``call`` re-points its all-to-all to SCOUT's groups (read with ``getattr``;
-    absent means False)."""
+    """Whether a block with an expert-parallel MoE layer may stay in the rotation: True only if
+    ``call`` re-points its all-to-all to SCOUT's groups (read with ``getattr``; absent: False)."""
 
     def __init__(
         self,

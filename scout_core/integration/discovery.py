@@ -1,11 +1,9 @@
 """Find the modules replay samples: the repeated layers, the embedding and the LM head.
 
-Contract: :func:`discover` attaches to a model it has never seen: the repeated layers are the
-largest ``ModuleList``/``ModuleDict`` of same-class blocks (seen through checkpoint and
-``torch.compile`` wrappers), the embedding the first ``nn.Embedding`` near the top, the LM
-head the last ``nn.Linear`` outside the blocks. ``Config.layers`` / ``.embedding`` /
-``.lm_head`` name them instead; a name that does not resolve fails at ``enable``. Paths are
-relative to the unwrapped model. Docs: docs/plugins.md, "The adapter".
+Contract: :func:`discover` attaches to a model it has never seen (each ``find_*`` says what it looks
+for, through checkpoint and ``torch.compile`` wrappers); ``Config.layers`` / ``.embedding`` /
+``.lm_head`` name the modules instead (checked at ``enable``), relative to the unwrapped model.
+docs/plugins.md, "The adapter".
 """
 
 from __future__ import annotations
@@ -71,11 +69,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def _base_class(module: nn.Module) -> type:
-    """The user's class of ``module``, looking through FSDP2's generated subclass.
-
-    ``fully_shard`` swaps the class for ``FSDP<Name>`` (subclassing ``FSDPModule`` and the
-    original); blocks sharded individually must still count as the same class.
-    """
+    """The user's class of ``module``: FSDP2's ``fully_shard`` swaps it for ``FSDP<Name>`` (a
+    subclass of ``FSDPModule`` and the original); blocks sharded one by one still share a class."""
     cls = type(module)
     if cls.__name__.startswith("FSDP") and len(cls.__bases__) >= 2:
         return cls.__bases__[-1]
@@ -99,7 +94,6 @@ Blocks = nn.ModuleList | nn.ModuleDict
 
 
 def _children(container: Blocks) -> list[tuple[str, nn.Module]]:
-    """(key, child) in model order: list indices, or the dict's keys in its order."""
     if isinstance(container, nn.ModuleDict):
         return list(container.items())
     return [(str(i), m) for i, m in enumerate(container)]
@@ -128,12 +122,9 @@ def _moe_layers(root: nn.Module) -> list[tuple[str, str, nn.Module, str, Blocks]
 
 
 def find_moe(model: nn.Module) -> tuple[tuple[ModuleRef, ...], tuple[ModuleRef, ...]]:
-    """The MoE layers' routers and expert containers, in model order.
-
-    An MoE layer has a non-empty ``experts`` ``ModuleList``/``ModuleDict`` (this rank's local
-    experts) and a ``router`` or ``gate`` child, as in SCOUT's test model, megatron-core's
-    ``MoELayer`` and most hand-written blocks. Other shapes get no MoE recipes.
-    """
+    """The MoE layers' routers and expert containers, in model order: a layer has a non-empty
+    ``experts`` ``ModuleList``/``ModuleDict`` (this rank's) and a ``router`` or ``gate`` child,
+    as in megatron-core's ``MoELayer`` and most hand-written blocks; other shapes get no recipes."""
     found = _moe_layers(unwrap(model))
     routers = tuple(ModuleRef(rp, r) for _, rp, r, _, _ in found)
     experts = tuple(ModuleRef(ep, e) for _, _, _, ep, e in found)
@@ -209,7 +200,7 @@ def find_layers(model: nn.Module, path: str | None = None) -> tuple[ModuleRef, .
 
 
 def find_embedding(model: nn.Module, path: str | None = None) -> ModuleRef | None:
-    """The token embedding: ``path``, else the first ``nn.Embedding`` outside any block list."""
+    """The token embedding: ``path``, else the first ``nn.Embedding`` near the top (depth <= 1)."""
     root = unwrap(model)
     if path is not None:
         return ModuleRef(path, _resolve(root, path, "embedding"))
@@ -245,8 +236,7 @@ def discover(
     blocks = find_layers(model, layers)
     emb = find_embedding(model, embedding)
     head = find_lm_head(model, blocks, lm_head)
-    # A head merely tied to the embedding's weight is a separate call with its own inputs,
-    # so it keeps its own recipe; only the very same module is dropped.
+    # A head merely tied to the embedding's weight is its own call: only the same module drops.
     if head is not None and emb is not None and head.module is emb.module:
         head = None
     routers, experts = find_moe(model)

@@ -1,10 +1,9 @@
 """Plugin discovery and ``enable`` dispatch.
 
-Framework plugins are separate distributions (``scout-deepspeed``, ...) that register a
-:class:`ScoutPlugin` under the entry-point group ``scout.plugins``; it says whether it
-handles a training object and, if so, enables SCOUT on it. Contract: discovery runs once
-per process; a plugin that fails to import or does not follow the protocol is logged and
-skipped, never fatal. The core's plain-PyTorch path is tried after every plugin declined.
+Framework plugins are distributions (``scout-deepspeed``, ...) that register a :class:`ScoutPlugin`
+under the entry-point group ``scout.plugins``: it says whether it handles a training object and
+enables SCOUT on it. Contract: discovery runs once per process; a plugin that fails to import or
+breaks the protocol is logged and skipped, never fatal; plain PyTorch comes after all declined.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 Plugins read framework internals that are not promised stable (DeepSpeed's
 ``engine._config._param_dict``, Megatron's parallel state), so activation refuses a release
-outside the tested range, naming both versions, rather than fail later inside a replay. A
-plugin declares ``supported = ">=0.19,<0.20"``; this module compares release numbers
-without the ``packaging`` distribution. Only leading release numbers count (``0.19.8rc1`` is
-``0.19.8``) and missing components are zero, so ``>=0.19,<0.20`` admits every ``0.19.x``.
+outside the tested range, naming both versions, rather than fail later inside a replay.
+Contract: ``supported = ">=0.19,<0.20"`` compares leading release numbers (``0.19.8rc1`` is
+``0.19.8``; missing ones are zero, so it admits every ``0.19.x``), without ``packaging``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """All-to-all replay of MoE layers (paper §6.2): one ``all_to_all`` round.
 
 Contract: every rank replays its MoE layer's dispatch and combine on SCOUT's own EP group
-(a diagnostic Gloo group, or its NCCL payload twin for a CUDA layer), never on the model's
-training EP group, with a synthetic plan and payload drawn from a seed that its peer group
-(the ranks at one EP position of every replica) shares. Readiness is AND-ed over the EP
-group before any payload moves, so no partner is stranded inside an all-to-all; a rank
-that cannot build its payload still takes part (zeros of the planned size), and its whole
-EP group then reports a gap instead of evidence. One exchange on the peer group compares
-``received``, ``plan``, ``dispatch`` and ``combine`` exactly and ``t_late``
-(:func:`lateness`), ``t_a2a`` and ``t_bcast`` statistically. The round, and why lateness
-names the slow rank: docs/moe.md, "Replay of the all-to-all".
+(Gloo, or its NCCL payload twin for a CUDA layer), never on the training EP group, with a
+synthetic plan and payload drawn from a seed shared by its peer group (the ranks at one EP
+position of every replica). Readiness is AND-ed over the EP group before any payload moves,
+so no partner is stranded inside an all-to-all; a rank that cannot build its payload still
+takes part (zeros of the planned size), and its EP group reports a gap, not evidence. One
+exchange on the peer group compares ``received``, ``plan``, ``dispatch`` and ``combine``
+exactly and ``t_late`` (:func:`lateness`), ``t_a2a`` and ``t_bcast`` statistically. The
+round, and why lateness names the slow rank: docs/moe.md, "Replay of the all-to-all".
 """
 
 from __future__ import annotations
@@ -42,19 +41,16 @@ __all__ = ["AllToAllRunner", "AllToAllTarget", "all_to_all_targets", "lateness"]
 log = logging.getLogger(__name__)
 
 ROWS = 32
-"""Rows a rank sends each EP destination in one replayed dispatch: ``1..ROWS``,
-drawn from the seed (a dropless dispatch's uneven splits, kept small: the round
-measures arrival and delivery, not bandwidth)."""
+"""Most rows a rank sends one EP destination per dispatch (``1..ROWS``, from the seed):
+uneven like a dropless dispatch; small: the round measures arrival and delivery, not bandwidth."""
 
 SURFACES = ("received", "plan", "dispatch", "combine")
 """Exact surfaces of an all-to-all round, in exchange order."""
 
 TAP = "ep"
-"""The injected-delay kind of a late arrival at the replayed all-to-all
-(:mod:`scout_core.replay.taps`): slept before the call."""
+"""Injected late arrival at the replayed all-to-all (:mod:`.taps`): slept before the call."""
 LINK_TAP = "ep_link"
-"""The injected-delay kind of a slow exchange (a slow link at this rank): slept inside
-the timed call, so every partner waits as long as this rank does."""
+"""Injected slow link at this rank: slept inside the timed call, so every partner waits too."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +62,7 @@ class AllToAllTarget:
     width: int
     """Features of one dispatched row (the hidden size)."""
     dtype: torch.dtype
-    """The dtype of the dispatched rows (the layer's parameters')."""
     device: torch.device
-    """Where the layer lives (the payload stays there on an NCCL payload group)."""
 
 
 def _first_matrix(module: torch.nn.Module) -> torch.Tensor | None:
@@ -83,10 +77,9 @@ def all_to_all_targets(
 ) -> dict[str, AllToAllTarget]:
     """One target per MoE layer (each experts container's layer), in model order.
 
-    The row width is the router's input width (the last dimension of its first weight
-    matrix: a gate ``Linear(hidden, experts)`` holds ``[experts, hidden]``), else the
-    experts' first weight matrix's; the dtype and device are the experts'. A layer
-    with no weight matrix is left out (logged)."""
+    Row width: the router's input width (the last dimension of its first weight matrix; a
+    gate ``Linear(hidden, experts)`` holds ``[experts, hidden]``), else the experts' first
+    weight matrix's. A layer with no weight matrix is left out (logged)."""
     out: dict[str, AllToAllTarget] = {}
     for ref in experts:
         layer = layer_of(ref.path)
@@ -102,12 +95,10 @@ def all_to_all_targets(
 
 
 def lateness(times: Sequence[Sequence[float]], me: int) -> tuple[float, float]:
-    """``(t_late, t_a2a)`` of EP member ``me`` from every member's in-call times.
-
-    ``times[j][k]`` is member ``j``'s time inside timed phase ``k``. Summed over the
-    phases: ``t_late = max_j t[j][k] - t[me][k]`` (how much later than the first
-    partner this rank entered) and ``t_a2a = min_j t[j][k]`` (the exchange once
-    everyone was in; the same on every member). See docs/moe.md."""
+    """``(t_late, t_a2a)`` of EP member ``me``; ``times[j][k]`` is member ``j``'s time inside
+    timed phase ``k``. Summed over the phases: ``t_late = max_j t[j][k] - t[me][k]`` (how much
+    later than the first partner this rank entered) and ``t_a2a = min_j t[j][k]`` (the
+    exchange once everyone was in; the same on every member). See docs/moe.md."""
     late = a2a = 0.0
     for k in range(len(times[me])):
         column = [float(row[k]) for row in times]
@@ -143,8 +134,7 @@ class AllToAllRunner:
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
 
     def run(self, recipe: Recipe, step: int, **_: Any) -> RoundOutcome:
-        """One round of ``recipe`` at ``step`` (see docs/moe.md). Collective over the
-        peer group and the EP group."""
+        """One round (docs/moe.md); collective over the peer group and the EP group."""
         assert recipe.path is not None and self.ep is not None
         target = self.targets[recipe.path]
         group, name = self.peers.ranks, recipe.name
@@ -193,15 +183,13 @@ class AllToAllRunner:
         return int(buf.view(torch.int64).item()), t_bcast
 
     def _device(self, target: AllToAllTarget) -> tuple[torch.device, dist.ProcessGroup]:
-        """The payload's device and group: the NCCL payload group for a CUDA layer when
-        SCOUT made one, else host memory on the Gloo group."""
+        """The NCCL payload group for a CUDA layer when SCOUT made one, else Gloo on the host."""
         assert self.ep is not None
         if self.ep.payload_pg is not None and target.device.type == "cuda":
             return target.device, self.ep.payload_pg
         return torch.device("cpu"), self.ep.pg
 
     def _plan(self, seed: int) -> list[int]:
-        """Rows this rank sends each EP destination, drawn from its seed."""
         assert self.ep is not None
         plan = torch.randint(1, self.rows + 1, (self.ep.size,), generator=_generator(seed, 0))
         return [int(n) for n in plan.tolist()]
@@ -218,9 +206,8 @@ class AllToAllRunner:
         return torch.cat(blocks).to(device=device, dtype=target.dtype)
 
     def _exchange(self, target: AllToAllTarget, seed: int) -> dict[str, Any]:
-        """Plan, dispatch and combine on the EP group, then the in-call times.
-        Collective over the EP group whatever happens locally: a rank that cannot build
-        its payload sends zeros of the planned size and reports why (``gap``)."""
+        """Plan, dispatch, combine, then the in-call times. Collective over the EP group even
+        when this rank's payload fails (it sends zeros of the planned size and a ``gap``)."""
         assert self.ep is not None
         device, pg = self._device(target)
         values: dict[str, Any] = {"received": sign([torch.tensor([seed], dtype=torch.int64)])}

@@ -1,15 +1,13 @@
 """The step clock and the boundary events: one event per training iteration.
 
-Contract: :class:`StepClock` turns the public step hooks of the listed optimizers into
-exactly one boundary per iteration, however many optimizers the job has and however often
-a framework steps each (``steps_per_iteration``): ``pre(index)`` runs before an
-optimizer's first step of the iteration, the boundary right after the step at which every
-optimizer has taken its first step (the last point where no parameter of the iteration has
-moved on any rank), and the iteration ends when each has taken its count; a step beyond
-that starts the next. :class:`BoundaryEvents` hands every subscriber the frozen
-:class:`Boundary` (step, recipes due, this rank's round outcomes); nobody writes into the
-driver, so the order of subscription does not matter. The rules and why:
-docs/replay.md, "When the boundary fires".
+Contract: :class:`StepClock` turns the public step hooks of the listed optimizers into exactly
+one boundary per iteration, however many optimizers the job has and however often a framework
+steps each (``steps_per_iteration``): ``pre(index)`` runs before an optimizer's first step of
+the iteration, the boundary right after every optimizer has taken its first step (the last
+point where no parameter of the iteration has moved on any rank), and the iteration ends when
+each has taken its count; a step beyond that starts the next. :class:`BoundaryEvents` hands
+every subscriber the frozen :class:`Boundary`; nobody writes into the driver, so the order of
+subscription does not matter. The rules and why: docs/replay.md, "When the boundary fires".
 """
 
 from __future__ import annotations
@@ -40,9 +38,8 @@ class Boundary:
     rounds: tuple[RoundOutcome, ...]
     """This rank's round outcomes of the due recipes (a skipped recipe has none)."""
     custody: tuple[Record, ...] = ()
-    """This rank's parameter-custody verdicts (:mod:`scout_core.replay.custody`) since
-    the last restore, the first one included at every later boundary until then: a
-    checkpoint gate that decides only where recipes are due still sees it there."""
+    """This rank's first custody verdict (:mod:`.custody`) since the last restore, at every
+    later boundary: a checkpoint gate that decides only where recipes are due still sees it."""
 
 
 Listener = Callable[[Boundary], None]

@@ -1,15 +1,13 @@
 """Buddy optimizer replay: an owner's optimizer step, replayed by the next rank of its group.
 
-Contract: where optimizer state is uniquely owned (pure FSDP, ZeRO 1-3), each owner ships
-the rotating slice :class:`~.optimizer.OptimizerReplay` snapshots before the step
-(parameter, reduced gradient, slots, with a JSON layout: no pickle) to its buddy, the
-next rank of the peer group, which applies its own optimizer class and hyperparameters
-and compares the result's signature with the owner's post-step slice. A mismatch asks a
-referee (the rank after the buddy) to replay the same slice, and two of three decide
-(``optimizer/buddy``, rank scope): the owner when the referee matches the buddy, the
-buddy when it matches the owner. Two owners, a layout the buddy cannot replay or a
-referee that matches neither give an inconclusive round with the reason, never a
-culprit. docs/replay.md, "Buddy optimizer replay".
+Contract: where optimizer state is uniquely owned (pure FSDP, ZeRO 1-3), each owner ships the
+rotating slice :class:`~.optimizer.OptimizerReplay` snapshots before the step (parameter,
+reduced gradient, slots, with a JSON layout: no pickle) to its buddy, the next rank of the peer
+group, which applies its own optimizer class and hyperparameters and compares the result's
+signature with the owner's post-step slice. A mismatch asks a referee (the rank after the
+buddy) to replay the same slice, and two of three decide (``optimizer/buddy``, rank scope).
+Two owners, a layout the buddy cannot replay or a referee that matches neither give an
+inconclusive round with the reason, never a culprit. docs/replay.md, "Buddy optimizer replay".
 """
 
 from __future__ import annotations
@@ -52,10 +50,9 @@ def _u64(word: int) -> int:
 
 
 def decide(owner: int, buddy: int, referee: int | None) -> str:
-    """Two of three, from signatures of one slice: the owner's own post-step values, the
-    buddy's replay and the referee's (None: no answer). ``"owner"`` or ``"buddy"`` names
-    the side the other two outvote; ``"none"`` when nothing differs; ``"inconclusive"``
-    when no referee answered or it matches neither."""
+    """Two of three signatures of one slice: the owner's post-step values, the buddy's replay,
+    the referee's (None: no answer). ``"owner"`` or ``"buddy"``: the side the other two
+    outvote; ``"none"``: nothing differs; ``"inconclusive"``: no referee, or it matches neither."""
     if owner == buddy:
         return "none"
     if referee is None or referee not in (owner, buddy):
@@ -71,12 +68,9 @@ class BuddyReplay:
         self.peers = peers
         self.pg = peers.pg
 
-    # -- the shipment ---------------------------------------------------------------------
-
     def _layout(self, pieces: list[Piece]) -> bytes:
-        """What a buddy needs to rebuild ``pieces``: their optimizer, group, tensors'
-        names, shapes and dtypes, and the classes and hyperparameters they were stepped
-        with (the buddy replays only with equal ones)."""
+        """What a buddy rebuilds ``pieces`` from: optimizer, group, tensor names, shapes and
+        dtypes, and the classes and hyperparameters (it replays only with equal ones)."""
         opts = self.opt.optimizers
         return json.dumps(
             {
@@ -140,8 +134,6 @@ class BuddyReplay:
         except Exception as exc:  # evidence goes missing: the round reads inconclusive
             log.warning("buddy optimizer replay failed on this rank: %s", exc)
             return _FAILED, None
-
-    # -- the round ------------------------------------------------------------------------
 
     def run(self, step: int) -> RoundOutcome:
         """Collective over the peer group: ship, replay, and on a mismatch referee."""

@@ -1,15 +1,13 @@
 """Capture one module call during training so it can be replayed at the step boundary.
 
-Contract: :meth:`Capturer.arm` hooks only the modules due this iteration (and unhooks the
-rest), so an iteration with nothing due runs no SCOUT code in any forward. The first
-grad-enabled call of an armed module keeps its args/kwargs (tensors cloned, the rest by
-reference), requires-grad mask and pre-call RNG states, then the gradient flowing into each
-output; later calls and replay's own are ignored, and :meth:`Capturer.take` returns only a
-complete capture of this iteration. A ref's ``capture_copy`` may be collective over its
-shard group, so it runs on every member, a vetoed one too; a copy that raises drops the
-capture (the round reads inconclusive), never the training step. :meth:`Capturer.keep_last`
-keeps each module's last complete capture for the gate's sweep. The steps in full:
-docs/replay.md, "One round, step by step".
+Contract: :meth:`Capturer.arm` hooks only the modules due this iteration (and unhooks the rest),
+so an iteration with nothing due runs no SCOUT code in any forward. The first grad-enabled call
+of an armed module keeps its args/kwargs (tensors cloned, the rest by reference), requires-grad
+mask and pre-call RNG states, then the gradient flowing into each output; later calls and
+replay's own are ignored, and :meth:`Capturer.take` returns only a complete capture of this
+iteration. A ref's ``capture_copy`` may be collective over its shard group, so it runs on every
+member, a vetoed one too; a copy that raises drops the capture (the round reads inconclusive),
+never the training step. The steps in full: docs/replay.md, "One round, step by step".
 """
 
 from __future__ import annotations
@@ -107,12 +105,10 @@ class Capture:
     def complete(self) -> bool:
         """Inputs recorded and every output that backward reached has its gradient copied.
 
-        Read at the replay boundary, when this iteration's backward is over: an output
-        that required grad but that backward never reached received no gradient (the
-        model does not use it, e.g. an MoE gate's auxiliary loss left out of the loss),
-        and is replayed without one, on every peer alike. A gradient that arrived but
-        could not be copied leaves the capture incomplete.
-        """
+        Read at the boundary, after backward: an output that required grad but was never
+        reached (unused, e.g. an MoE gate's auxiliary loss left out of the loss) is replayed
+        without a gradient on every peer alike. A gradient that arrived but could not be
+        copied leaves the capture incomplete."""
         return self.outputs_seen and all(
             g is not None or not seen for g, seen in zip(self.grads, self.grads_seen, strict=True)
         )
@@ -133,8 +129,7 @@ class Capturer:
         self._handles: dict[str, tuple[RemovableHandle, RemovableHandle]] = {}
 
     def arm(self, step: int, paths: Iterable[str]) -> None:
-        """Capture ``paths`` during iteration ``step``; drops older captures. Hooks are
-        added on the modules newly armed and removed from those no longer armed."""
+        """Capture ``paths`` during iteration ``step`` (re-hooking as needed); drops older ones."""
         self._step = step
         self._armed = set(paths)
         self._captures = {}

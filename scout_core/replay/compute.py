@@ -1,16 +1,14 @@
 """The local part of a layer round: run the module on copies and sign what it computed.
 
-Everything here happens on one peer, between the round's collectives (runner's
-step 5): for each input variant (``0.1x, x, 10x``; integer inputs get only ``x``)
-the module runs on copies of the parameters, buffers and inputs, under scoped
-deterministic mode with the agreed thread count and the source's RNG states, and
-``autograd.grad`` from the broadcast output gradients yields input and parameter
-gradients without touching any live ``.grad``. The result is the exact surfaces
-``forward``, ``input_grad`` and ``param_grad`` (plus the floating and the integer
-output leaves apart, ``float_outputs`` / ``int_outputs``, which a router round
-compares as its routing weights and top-k indices) (``None`` when empty although
-expected, with the reason in ``gap``: :mod:`.gaps`) and the timing ``t_M``, which
-ends only when the device has finished (:class:`~.scope.Interval`).
+Everything here happens on one peer, between the round's collectives (runner's step 5): for
+each input variant (``0.1x, x, 10x``; integer inputs get only ``x``) the module runs on copies
+of the parameters, buffers and inputs, under scoped deterministic mode with the agreed thread
+count and the source's RNG states, and ``autograd.grad`` from the broadcast output gradients
+yields input and parameter gradients without touching any live ``.grad``. The result: the exact
+surfaces ``forward``, ``input_grad``, ``param_grad`` and the floating and integer output leaves
+apart (``float_outputs``, ``int_outputs``: a router's weights and top-k indices), each ``None``
+when empty although expected (the reason in ``gap``, :mod:`.gaps`), and the timing ``t_M``,
+which ends only when the device has finished (:class:`~.scope.Interval`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Control flow every peer must share: one optimizer step per iteration, equal micro-batches.
 
-Contract: :class:`ControlFlow` counts, on each rank, the grad-enabled training forwards of
-one marker module; a boundary with no forward since the previous one is an extra optimizer
-step, not a new iteration, so the step clock stays and this rank keeps entering replay
-collectives at the same iterations as its peers. The counts since the last due round
-(:meth:`ControlFlow.take`) travel in readiness as the exact surfaces ``<recipe>/steps``
-and ``<recipe>/micro`` (:func:`surfaces`); peers that disagree (:func:`diverged`) make the
-round not ready before any payload collective, and a ``protocol_mismatch`` record names
-the outlier (:func:`describe`): a divergence is reported, never a deadlock. A marker that
-never sees a forward leaves the clock as it was. Why, and which module is the marker:
-docs/replay.md, "One round, step by step" (step 2).
+Contract: :class:`ControlFlow` counts, on each rank, the grad-enabled training forwards of one
+marker module; a boundary with no forward since the previous one is an extra optimizer step,
+not a new iteration, so the step clock stays and this rank keeps entering replay collectives at
+the same iterations as its peers. The counts since the last due round (:meth:`ControlFlow.take`)
+travel in readiness as the exact surfaces ``<recipe>/steps`` and ``<recipe>/micro``; peers that
+disagree (:func:`diverged`) make the round not ready before any payload collective, and a
+``protocol_mismatch`` record names the outlier (:func:`describe`): a divergence is reported,
+never a deadlock. A marker that never sees a forward leaves the clock as it was. Why, and which
+module is the marker: docs/replay.md, "One round, step by step" (step 2).
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Custody: a rank vouches for its own parameters and optimizer slots between two steps.
 
 Contract: with ``slices > 0`` (0 is off: no hook at all), step hooks on the optimizers the
-adapter lists (the tensors :mod:`scout_core.replay.optimizer` walks, and each one's
-element-wise optimizer slots) fold one rotating range of the local elements right after
-every ``every``-th step, and fold it again right before the next step that writes the
-same tensor. :meth:`Custody.collect`, called at each replay boundary, returns the pieces
-whose fold words differ (one device read, none inside a step), and
-:meth:`Custody.records` makes each a rank-scoped ``sdc`` on ``params/custody`` (a
-parameter) or ``optimizer/custody`` (a slot) naming this rank: no peer, no collective.
-An optimizer's ``load_state_dict`` and :meth:`Custody.forget` drop every signature; any
-other write between two steps reads as a violation. docs/replay.md, "Custody".
+adapter lists (the parameters :mod:`.optimizer` walks and their element-wise slots) fold one
+rotating range of the local elements right after every ``every``-th step, and again right
+before the next step that writes the same tensor. :meth:`Custody.collect`, called at each
+replay boundary, returns the pieces whose fold words differ (one device read, none inside a
+step), and :meth:`Custody.records` makes each a rank-scoped ``sdc`` on ``params/custody`` (a
+parameter) or ``optimizer/custody`` (a slot) naming this rank: no peer, no collective. An
+optimizer's ``load_state_dict`` and :meth:`Custody.forget` drop every signature; any other
+write between two steps reads as a violation. docs/replay.md, "Parameter custody".
 """
 
 from __future__ import annotations
@@ -34,9 +33,7 @@ __all__ = ["SLOT_SURFACE", "SURFACE", "Custody"]
 log = logging.getLogger(__name__)
 
 SURFACE = "params/custody"
-"""The surface of a custody verdict on a parameter."""
 SLOT_SURFACE = "optimizer/custody"
-"""The surface of a custody verdict on an optimizer slot (``exp_avg``, say)."""
 _MAX_VIEWS = 256
 """Cached parameter views per custody (ZeRO-3 shows one per sub-group)."""
 
@@ -55,7 +52,6 @@ class _Held:
     offset: int
     """Its first element's position in the rotation."""
     numel: int
-    """Its local elements."""
     where: tuple[int, int, int]
     """(optimizer, param group, position in the group) when first seen."""
 
@@ -78,7 +74,6 @@ class _View:
     ids: frozenset[int]
     starts: list[int]
     helds: list[_Held]
-    """Parameters and their slots, ordered by rotation offset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +89,7 @@ class _Check:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """One tensor piece whose elements changed between the step that signed them and the
-    step about to write them again."""
+    """A tensor piece that changed between the step that signed it and the next one writing it."""
 
     held: _Held
     seal: _Seal
@@ -131,11 +125,8 @@ class Violation:
 
 
 class Custody:
-    """Signs a rotating range of the local parameters and their optimizer slots after
-    every ``every``-th optimizer step and checks it before the next step (docs/replay.md).
-    ``slices = 0`` is off: no hook at all.
-
-    ``step`` returns the current iteration (the replay driver's step clock)."""
+    """Signs a rotating range of the local parameters and slots after every ``every``-th
+    step and checks it before the next (module doc); ``step`` returns the current iteration."""
 
     def __init__(
         self,
@@ -152,7 +143,6 @@ class Custody:
         self.optimizers = list(optimizers)
         self.slices = slices
         self.every = min(every, max(1, slices))
-        """Custody signs at every this many iterations (``every``, at most ``slices``)."""
         self.windows = max(1, slices // self.every)
         """Ranges the rotation is cut into: one is signed at each working iteration."""
         self._step = step
@@ -188,16 +178,13 @@ class Custody:
         return max(1, -(-self._total // self.windows))
 
     def span(self, held_offset: int, numel: int, index: int) -> tuple[int, int] | None:
-        """The local range ``[lo, hi)`` of range ``index`` inside a tensor whose elements
-        start at ``held_offset`` of the rotation; None when the slice misses it."""
+        """Range ``index``'s local ``[lo, hi)`` in a tensor starting at ``held_offset``, or None."""
         w = self.width()
         a, b = index * w, (index + 1) * w
         lo, hi = max(a, held_offset), min(b, held_offset + numel)
         if lo >= hi:
             return None
         return lo - held_offset, hi - held_offset
-
-    # -- the hooks ------------------------------------------------------------------------
 
     @staticmethod
     def _visible(
@@ -215,8 +202,7 @@ class Custody:
         key: str = "",
         value: torch.Tensor | None = None,
     ) -> _Held:
-        """The rotation entry of parameter ``p`` (``key`` ``""``) or of its slot ``key``
-        (whose tensor is ``value``)."""
+        """The rotation entry of parameter ``p`` (``key`` ``""``) or of its slot ``key``."""
         held = self._held.get((id(p), key))
         if held is None:
             local = local_shard(p if value is None else value)
@@ -228,10 +214,9 @@ class Custody:
         return held
 
     def _view(self, oi: int, opt: torch.optim.Optimizer) -> _View:
-        """The tensors ``opt`` holds right now (ZeRO narrows or swaps its groups for a
-        step) and their slots, ordered by rotation offset; cached by their identities and
-        the size of the optimizer's state, so a healthy step costs one pass of ``id`` over
-        the parameter lists in C. A slot joins the rotation once the optimizer made it."""
+        """The tensors ``opt`` holds now (ZeRO narrows or swaps its groups for a step) and their
+        slots, by rotation offset; cached by their ids and the state's size, so a healthy step
+        costs one C pass of ``id`` over the parameter lists. A slot joins once it exists."""
         groups = opt.param_groups
         ids = tuple(map(id, chain.from_iterable([g["params"] for g in groups])))
         view = self._views.get((ids, len(opt.state)))
@@ -299,12 +284,9 @@ class Custody:
     def _loaded(self, opt: torch.optim.Optimizer) -> None:
         self.forget()
 
-    # -- results --------------------------------------------------------------------------
-
     def collect(self) -> list[Violation]:
-        """Compare the checks made since the last call; the pieces that changed. One
-        device read per call on an accelerator, none on a healthy CPU step without
-        checks."""
+        """The pieces checked since the last call that changed: one device read per call on
+        an accelerator, none on a healthy CPU step without checks."""
         checks, self._checks = self._checks, []
         if not checks:
             return []
@@ -362,8 +344,7 @@ class Custody:
 
 
 def _slots(opt: torch.optim.Optimizer, p: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """``p``'s element-wise floating slots in ``opt`` (Adam's ``exp_avg``, ``exp_avg_sq``),
-    by name; scalar slots (``step``) are left out."""
+    """``p``'s element-wise floating slots in ``opt`` (Adam's ``exp_avg``, ``exp_avg_sq``)."""
     n = local_shard(p).numel()
     state = opt.state.get(p)
     if not state:

@@ -1,13 +1,11 @@
 """The replay driver: the step clock, and the per-step logic that runs due recipes.
 
-Contract: one driver per session builds SCOUT's diagnostic groups (:mod:`.setup_groups`),
-the schedule, the capturer, the runners and the verdict maker from the adapter's layout,
-and owns the job's one step clock over every optimizer the adapter lists. Before an
-optimizer's first step of an iteration it snapshots the optimizer slice; at the
-iteration's replay boundary it runs the due recipes, delivers their verdicts and
-publishes one :class:`~scout_core.replay.boundary.Boundary` to its subscribers.
-:meth:`ReplayDriver.sweep` runs catalog recipes now, on the last kept captures (the
-optimizer recipe as an exact compare of the whole local optimizer state). It talks to
+Contract: one driver per session builds SCOUT's diagnostic groups (:mod:`.setup_groups`), the
+schedule, the capturer, the runners and the verdict maker from the adapter's layout, and owns
+the job's one step clock over every optimizer the adapter lists. Before an optimizer's first
+step of an iteration it snapshots the optimizer slice; at the iteration's replay boundary it
+runs the due recipes, delivers their verdicts and publishes one :class:`~.boundary.Boundary`.
+:meth:`ReplayDriver.sweep` runs catalog recipes now, on the last kept captures. It talks to
 the framework only through the adapter protocol. Docs: docs/replay.md; the sweep:
 docs/checkpoint_gate.md, "What the wiring does".
 """
@@ -135,8 +133,6 @@ class ReplayDriver:
             spread=config.spread_recipes,
             tracks=moe.tracks,
         )
-        # Each pooled recipe kind's timing pool where it is wider than the peer group, and
-        # referee replay (:mod:`.referee`): a third rank for a pair that disagrees.
         self.pools, self.referees = setup_pools(layout, adapter.rank(), self.schedule, job, config)
         self.capturer = Capturer(refs.values(), adapter.rng_streams())
         marker = embedding or (layers[0] if layers else lm_head)
@@ -279,9 +275,7 @@ class ReplayDriver:
     def _boundary(self) -> None:
         step = self._step
         if self.control.boundary():
-            # An optimizer step without a training forward since the last one: no new
-            # iteration. The clock stays, so this rank enters replay collectives at the
-            # same iterations as its peers; the next round reports the extra step.
+            # An extra optimizer step (:mod:`.control`): the clock stays at this iteration.
             if not self._warned_extra:
                 log.warning(
                     "an optimizer step without a training forward since the previous "
@@ -336,12 +330,10 @@ class ReplayDriver:
                 outcome = self.runner.run(recipe, step, counts=counts)
                 asks = wants_referee(recipe.name, outcome.results, outcome.ready)
                 if self.pools.ranks_for(recipe) is not None:
-                    # every pool member, ready or not: its work key, t_M and referee flag,
-                    # one all-gather
+                    # every pool member, ready or not (:meth:`.pools.TimingPools.exchange`)
                     outcome.pool = self.pools.exchange(
                         recipe, *self.runner.last_timing, asking=bool(asks)
                     )
-                # Only where some pair of the pool asked: a healthy round does nothing here.
                 finding = self.referees.settle(outcome, asks, self.runner)
                 if finding is not None:
                     apply_finding(outcome, finding)
@@ -366,8 +358,6 @@ class ReplayDriver:
         elif self.writer.rank in record.group:
             self.writer.write_group(record)
         self._on_verdict(record)
-
-    # -- the full-catalog sweep ----------------------------------------------------------
 
     def sweep(self, recipes: Sequence[Recipe]) -> list[RoundOutcome]:
         """Run ``recipes`` now, on kept captures (see docs/checkpoint_gate.md). Collective over the

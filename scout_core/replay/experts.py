@@ -1,14 +1,13 @@
 """Expert replay at catalog representatives (paper §6.2): one ``experts`` round.
 
-Contract: the expert-DP peers that hold the same experts run them on the same synthetic
-input (drawn from a seed the source broadcasts) at one representative shape of the MoE
-shape catalog (:mod:`scout_core.moe`), on materialised copies, and compare ``received``,
-``params``, ``forward``, ``input_grad`` and ``param_grad`` exactly and ``t_M`` and
-``t_bcast`` statistically: on the peer group, readiness, then only where it agrees the
-seed's broadcast and one exchange. Nothing touches the live module, its ``.grad`` or
-training's RNG streams. :func:`expert_targets` gives one target per MoE layer and
-distinct representative row vector (``layers.0.moe.experts@rows=7``). The round and its
-targets: docs/moe.md, "Replay of routers and experts".
+Contract: the expert-DP peers that hold the same experts run them on the same synthetic input
+(drawn from a seed the source broadcasts) at one representative shape of the MoE shape catalog
+(:mod:`scout_core.moe`), on materialised copies, and compare ``received``, ``params``,
+``forward``, ``input_grad`` and ``param_grad`` exactly and ``t_M`` and ``t_bcast``
+statistically: on the peer group, readiness, then only where it agrees the seed's broadcast and
+one exchange. Nothing touches the live module, its ``.grad`` or training's RNG streams.
+:func:`expert_targets` gives one target per MoE layer and distinct representative row vector
+(``layers.0.moe.experts@rows=7``). docs/moe.md, "Replay of routers and experts".
 """
 
 from __future__ import annotations
@@ -64,9 +63,8 @@ def layer_of(path: str) -> str:
 
 
 def expert_targets(experts: Sequence[ModuleRef], catalogs: CatalogSet) -> dict[str, ExpertTarget]:
-    """One target per MoE layer and distinct representative row vector, in rotation
-    order (layers in model order, each layer's representatives in catalog order).
-    A layer that no class of ``catalogs`` covers has no targets (logged)."""
+    """One target per MoE layer and distinct representative row vector, in rotation order (model
+    order, then catalog order); a layer no class of ``catalogs`` covers has none (logged)."""
     out: dict[str, ExpertTarget] = {}
     for ref in experts:
         layer = layer_of(ref.path)
@@ -133,8 +131,7 @@ class ExpertRunner:
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
 
     def run(self, recipe: Recipe, step: int, **_: Any) -> RoundOutcome:
-        """One round of ``recipe`` at ``step`` (see docs/moe.md). Collective over the
-        peer group."""
+        """One round of ``recipe`` at ``step`` (docs/moe.md); collective over the peer group."""
         assert recipe.path is not None
         target = self.targets[recipe.path]
         group = self.peers.ranks

@@ -1,14 +1,13 @@
 """Why a peer has no replay evidence for a surface: reason codes that travel with the round.
 
-Contract: a surface a peer could not produce is passed as ``None``, never compared as a
-value (C3 reads it *inconclusive* on every peer: fail closed), and one more exact surface
-of the round, ``<recipe>/gap``, carries the :class:`Gap` code of why (:func:`first_gap`),
-which :func:`describe` turns into the record's reason per rank. A gap is never an SDC: a
-nonzero code says which peer lacks evidence, not that its arithmetic is wrong.
-:func:`evidence` is the one rule for "empty": a list of tensors that is empty or holds only
-``None`` where the round expected something has no evidence, since the constant signature
-of an empty list would blame that peer for SDC. Missing evidence in a round:
-docs/replay.md, "One round, step by step".
+Contract: a surface a peer could not produce is passed as ``None``, never compared as a value
+(C3 reads it *inconclusive* on every peer: fail closed), and one more exact surface of the
+round, ``<recipe>/gap``, carries the :class:`Gap` code of why (:func:`first_gap`), which
+:func:`describe` turns into the record's reason per rank. A gap is never an SDC: a nonzero code
+says which peer lacks evidence, not that its arithmetic is wrong. :func:`evidence` is the one
+rule for "empty": a list of tensors that is empty or holds only ``None`` where the round
+expected something has no evidence, since the constant signature of an empty list would blame
+that peer for SDC. Missing evidence in a round: docs/replay.md, "One round, step by step".
 """
 
 from __future__ import annotations
@@ -30,17 +29,12 @@ class Gap(IntEnum):
     RAISED = 1
     """The replayed call raised on this peer (an unsupported op, out of memory)."""
     TRAINING_COLLECTIVE = 2
-    """The layer has an instance-level ``forward`` and a parallel layout: running it
-    could reach a training collective, so it was not replayed."""
+    """An instance-level ``forward`` under a parallel layout could reach a training collective."""
     NO_OUTPUTS = 3
-    """The replayed call returned no tensor."""
     NO_PARAM_GRADS = 4
-    """Parameters that require grad received no gradient from the replayed call."""
     NO_INPUT_GRADS = 5
-    """Inputs that require grad received no gradient from the replayed call."""
     PARTNER_RAISED = 6
-    """A partner of the replayed exchange (an EP all-to-all partner) could not build its
-    part, so what this peer received is not comparable."""
+    """An EP all-to-all partner could not build its part: what this peer got is not comparable."""
 
 
 _TEXT = {
@@ -75,8 +69,7 @@ def evidence(tensors: Iterable[torch.Tensor | None], *, expected: bool) -> int |
 
 
 def first_gap(values: Mapping[str, object]) -> Gap:
-    """The gap of a replay's results: the first of its forward, parameter-gradient and
-    input-gradient evidence that is missing (``None``), else :attr:`Gap.NONE`."""
+    """The first missing (``None``) of ``forward``, ``param_grad``, ``input_grad``, as a gap."""
     for surface, code in (
         ("forward", Gap.NO_OUTPUTS),
         ("param_grad", Gap.NO_PARAM_GRADS),

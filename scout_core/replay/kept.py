@@ -23,8 +23,7 @@ __all__ = ["Kept"]
 
 @dataclass
 class Kept:
-    """This rank's last replayed round, kept until the driver's referee phase is over:
-    what a source ships, and what a referee validates against and replays with."""
+    """This rank's last replayed round (module doc)."""
 
     recipe: Recipe
     step: int
@@ -51,8 +50,7 @@ class Kept:
         )
 
     def expected(self, step: int) -> Expected | None:
-        """What a shipment for this rank's own round at ``step`` must look like (its
-        referee digest), or None when it has no replayed round to referee with."""
+        """What a shipment for this rank's own round at ``step`` must look like (None: no round)."""
         if self.step != step:
             return None
         cap = self.cap

@@ -35,9 +35,8 @@ class LinkJudge(Judge):
     """:class:`~.timing.Judge` with the communication-timing rules (module doc)."""
 
     def _late(self, outcome: RoundOutcome, result: C3Result) -> list[Record]:
-        """``t_late``: a rank that entered its EP all-to-all late, round after round,
-        while its position peers did not, is a rank-scoped ``comm_straggler`` (its EP
-        partners waited for it: their lateness is near zero, so they are never named)."""
+        """``t_late`` (module doc); the late rank's EP partners waited for it, so their
+        lateness is near zero and they are never named."""
         if result.status is Status.INCONCLUSIVE:
             return []
         slow, median = self._slow(result)

@@ -3,12 +3,12 @@
 Contract: :func:`moe_recipes` turns the adapter's MoE modules (``special_modules()`` roles
 ``router:<i>`` and ``experts:<i>``) into up to three added schedule tracks, in this order:
 ``router`` (each router, replayed like a layer), ``experts`` (one target per MoE layer and
-representative of the ``Config.moe_catalog`` catalog; none, with a warning, without one)
-and ``all_to_all`` (only under expert parallelism, on SCOUT's EP groups). Under expert
-parallelism the blocks that hold an MoE layer leave the hidden-layer rotation, since their
-dispatch runs on the training EP group, unless the adapter sets ``replays_ep_blocks``. A
-catalog that cannot be read, or was discovered for another device or software stack,
-raises :class:`~scout_core.errors.ConfigError` on every rank. The tracks: docs/moe.md,
+representative of the ``Config.moe_catalog`` catalog; none, with a warning, without one) and
+``all_to_all`` (only under expert parallelism, on SCOUT's EP groups). Under expert parallelism
+the blocks that hold an MoE layer leave the hidden-layer rotation, since replaying one would
+send its dispatch on the training EP group, unless the adapter sets ``replays_ep_blocks``. A
+catalog that cannot be read, or was discovered for another device or software stack, raises
+:class:`~scout_core.errors.ConfigError` on every rank (each reads the same file). docs/moe.md,
 "Replay of routers and experts" and "Replay of the all-to-all".
 """
 
@@ -42,11 +42,9 @@ class MoERecipes:
     routers: tuple[ModuleRef, ...]
     """The routers, replayed like layers (empty when ``router`` is off)."""
     experts: dict[str, ExpertTarget]
-    """The ``experts`` track's targets."""
     all_to_all: dict[str, AllToAllTarget]
     """The ``all_to_all`` track's targets (empty without expert parallelism)."""
     tracks: list[Track]
-    """The added tracks, in this order: ``router``, ``experts``, ``all_to_all``."""
 
 
 def moe_recipes(
@@ -57,9 +55,8 @@ def moe_recipes(
     *,
     keep_ep_blocks: bool = False,
 ) -> MoERecipes:
-    """The MoE part of the schedule: the hidden layers left (:func:`_without_ep_blocks`,
-    unless the adapter replays such blocks safely: ``keep_ep_blocks``), the routers
-    replayed like layers, the expert and all-to-all targets and the added tracks."""
+    """The MoE part of the schedule: the hidden layers left (all, with ``keep_ep_blocks``),
+    the routers replayed like layers, the expert and all-to-all targets, the added tracks."""
     routers, experts = moe_modules(special)
     ep = layout.size(Axis.E) > 1
     layers = _without_ep_blocks(layers, experts, ep and not keep_ep_blocks, config)
@@ -81,9 +78,7 @@ def _without_ep_blocks(
     layers: Sequence[ModuleRef], experts: Sequence[ModuleRef], ep: bool, config: Config
 ) -> list[ModuleRef]:
     """``layers`` without the blocks that hold an MoE layer's experts under expert
-    parallelism: replaying such a block would run its dispatch all-to-all, which the
-    model sends on its training EP group. Their experts and routers have their own
-    recipes. Logged once when any block is left out."""
+    parallelism (module doc); logged once when any block is left out."""
     if not (ep and experts and HIDDEN in config.recipes):
         return list(layers)
     inside = {id(e.module) for e in experts}
@@ -100,9 +95,7 @@ def _without_ep_blocks(
 
 
 def _expert_targets(experts: Sequence[ModuleRef], config: Config) -> dict[str, ExpertTarget]:
-    """The ``experts`` track's targets from ``config.moe_catalog``; none (logged) without
-    a catalog. A catalog that cannot be read raises :class:`ConfigError` on every rank
-    (each reads the same file)."""
+    """The ``experts`` track's targets from ``config.moe_catalog`` (module doc)."""
     if not experts:
         return {}
     if config.moe_catalog is None:
@@ -128,12 +121,10 @@ def _expert_targets(experts: Sequence[ModuleRef], config: Config) -> dict[str, E
 
 
 def stack_drift(catalogs: CatalogSet, device: str) -> list[str]:
-    """What of each catalog's device and software stack (device name, torch, CUDA,
-    Triton) differs from this job's, one line per class and field (empty: none).
-
-    The model and profiler parts of a catalog's environment are checked where the
-    classes and the profiler are at hand (``CatalogSet.check``, ``scout catalog``);
-    online, replay checks what decides kernel selection that the job itself knows."""
+    """What of each catalog's device and software stack (device name, torch, CUDA, Triton)
+    differs from this job's, one line per class and field (empty: none). The model and
+    profiler parts are checked where they are at hand (``CatalogSet.check``,
+    ``scout catalog``); online, replay checks what decides kernel selection that the job knows."""
     lines: list[str] = []
     for name, catalog in catalogs.catalogs.items():
         env = catalog.environment

@@ -3,13 +3,12 @@
 Contract: :meth:`OptimizerReplay.snapshot` (a step pre-hook) clones one rotating slice of
 ``optimizer_slice`` elements (parameter, reduced gradient, slots, hyperparameters), and
 :meth:`OptimizerReplay.run` after the step compares each peer's own pre-step slice
-(``optimizer/slice``), its replayed update (``optimizer/update``) and its own post-step
-slice (``optimizer/result``) across the replica peers. A healthy round is one exchange on
-the peer group and moves no payload; only where the peers' slices differ does the source
-broadcast its slice (``optimizer/received``, ``t_bcast``) for a second exchange. Live
-training state is only read. Uniquely owned state (pure FSDP, ZeRO 1-3) is compared by
-:mod:`.buddy` instead, from the same snapshot. The recipe, several optimizers and its limits:
-docs/replay.md, "What is compared, and with whom".
+(``optimizer/slice``), its replayed update (``optimizer/update``) and its own post-step slice
+(``optimizer/result``) across the replica peers. A healthy round is one exchange on the peer
+group and moves no payload; only where the peers' slices differ does the source broadcast its
+slice (``optimizer/received``, ``t_bcast``) for a second exchange. Live training state is only
+read. Uniquely owned state (pure FSDP, ZeRO 1-3) is compared by :mod:`.buddy` instead, from
+the same snapshot. docs/replay.md, "What is compared, and with whom".
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ class OptimizerReplay:
         return self.ownership is not Ownership.UNIQUE
 
     def _params(self) -> Iterator[tuple[int, int, torch.Tensor]]:
-        """(optimizer index, group index, parameter) over every optimizer, in order."""
         for oi, opt in enumerate(self.optimizers):
             for gi, group in enumerate(opt.param_groups):
                 for p in group["params"]:
@@ -109,12 +107,9 @@ class OptimizerReplay:
                 continue
             yield oi, gi, p, slice(a - (at - n), b - (at - n))
 
-    # -- before the step ------------------------------------------------------------------
-
     def snapshot(self, index: int, which: int = 0, *, step: int = 0) -> None:
-        """Clone optimizer ``which``'s part of slice ``index`` (parameters, gradients,
-        slots) at iteration ``step``: the pre-step hook of that optimizer's first step
-        in the iteration. The parts of one iteration add up to the slice."""
+        """Clone optimizer ``which``'s part of slice ``index`` at iteration ``step`` (its pre-step
+        hook at its first step of the iteration); one iteration's parts add up to the slice."""
         if (index, step) != (self._index, self._snap_step) or self._pieces is None:
             self._index, self._snap_step = index, step
             self._pieces, self._taken = [], []
@@ -142,12 +137,9 @@ class OptimizerReplay:
                 )
             )
 
-    # -- after the step -------------------------------------------------------------------
-
     def run(self, step: int, *, counts: control.Counts | None = None) -> RoundOutcome | None:
         """Replay and compare the snapshot taken before this step; None when skipped.
-        ``counts`` are this rank's control-flow counts since the last round. The slice
-        is broadcast only where the peers' own slices differ (docs/replay.md)."""
+        ``counts``: this rank's control-flow counts since the last round."""
         if not self.supported:
             return None
         pieces, self._pieces = self._pieces, None
@@ -234,15 +226,13 @@ class OptimizerReplay:
         return out
 
     def take(self) -> tuple[list[Piece] | None, int | None, int]:
-        """The snapshot taken before this step, the signature of the same slice's
-        post-step values and the slice index; the snapshot is consumed."""
+        """The snapshot (consumed), the signature of its slice's post-step values, the index."""
         pieces, self._pieces = self._pieces, None
         after = None if pieces is None else sign(self._after(self._taken))
         return pieces, after, self._index
 
     def max_bytes(self) -> int:
-        """A bound on a shipped slice's bytes: eight 8-byte tensors of the slice, plus
-        scalar slots."""
+        """A bound on a shipped slice's bytes: eight 8-byte tensors of the slice, plus scalars."""
         return 64 * self.slice_size + (1 << 16)
 
     def _after(

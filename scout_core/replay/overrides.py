@@ -83,18 +83,16 @@ def live_call_hazard(module: nn.Module, layout: MeshLayout) -> str | None:
 
 
 class InstanceForwards:
-    """The layers with a user's instance-level ``forward`` seen so far, each with the
-    hazard that keeps it from being replayed (``None``: replayed on the live module),
-    said once in the log."""
+    """The layers with a user's instance-level ``forward`` seen so far and each one's hazard
+    (``None``: replayed on the live module), said once in the log."""
 
     def __init__(self, layout: MeshLayout) -> None:
         self.layout = layout
         self.seen: dict[str, str | None] = {}
 
     def announce(self, modules: Mapping[str, Any]) -> dict[str, str | None]:
-        """Find the layers of ``modules`` (path to a ref with ``.module``) with an
-        instance-level ``forward`` now and say once, in one line each way, which are
-        replayed through it and which read inconclusive."""
+        """Find the layers of ``modules`` (path to a ref) with an instance-level ``forward``
+        and log once, one line each way, which are replayed and which read inconclusive."""
         safe: list[tuple[str, str | None]] = []
         unsafe: list[tuple[str, str | None]] = []
         for path, ref in modules.items():
@@ -118,9 +116,8 @@ class InstanceForwards:
         return dict(self.seen)
 
     def call_for(self, path: str, module: nn.Module, *, call: C, live: C) -> C | None:
-        """How to run the layer at ``path``: ``call`` (the adapter's), ``live`` (on the
-        live module) when a user replaced its ``forward`` on the instance and that is
-        safe, or ``None`` when it is not."""
+        """How to run the layer at ``path``: ``call`` (the adapter's), ``live`` where a user
+        replaced its ``forward`` on the instance and that is safe, else ``None``."""
         found = instance_forwards(module)
         if not found:
             return call

@@ -1,17 +1,12 @@
 """Replay payloads as bytes, and surface signatures over few tensors.
 
-Replay moves tensors between peers and compares what they computed. Both must be
-cheap on the steps where replay runs:
-
-* :func:`pack` / :func:`unpack` turn a list of tensors into one ``uint8`` buffer
-  (host memory, or the device for a device payload group) and back, so one
-  broadcast carries a whole recipe's inputs (no pickle);
-* :func:`sign` is :func:`scout_core.decision.signature.signature_many` over a surface's
-  tensors with consecutive tensors of one dtype and device concatenated first. A
-  layer's parameter gradients are dozens of small tensors, and a signature's fixed
-  cost is per tensor; concatenating keeps every byte and its position, so one
-  flipped bit still changes the result. Shapes do not enter (peers agreed on every
-  shape in the readiness C3 before any of this runs).
+:func:`pack` / :func:`unpack` turn a list of tensors into one ``uint8`` buffer (host memory,
+or the device for a device payload group) and back, so one broadcast carries a whole recipe's
+inputs (no pickle). :func:`sign` is :func:`scout_core.decision.signature.signature_many` over a
+surface's tensors with consecutive tensors of one dtype and device concatenated first: a
+layer's parameter gradients are dozens of small tensors and a signature's fixed cost is per
+tensor; concatenating keeps every byte and its position, so one flipped bit still changes the
+result. Shapes do not enter (peers agreed on every shape in the readiness C3 before this runs).
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ __all__ = ["pack", "sign", "unpack"]
 
 
 def pack(tensors: Sequence[torch.Tensor], *, device: torch.device | None = None) -> torch.Tensor:
-    """Concatenate tensors' bytes into one ``uint8`` buffer on ``device`` (default: host
-    memory for Gloo; a CUDA device for an NCCL payload group): one broadcast, no pickle."""
+    """Tensors' bytes as one ``uint8`` buffer on ``device`` (default: host memory, for Gloo)."""
     where = torch.device("cpu") if device is None else device
     parts = [t.detach().contiguous().to(where).reshape(-1).view(torch.uint8) for t in tensors]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=where)

@@ -1,15 +1,14 @@
 """Timing pools of replay rounds: which ranks replay equal work, and their one exchange.
 
 Contract: the layout and the schedule alone say which ranks replay the same work in a
-hidden-layer, embedding or LM-head round (:mod:`scout_core.decision.pools`); every other
-recipe, and every round under context or expert parallelism, keeps its peer group.
-:meth:`TimingPools.create` is one all-gather on SCOUT's job-wide group that checks every
-rank's schedule, so a pool never strands a member, and makes each pool's group and its
-referee group (:mod:`.referee`). Where a pool is wider than the peer group,
-:meth:`TimingPools.exchange` is one all-gather per round of that kind on the pool's own
-group (never ``WORLD``, never a training group), run by every member, ready or not: each
-member's work key, ``t_M`` and referee flag. The pools and their checks: docs/replay.md,
-"Timing pools: equal work, not equal values".
+hidden-layer, embedding or LM-head round (:mod:`scout_core.decision.pools`); every other recipe,
+and every round under context or expert parallelism, keeps its peer group.
+:meth:`TimingPools.create` is one all-gather on SCOUT's job-wide group that checks every rank's
+schedule, so a pool never strands a member, and makes each pool's group and its referee group
+(:mod:`.referee`). Where a pool is wider than the peer group, :meth:`TimingPools.exchange` is
+one all-gather per round of that kind on the pool's own group (never ``WORLD``, never a
+training group), run by every member, ready or not: each member's work key, ``t_M`` and
+referee flag. docs/replay.md, "Timing pools: equal work, not equal values".
 """
 
 from __future__ import annotations
@@ -90,10 +89,9 @@ class TimingPools:
         kappa: float,
         referee_timeout_s: float | None = None,
     ) -> TimingPools:
-        """Check every rank's schedule and make the pools' groups. Collective over the job
-        (every rank, the same layout): one all-gather, then the same groups in the same
-        order everywhere. With ``referee_timeout_s``, each pool also gets its referee
-        group (:mod:`.referee`) with that timeout."""
+        """Check every rank's schedule and make the pools' groups. Collective over the job: one
+        all-gather, then the same groups in the same order everywhere. With
+        ``referee_timeout_s``, each pool also gets a referee group with that timeout."""
         mine = torch.tensor(_row(schedule), dtype=torch.int64)
         world = layout.world_size
         table = torch.empty(world * mine.numel(), dtype=torch.int64)
@@ -131,9 +129,8 @@ class TimingPools:
     def exchange(
         self, recipe: Recipe, key: int | None, t_m: float | None, *, asking: bool = False
     ) -> PoolTiming | None:
-        """Every pool member's work key, ``t_M`` and referee flag for this round: one
-        all-gather on the pool's group. Collective over the pool; None where the kind has
-        no wider pool."""
+        """Every pool member's work key, ``t_M`` and referee flag for this round. Collective
+        over the pool; None where the kind has no wider pool."""
         pool = self.pools.get(recipe.kind)
         if pool is None:
             return None

@@ -1,12 +1,10 @@
 """What a layer round's readiness digest covers, and the referee's version of it.
 
-Contract: :func:`readiness_fields` lists what peers must agree on before a round moves
-any payload (the recipe with its module path, the step, the call's structure, dtypes
-and shapes, the masks, the RNG streams, the parameters, the input variants, the
-software stack); :func:`digest_of` is its 64-bit digest. :func:`referee_fields` is the
-same without the module path (the recipe kind and the module's class instead): what a
-referee checks a shipment against, so one in another pipeline stage can take it. Docs:
-docs/replay.md, "One round, step by step" and "Referee replay".
+Contract: :func:`readiness_fields` lists what peers must agree on before a round moves any
+payload; :func:`digest_of` is its 64-bit digest. :func:`referee_fields` is the same without the
+module path (the recipe kind and the module's class instead): what a referee checks a shipment
+against, so one in another pipeline stage can take it. Docs: docs/replay.md, "One round, step
+by step" and "Referee replay".
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ __all__ = ["digest_of", "leaf_meta", "readiness_fields", "referee_fields"]
 
 
 def leaf_meta(x: Any) -> Any:
-    """A call leaf's metadata: a tensor's dtype and shape, a plain value's repr, else
-    its type."""
+    """A call leaf's metadata: a tensor's dtype and shape, a plain value's repr, else its type."""
     if isinstance(x, torch.Tensor):
         return ["T", str(x.dtype), list(x.shape)]
     if x is None or isinstance(x, bool | int | float | str):
@@ -72,9 +69,8 @@ def readiness_fields(
 
 
 def referee_fields(fields: Mapping[str, Any], recipe: Recipe, ref: ModuleRef) -> dict[str, Any]:
-    """The readiness fields a referee checks a shipment against: the same, with the module
-    path replaced by the recipe kind and the module's class, so that a referee in another
-    pipeline stage (whose blocks have other paths) takes the pair's round when its own
+    """The readiness fields a referee checks a shipment against (module doc): a referee in
+    another pipeline stage, whose blocks have other paths, takes the pair's round when its own
     replayed the same work."""
     module = type(ref.module)
     return {**fields, "recipe": [recipe.kind, f"{module.__module__}.{module.__qualname__}"]}

@@ -59,16 +59,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# -- the trigger ------------------------------------------------------------------------
-
 
 def wants_referee(name: str, results: Mapping[str, C3Result], ready: bool) -> tuple[str, ...]:
-    """The computed surfaces on which a pair disagrees with equal inputs and parameters.
-
-    Empty unless the round of recipe ``name`` was ready, its group has two members, the
-    ``received``, ``params`` (and ``shard``) surfaces agree, no peer lacks evidence
-    (``gap`` agrees on 0) and at least one of :data:`COMPUTED` holds two different
-    values. The same on both members: they read the same C3 results."""
+    """The computed surfaces on which a pair disagrees with equal inputs and parameters: empty
+    unless the round of recipe ``name`` was ready, its group has two members, ``received``,
+    ``params`` (and ``shard``) agree, no peer lacks evidence (``gap`` agrees on 0) and one of
+    :data:`COMPUTED` holds two values. The same on both members: they read the same C3 results."""
     if not ready:
         return ()
     for leaf in ("received", "params", "shard"):
@@ -90,9 +86,6 @@ def wants_referee(name: str, results: Mapping[str, C3Result], ready: bool) -> tu
     return tuple(differing)
 
 
-# -- the choice -------------------------------------------------------------------------
-
-
 def choose_referee(
     groups: Sequence[Sequence[int]],
     pair: Sequence[int],
@@ -100,12 +93,10 @@ def choose_referee(
     keys: Mapping[int, int | None],
     asking: Mapping[int, bool],
 ) -> int | None:
-    """The referee of ``pair`` (docs/replay.md), or None when no rank qualifies.
-
-    ``groups``: the peer groups of the pool, sorted by their lowest rank; ``source``:
-    the pair's source in this round; ``keys``: each pool member's work key (None: it
-    replayed nothing); ``asking``: each member's referee flag. A candidate must hold
-    the pair's work key and sit in a group none of whose members asked."""
+    """The referee of ``pair`` (docs/replay.md), or None when no rank qualifies. ``groups``: the
+    pool's peer groups by lowest rank; ``source``: the pair's source this round; ``keys``: each
+    pool member's work key (None: replayed nothing); ``asking``: each member's referee flag. A
+    candidate must hold the pair's work key in a group none of whose members asked."""
     pair = tuple(pair)
     ordered = [tuple(g) for g in groups]
     if pair not in ordered or source not in pair:
@@ -126,9 +117,6 @@ def choose_referee(
     return None
 
 
-# -- the decision -----------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Finding:
     """What a pair's referee phase concluded, the same on both members."""
@@ -140,8 +128,7 @@ class Finding:
     culprit: int | None
     reason: str
     signatures: Mapping[int, Mapping[str, int | None]] = field(default_factory=dict)
-    """Each of the three ranks' signature per computed surface (the referee's where it
-    answered)."""
+    """Each of the three ranks' signature per computed surface (the referee's if it answered)."""
 
     @property
     def healthy(self) -> int | None:
@@ -177,9 +164,6 @@ def decide(
         return Finding(pair, tuple(surfaces), referee, culprit, reason, sigs)
     reason = f"referee rank {referee} matches neither copy"
     return Finding(pair, tuple(surfaces), referee, None, reason, sigs)
-
-
-# -- the exchange -----------------------------------------------------------------------
 
 
 @dataclass
@@ -239,10 +223,8 @@ NO_CANDIDATE = (
 
 
 class RefereePhase:
-    """One rank's part in the referee phase of a layer round (docs/replay.md).
-
-    ``peer_groups``: every peer group of the layout (ascending); ``links``: the referee
-    group of each pooled recipe kind on this rank."""
+    """One rank's part in a layer round's referee phase (docs/replay.md). ``peer_groups``: every
+    peer group of the layout (ascending); ``links``: the referee group per pooled recipe kind."""
 
     def __init__(
         self,
@@ -255,10 +237,9 @@ class RefereePhase:
         self.links = dict(links)
 
     def settle(self, outcome: Any, asks: Sequence[str], runner: Recomputer) -> Finding | None:
-        """The referee phase of one round; this rank's pair's :class:`Finding` when its
-        pair asked, else None. Runs only where some member of the round's pool asked, so
-        a healthy round does nothing here. Collective over the pool's asking pairs and
-        their referees, point to point; never over a healthy pair."""
+        """This round's referee phase; this rank's pair's :class:`Finding` when its pair asked,
+        else None. Runs only where some member of the round's pool asked; collective over the
+        asking pairs and their referees, point to point, never over a healthy pair."""
         kind, name, step = outcome.recipe.kind, outcome.recipe.name, outcome.step
         pool = outcome.pool
         if pool is None:
@@ -401,8 +382,8 @@ def _pair_values(result: C3Result | None) -> tuple[int | None, ...]:
 
 def apply_finding(outcome: Any, finding: Finding) -> None:
     """Put ``finding`` on the round: where it names a copy, each differing surface reads
-    attributed to it, so the checkpoint gate sees a localized SDC (as after a majority);
-    the verdict maker writes the referee's records (:mod:`.verdicts`)."""
+    attributed to it (the gate sees a localized SDC, as after a majority); :mod:`.verdicts`
+    writes the referee's records."""
     outcome.referee = finding
     if finding.culprit is None:
         return

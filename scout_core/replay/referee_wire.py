@@ -1,11 +1,10 @@
 """The referee's wire format: a fixed-size header, one byte payload, a fixed-size answer.
 
-Contract: the source ships a :class:`Shipment` as :func:`make_header` words plus one
-uint8 payload (the tensors' bytes, then the parameter and RNG names as JSON text; no
-pickle); the referee validates both against its own round (:func:`read_header`,
-:func:`check_payload`) and refuses anything else with a reason; its answer is
-:func:`result_words`, decoded by :func:`read_result`. Sizes and fields: docs/replay.md,
-"Referee replay".
+Contract: the source ships a :class:`Shipment` as :func:`make_header` words plus one uint8 payload
+(the tensors' bytes, then the parameter and RNG names as JSON text; no pickle); the referee
+validates both against its own round (:func:`read_header`, :func:`check_payload`) and refuses
+anything else with a reason; its answer is :func:`result_words`, decoded by :func:`read_result`.
+Sizes and fields: docs/replay.md, "Referee replay".
 """
 
 from __future__ import annotations
@@ -107,9 +106,8 @@ def _unsigned(v: int) -> int:
 
 @dataclass
 class Shipment:
-    """What the source sends: the parameters by name, the call's tensor leaves, the
-    output gradients, the RNG states by name, with the round's step, referee digest
-    and thread count."""
+    """What the source sends: the parameters and RNG states by name, the call's tensor
+    leaves and output gradients, with the round's step, referee digest and thread count."""
 
     step: int
     digest: int
@@ -138,10 +136,8 @@ def _names_digest(blob: bytes) -> int:
 
 
 def make_header(ship: Shipment | None, status: Refusal = Refusal.NONE) -> tuple[list[int], int]:
-    """The header words of ``ship`` and the payload's byte count (0 with a refusal).
-
-    A shipment that does not fit the header (too many tensors, too many dimensions, a
-    dtype without a wire code) is sent as a refusal."""
+    """The header words of ``ship`` and the payload's byte count (0 with a refusal); a shipment
+    that does not fit (too many tensors or dimensions, a dtype without a wire code) is refused."""
     words = [0] * HEADER_WORDS
     words[0], words[1] = _signed(MAGIC), VERSION
     if ship is None or status is not Refusal.NONE:
@@ -171,8 +167,7 @@ class Expected:
     step: int
     digest: int
     params: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
-    """The referee's own materialised parameters of the layer: dtype and full shape by
-    name."""
+    """The referee's own materialised parameters of the layer: dtype and full shape by name."""
     inputs: Sequence[tuple[torch.dtype, tuple[int, ...]]]
     grads: Sequence[tuple[torch.dtype, tuple[int, ...]]]
     rng: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
@@ -326,9 +321,8 @@ def read_result(words: Sequence[int]) -> dict[str, int | None] | str:
 
 
 def announced_bytes(words: Sequence[int]) -> int:
-    """The payload size a header announces (0 for a refusal or a header that is not
-    one): what the referee receives, even when it refuses the header, to keep the
-    channel in step."""
+    """The payload size a header announces (0: a refusal or not a header), which the referee
+    receives even when it refuses the header, to keep the channel in step."""
     if len(words) != HEADER_WORDS or _unsigned(words[0]) != MAGIC or words[11]:
         return 0
     return int(words[10])

@@ -1,14 +1,13 @@
 """The replay boundary for one layer recipe (paper Algorithm 2), on copied state.
 
-Contract: at the boundary after a due optimizer step every peer of a comparison group
-runs the same sequence, so the collectives always match: readiness C3 (a peer that
-missed the capture makes the round inconclusive on every peer before any recipe
-collective), the source's broadcast of inputs, output gradients and RNG states, the
-parameter gather under FSDP or TP, the module call on copies for each input variant,
-then one exchange of exact signatures, timings and gap codes. Three collectives per
-round on the peer group, plus one per crossing gather group and sharded parameter;
-none when nothing is due. A replay that raises contributes no evidence, never a
-failure of the job. The steps in full: docs/replay.md, "One round, step by step".
+Contract: at the boundary after a due optimizer step every peer of a comparison group runs the
+same sequence, so the collectives always match: readiness C3 (a peer that missed the capture
+makes the round inconclusive on every peer before any recipe collective), the source's
+broadcast of inputs, output gradients and RNG states, the parameter gather under FSDP or TP,
+the module call on copies for each input variant, then one exchange of exact signatures,
+timings and gap codes. Three collectives per round on the peer group, plus one per crossing
+gather group and sharded parameter; none when nothing is due. A replay that raises contributes
+no evidence, never a failure of the job. docs/replay.md, "One round, step by step".
 """
 
 from __future__ import annotations
@@ -70,8 +69,7 @@ class RoundOutcome:
     source: int | None = None
     """The global rank that broadcast the replay inputs."""
     pool: PoolTiming | None = None
-    """The round's timing pool (:mod:`scout_core.decision.pools`), when the driver
-    exchanged one: ``t_M`` is then judged over it instead of over the peer group."""
+    """The round's pool (:mod:`scout_core.decision.pools`), if any: ``t_M`` is judged over it."""
     referee: Finding | None = None
     """What a referee said about this pair's disagreement (:mod:`.referee`), if it asked."""
 
@@ -87,8 +85,7 @@ def functional_call(
 
 
 def payload_device(peers: PeerGroup, like: Sequence[torch.Tensor]) -> torch.device:
-    """Where a payload buffer lives: the tensors' CUDA device when the peer group has a
-    device payload group (NCCL), else host memory for Gloo."""
+    """The tensors' CUDA device when the peer group has an NCCL payload group, else the host."""
     if peers.payload_pg is not None:
         for t in like:
             if t.device.type == "cuda":
@@ -97,14 +94,10 @@ def payload_device(peers: PeerGroup, like: Sequence[torch.Tensor]) -> torch.devi
 
 
 def timed_broadcast(buf: torch.Tensor, src: int, peers: PeerGroup) -> float:
-    """Broadcast ``buf`` from ``src`` on the peer group; returns ``t_bcast`` in seconds.
-
-    The payload group carries device buffers (NCCL), the Gloo group host buffers; the
-    interval ends when the device has the data. An injected slow link
-    (:func:`scout_core.replay.taps.add_comm_delay`, kind of the peer group) stalls
-    this rank inside the interval before it enters the broadcast, as a slow NIC on
-    this rank would.
-    """
+    """Broadcast ``buf`` from ``src`` on the peer group; ``t_bcast`` in seconds, ending when
+    the device has the data (device buffers on the NCCL payload group, host ones on Gloo).
+    An injected slow link (:func:`.taps.add_comm_delay`, the peer group's kind) stalls this
+    rank inside the interval before it enters the broadcast, as a slow NIC would."""
     pg = peers.payload_pg if buf.device.type != "cpu" and peers.payload_pg else peers.pg
     timer = Interval(buf.device)
     with timer.timing():
@@ -155,14 +148,11 @@ class LayerRunner:
         them from being replayed (``None``: replayed on the live module)."""
         self._stack = json.dumps([torch.__version__, str(torch.backends.cpu.get_cpu_capability())])
         self.last_timing: tuple[int | None, float | None] = (None, None)
-        """The last round's work key and ``t_M`` on this rank (None: not replayed), for
-        its timing pool (:mod:`.pools`)."""
+        """This rank's last work key and ``t_M`` (None: not replayed), for its timing pool."""
         self.kept: Kept | None = None
         """The last round's state, for a referee phase (:meth:`release` drops it)."""
         self._referee_digest: int | None = None
         self._params: dict[str, torch.Tensor] | None = None
-
-    # -- the round ------------------------------------------------------------------------
 
     def run(
         self,
@@ -174,10 +164,9 @@ class LayerRunner:
     ) -> RoundOutcome:
         """One round of ``recipe`` at ``step``. Collective over the peer group.
 
-        ``capture`` is this iteration's capture (``True``: take it from the capturer),
-        or an explicit one (a kept capture for the full-catalog sweep; None: none).
-        ``counts`` are this rank's control-flow counts since the last round.
-        """
+        ``capture``: ``True`` takes this iteration's from the capturer, else an explicit one
+        (a kept capture for the full-catalog sweep) or None; ``counts``: this rank's
+        control-flow counts since the last round."""
         assert recipe.path is not None
         ref = self.modules[recipe.path]
         self.last_timing = (None, None)
@@ -222,8 +211,6 @@ class LayerRunner:
             Surface(f"{recipe.name}/{name}", Mode.EXACT, values.get(name)) for name in names
         ]
         if recipe.kind == ROUTER:
-            # The routing decision, apart: routing weights (floating outputs) and the
-            # top-k expert indices (integer outputs) are exact surfaces of their own.
             for surface, key in ROUTER_SURFACES:
                 surfaces.append(Surface(f"{recipe.name}/{surface}", Mode.EXACT, values.get(key)))
         surfaces.append(Surface(f"{recipe.name}/gap", Mode.EXACT, values.get("gap", 0)))
@@ -353,8 +340,7 @@ class LayerRunner:
         return None if self.kept is None else self.kept.shipment(step)
 
     def expected(self, step: int) -> Expected | None:
-        """What a shipment for this rank's own round at ``step`` must look like, or None
-        when it has no replayed round to referee with."""
+        """What a shipment for this rank's own round at ``step`` must look like (None: no round)."""
         return None if self.kept is None else self.kept.expected(step)
 
     def recompute(

@@ -1,14 +1,13 @@
 """When each replay recipe runs, which target it samples, and the recipe catalog.
 
-Contract: every answer is a pure function of the step number and the configuration, so
-every rank decides the same recipes at the same step without talking (readiness C3 then
-only confirms that every peer captured them). Each recipe kind is a :class:`Track` with
-its own interval ``I`` and phase, due when ``step % I == phase`` and rotating over its
-targets; with ``spread`` on, the phases are placed so that no step runs two recipes
-unless the intervals leave no free phase. :attr:`Schedule.catalog` lists every distinct
-check once; its size ``K`` is the checkpoint gate's recipe cycle, and the amortised cost
-``V/(I·N)`` is logged at start. Phases, rotation and added kinds (:data:`ROTATING`,
-:data:`SYNTHETIC`): docs/replay.md, "Which recipes are due".
+Contract: every answer is a pure function of the step number and the configuration, so every
+rank decides the same recipes at the same step without talking (readiness C3 then only
+confirms that every peer captured them). Each recipe kind is a :class:`Track` with its own
+interval ``I`` and phase, due when ``step % I == phase`` and rotating over its targets; with
+``spread`` on, the phases are placed so that no step runs two recipes unless the intervals
+leave no free phase. :attr:`Schedule.catalog` lists every distinct check once; its size ``K``
+is the checkpoint gate's recipe cycle, and the amortised cost ``V/(I·N)`` is logged at start.
+docs/replay.md, "Which recipes are due".
 """
 
 from __future__ import annotations
@@ -41,13 +40,11 @@ ROUTER = "router"
 EXPERTS = "experts"
 """MoE experts at catalog representatives (:mod:`scout_core.replay.experts`)."""
 ALL_TO_ALL = "all_to_all"
-"""An MoE layer's dispatch and combine all-to-all on SCOUT's EP groups
-(:mod:`scout_core.replay.all_to_all`)."""
+"""An MoE layer's dispatch and combine all-to-all on SCOUT's EP groups (:mod:`.all_to_all`)."""
 
 ROTATING: set[str] = {HIDDEN, ALL_TO_ALL}
-"""Recipe kinds that rotate over interchangeable modules (same shapes, same work): their
-rounds form one timing series, so a straggler streak runs across the rotation. Every
-other kind keeps one series per target module."""
+"""Kinds that rotate over interchangeable modules (same shapes, same work): one timing series,
+so a straggler streak runs across the rotation; other kinds keep one series per target."""
 
 SYNTHETIC: set[str] = {EXPERTS, ALL_TO_ALL}
 """Recipe kinds whose rounds replay synthetic inputs built from a broadcast seed, not a
@@ -75,9 +72,8 @@ class Recipe:
 
     @property
     def series(self) -> str:
-        """The timing series this recipe's rounds belong to: straggler streaks and
-        broadcast baselines are kept per series, so rounds of another recipe never
-        confirm or clear them (:data:`ROTATING` kinds share one series per kind)."""
+        """The timing series of this recipe's rounds, which keeps its own straggler streaks
+        and broadcast baselines (:data:`ROTATING` kinds share one series per kind)."""
         if self.kind in ROTATING or self.path is None:
             return self.kind
         return f"{self.kind}:{self.path}"
@@ -179,8 +175,7 @@ class Schedule:
 
     @property
     def catalog(self) -> tuple[Recipe, ...]:
-        """Every distinct check once, in catalog order (layers, embedding, LM head,
-        optimizer, then added tracks)."""
+        """Every distinct check once: layers, embedding, LM head, optimizer, added tracks."""
         out: list[Recipe] = []
         for track in self.tracks:
             out.extend(Recipe(track.kind, p, i) for i, p in enumerate(track.targets))
@@ -217,8 +212,7 @@ class Schedule:
         return out
 
     def modules_due(self, step: int) -> set[str]:
-        """Module paths whose calls must be captured during iteration ``step`` (none for
-        :data:`SYNTHETIC` kinds)."""
+        """Module paths to capture during iteration ``step`` (none for :data:`SYNTHETIC`)."""
         return {r.path for r in self.due(step) if r.path is not None and r.kind not in SYNTHETIC}
 
     def overhead_estimate(self) -> float:

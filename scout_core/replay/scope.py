@@ -1,14 +1,14 @@
 """The conditions a replay runs under, and how its intervals are timed on any device.
 
-Contract: healthy peers compute bitwise-equal results from equal inputs and a slow device
-shows in the timings, while training never sees the conditions. :func:`deterministic_scope`
-turns deterministic algorithms on and pins the intra-op thread count, restoring both on
-exit; on CUDA without ``CUBLAS_WORKSPACE_CONFIG`` (:data:`CUBLAS_WORKSPACES`) it raises
+Contract: healthy peers compute bitwise-equal results from equal inputs and a slow device shows
+in the timings, while training never sees the conditions. :func:`deterministic_scope` turns
+deterministic algorithms on and pins the intra-op thread count, restoring both on exit; on
+CUDA without ``CUBLAS_WORKSPACE_CONFIG`` (:data:`CUBLAS_WORKSPACES`) it raises
 :class:`~scout_core.errors.ConfigError` before anything runs. :func:`check_cublas_workspace`,
-run once at ``enable``, sets the variable while CUDA has not started, else returns the
-refusal. :func:`rng_scope` restores every RNG stream it saved. :class:`Interval` times work
-until the device has finished it (CUDA events after a device synchronisation; the
-monotonic clock on the CPU). On CUDA: docs/replay.md, "On CUDA".
+run once at ``enable``, sets the variable while CUDA has not started, else returns the refusal.
+:func:`rng_scope` restores every RNG stream it saved. :class:`Interval` times work until the
+device has finished it (CUDA events after a device synchronisation; the monotonic clock on the
+CPU). docs/replay.md, "On CUDA".
 """
 
 from __future__ import annotations
@@ -53,12 +53,9 @@ def _cuda_in_use() -> bool:
 
 
 def check_cublas_workspace(*, uses_cuda: bool, deterministic: bool) -> str | None:
-    """Make deterministic cuBLAS possible for replay, or say why it is not.
-
-    Returns ``None`` when nothing is needed or all is well (setting the variable
-    itself when CUDA has not been initialised yet), else the message of the refusal
-    (the caller agrees on it job-wide and raises :class:`ConfigError`).
-    """
+    """Make deterministic cuBLAS possible for replay: ``None`` when nothing is needed or all
+    is well (setting the variable itself while CUDA is not initialised), else the refusal's
+    message (the caller agrees on it job-wide and raises :class:`ConfigError`)."""
     if not (uses_cuda and deterministic):
         return None
     if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in CUBLAS_WORKSPACES:
@@ -74,11 +71,8 @@ def check_cublas_workspace(*, uses_cuda: bool, deterministic: bool) -> str | Non
 
 @contextmanager
 def deterministic_scope(enabled: bool, threads: int, *, cuda: bool = False) -> Iterator[None]:
-    """Deterministic algorithms and a pinned intra-op thread count, restored on exit.
-
-    With ``cuda`` and ``enabled``, a missing ``CUBLAS_WORKSPACE_CONFIG`` raises
-    :class:`ConfigError` here, before anything runs (see docs/replay.md).
-    """
+    """Deterministic algorithms and a pinned intra-op thread count, restored on exit; with
+    ``cuda`` and ``enabled``, a missing ``CUBLAS_WORKSPACE_CONFIG`` raises first (module doc)."""
     if enabled and cuda and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_WORKSPACES:
         raise ConfigError(_CUBLAS_HELP)
     prev_det = torch.are_deterministic_algorithms_enabled()

@@ -31,8 +31,7 @@ __all__ = ["exchange_hosts", "make_groups", "setup_pools"]
 def setup_pools(
     layout: MeshLayout, rank: int, schedule: Schedule, job: dist.ProcessGroup, config: Config
 ) -> tuple[TimingPools, RefereePhase]:
-    """The timing pools (:mod:`.pools`) and this rank's referee phase, with a link on each
-    pool's referee group (:mod:`.referee`). Collective over the job."""
+    """The timing pools (:mod:`.pools`) and this rank's referee phase; collective over the job."""
     timeout_s = config.referee_timeout_s
     pools = TimingPools.create(
         layout, rank, schedule, job, kappa=config.kappa, referee_timeout_s=timeout_s
@@ -49,11 +48,8 @@ def make_groups(
     adapter: FrameworkAdapter, config: Config
 ) -> tuple[dict[str, PeerGroup], dict[int, str], dist.ProcessGroup]:
     """SCOUT's diagnostic groups for this layout, every rank's host and SCOUT's job-wide
-    group. Collective.
-
-    Refuses (:class:`ConfigError`, on every rank together) deterministic replay on
-    CUDA that cuBLAS could not honour (:func:`.scope.check_cublas_workspace`).
-    """
+    group. Collective; refuses (:class:`ConfigError`, on every rank together) deterministic
+    CUDA replay that cuBLAS could not honour (:func:`.scope.check_cublas_workspace`)."""
     layout = adapter.layout()
     kinds = ["peer"]
     if layout.size(Axis.S) > 1 and layout.size(Axis.D) > 1:
@@ -84,9 +80,8 @@ def _on_cuda(adapter: FrameworkAdapter) -> bool:
 
 
 def _payload_backend(on_cuda: bool) -> str | None:
-    """NCCL payload groups when the job itself trains over NCCL on CUDA (one device per
-    rank); else None: payloads travel through host memory on the Gloo groups (ranks
-    that share one GPU over Gloo, and every CPU job)."""
+    """NCCL payload groups when the job trains over NCCL on CUDA (one device per rank); else
+    None: payloads go through host memory on Gloo (ranks sharing a GPU over Gloo, CPU jobs)."""
     if not (on_cuda and dist.is_nccl_available()):
         return None
     return "nccl" if "nccl" in str(dist.get_backend()).lower() else None

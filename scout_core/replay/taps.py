@@ -1,11 +1,9 @@
 """The one seam replay offers for fault simulation: capture vetoes and comm delays.
 
-Two faults cannot be injected through public PyTorch hooks: a rank that misses a
-replay capture, and a slow link as SCOUT's own timed communication sees it (SCOUT's
-diagnostic collectives run on groups no user code touches). Injectors register
-here; replay consults these lists at exactly two points. Nothing registers in
-production, so the cost is one empty-list check per capture and per timed
-collective.
+Two faults cannot be injected through public PyTorch hooks: a rank that misses a replay capture,
+and a slow link as SCOUT's own timed communication sees it (its diagnostic collectives run on
+groups no user code touches). Injectors register here; replay consults these lists at exactly two
+points. Nothing registers in production: one empty-list check per capture and per timed collective.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ def capture_vetoed(path: str) -> bool:
 
 
 def injected_delay(kind: str) -> float:
-    """Seconds a test injector asks this rank to stall inside a timed diagnostic
-    collective on a group of ``kind`` (0.0 in production: one empty-list check)."""
+    """Seconds injectors ask this rank to stall inside a timed collective on a ``kind`` group."""
     return sum(fn(kind) for fn in list(_delays)) if _delays else 0.0
 
 

@@ -1,12 +1,11 @@
 """Record building and the compute-timing rules of replay verdicts: stragglers.
 
-Contract: :class:`Judge` builds ``scout.verdict/1`` records from round outcomes and
-keeps the only state across rounds, the timing rules' streaks and baselines, per
-timing *series* (one recipe's rounds never confirm or clear another's). A round's
-``t_M`` is judged over its timing pool when the driver attached one (statistical C3
-over each class of equal work of three or more ranks, a pair's own history for two),
-else over its peer group. The link rules build on it (:mod:`.link_timing`); the rules
-in words: docs/replay.md, "Verdicts" and "Timing pools".
+Contract: :class:`Judge` builds ``scout.verdict/1`` records from round outcomes and keeps the
+only state across rounds, the timing rules' streaks and baselines, per timing *series* (one
+recipe's rounds never confirm or clear another's). A round's ``t_M`` is judged over its timing
+pool when the driver attached one (statistical C3 over each class of equal work of three or
+more ranks, a pair's own history for two), else over its peer group. The link rules build on
+it (:mod:`.link_timing`). docs/replay.md, "Verdicts" and "Timing pools".
 """
 
 from __future__ import annotations
@@ -59,11 +58,11 @@ class Judge:
         self.peer_kind = peer_kind
         self.kappa = kappa
         self.peer_of = peer_of
+        """A rank's peer group: the ``group`` of a pool record naming it (its lowest rank
+        writes it, as if the peer group had judged alone)."""
         self.rank = rank
-        """This rank: a pool's record reaches only the members of its ``group`` (every
-        member of the pool judges it, to keep the same streaks)."""
-        """A rank's peer group: the ``group`` of a record a timing pool names it in (its
-        lowest rank writes it, as if the peer group had judged alone)."""
+        """This rank: a pool's record reaches only its ``group``'s members (every pool member
+        judges it, to keep the same streaks)."""
         self.own = OwnHistory(rounds=rounds, min_excess_s=min_excess_s, min_ratio=min_ratio)
         """Each rank's own recent clean ``t_M`` per series, for a pair (:mod:`..pools`)."""
         self._excluded: set[tuple[str, int, str]] = set()
@@ -173,10 +172,9 @@ class Judge:
     ) -> list[int]:
         """Ranks slow in ``rounds`` consecutive rounds of this recipe's timing series.
 
-        Streaks are kept per timing surface and per series (:attr:`Recipe.series`): a
-        hidden layer's rounds never confirm or clear the embedding's, so a delay in the
-        hidden layers only is confirmed after ``rounds`` hidden rounds whatever else ran
-        in between, and one slow step across several recipes confirms nothing."""
+        Streaks are per timing surface and series (:attr:`Recipe.series`): a hidden layer's
+        rounds never confirm or clear the embedding's, whatever ran in between, and one slow
+        step across several recipes confirms nothing."""
         confirmed = []
         series = outcome.recipe.series
         for r in result.ranks:
@@ -214,8 +212,7 @@ class Judge:
         ]
 
     def _pooled(self, outcome: RoundOutcome) -> list[Record]:
-        """``t_M`` over the round's timing pool: each class of equal work key is judged by
-        statistical C3 (three or more ranks) or the pair's own history (two)."""
+        """``t_M`` over the timing pool (module doc): records whose ``group`` holds this rank."""
         pool = outcome.pool
         if pool is None:
             return []

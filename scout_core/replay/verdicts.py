@@ -3,12 +3,12 @@
 Contract: :meth:`VerdictMaker.judge` turns one round into records (none when every surface
 agrees) by rules whose inputs are identical on every peer, so every peer reaches the same
 verdicts. An exact surface attributed, by a strict majority or by a referee, is an ``sdc``
-naming exactly the outliers; readiness or received inputs that differ, missing evidence
-or no strict majority read ``inconclusive`` (without a majority: a group-scoped ``sdc``
-with no culprit). A timing names a rank (``straggler`` from ``t_M``, ``comm_straggler``
-from ``t_late``) only after ``straggler_rounds`` consecutive outlier rounds of one timing
-series past the excess and ratio guards; ``t_gather``, ``t_a2a`` and ``t_bcast`` mark a
-group, never a rank. The rules: docs/replay.md, "Verdicts".
+naming exactly the outliers; readiness or received inputs that differ, missing evidence or no
+strict majority read ``inconclusive`` (without a majority: a group-scoped ``sdc`` with no
+culprit). A timing names a rank (``straggler`` from ``t_M``, ``comm_straggler`` from
+``t_late``) only after ``straggler_rounds`` consecutive outlier rounds of one timing series
+past the excess and ratio guards; ``t_gather``, ``t_a2a`` and ``t_bcast`` mark a group, never
+a rank. docs/replay.md, "Verdicts".
 """
 
 from __future__ import annotations
@@ -30,14 +30,11 @@ _NOT_COMPARED = ("/ready", "/threads", "/received", "/gap", "/steps", "/micro")
 
 class VerdictMaker(LinkJudge):
     """Turns each round into records; stateful across rounds only for the timing rules'
-    streaks and baselines (:class:`~scout_core.replay.timing.Judge`,
-    :class:`~scout_core.replay.link_timing.LinkJudge`)."""
+    streaks and baselines (:class:`~.timing.Judge`, :class:`~.link_timing.LinkJudge`)."""
 
     def judge(self, outcome: RoundOutcome) -> list[Record]:
-        """Records for one round (empty when every surface agrees).
-
-        A round's timing pool is judged first, whatever this peer group's readiness,
-        so every member of the pool keeps the same streaks (:mod:`.timing`)."""
+        """Records for one round (empty when every surface agrees). Its timing pool is judged
+        first, whatever this group's readiness, so every pool member keeps the same streaks."""
         return self._pooled(outcome) + self._judge_group(outcome)
 
     def _judge_group(self, outcome: RoundOutcome) -> list[Record]:
@@ -73,10 +70,8 @@ class VerdictMaker(LinkJudge):
             and shard.status is Status.AGREE
             and params.status is not Status.AGREE
         ):
-            # Replica peers hold identical local shards, yet the gathered parameters
-            # differ: the difference came in through the gather from a shard partner,
-            # whose own replica group names it. Blaming this group's member would be
-            # wrong, so this group reports no culprit.
+            # Equal local shards, unequal gathered parameters: the difference came through the
+            # gather from a shard partner, named by its own replica group; this group names none.
             return [
                 self._group_inconclusive(
                     outcome,

@@ -1,9 +1,8 @@
 """Process groups for SCOUT's own collectives, one per peer group of a mesh layout.
 
-Contract: every diagnostic group is a new Gloo group, never ``WORLD`` or a framework's
-group, optionally with a device-backend payload group over the same members;
-:func:`is_diagnostic` tells SCOUT's groups from any other. Creation is collective over the
-whole job, in one deterministic order. Docs: docs/concepts.md, "Mesh addresses and peer groups".
+Contract: each diagnostic group is a new Gloo group, never ``WORLD`` or a framework's, maybe with a
+device-backend payload group over the same members; :func:`is_diagnostic` tells them apart. Made
+collectively over the job in one fixed order. docs/concepts.md, "Mesh addresses and peer groups".
 """
 
 from __future__ import annotations
@@ -103,11 +102,9 @@ def create_peer_groups(
     timeout: timedelta | None = None,
     payload_backend: str | None = None,
 ) -> dict[str, PeerGroup]:
-    """Create this job's diagnostic groups and return ``rank``'s group of each kind.
-
-    Collective: every rank calls it with the same layout and kinds (see
-    :meth:`MeshLayout.axes_for`); the result is keyed by the kinds as given. ``backend`` is
-    a CPU backend, so diagnosis works while the device communicator is stuck;
+    """Create this job's diagnostic groups; return ``rank``'s group of each kind, keyed as
+    given. Collective: every rank passes the same layout and kinds (:meth:`MeshLayout.axes_for`).
+    ``backend`` is a CPU backend, so diagnosis works while the device communicator is stuck;
     ``payload_backend`` adds a second group per peer group for tensor payloads."""
     _check_world(layout, rank)
     if backend.lower() in _DEVICE_BACKENDS:
@@ -185,10 +182,8 @@ def diagnostic_group(
     backend: str = "gloo",
     timeout: timedelta | None = None,
 ) -> dist.ProcessGroup:
-    """A new SCOUT-owned process group over ``ranks`` (default: every rank of the job).
-
-    Collective like ``dist.new_group``: every rank calls it with the same ``ranks``,
-    members or not. Raises :class:`UnsupportedSetupError` on a rank that is not a member."""
+    """A new SCOUT-owned group over ``ranks`` (default: all), collective like ``dist.new_group``:
+    every rank passes the same ``ranks``; a non-member raises :class:`UnsupportedSetupError`."""
     members = tuple(range(dist.get_world_size())) if ranks is None else tuple(ranks)
     if backend.lower() in _DEVICE_BACKENDS:
         raise ConfigError(f"backend={backend!r}: diagnostic groups use a CPU backend such as gloo")
@@ -206,10 +201,8 @@ def diagnostic_groups(
     backend: str = "gloo",
     timeout: timedelta | None = None,
 ) -> dist.ProcessGroup:
-    """One new SCOUT-owned group per member list of ``partition``; returns this rank's.
-
-    Collective: every rank calls it with the same ``partition`` (e.g. :meth:`MeshLayout.groups`
-    of one axis). Raises :class:`UnsupportedSetupError` when this rank is in none."""
+    """One new SCOUT-owned group per member list of ``partition``; this rank's, else raises
+    :class:`UnsupportedSetupError`. Collective: one ``partition`` everywhere (MeshLayout.groups)."""
     mine: dist.ProcessGroup | None = None
     for members in partition:
         pg = _new_group(tuple(members), backend, timeout)

@@ -1,11 +1,9 @@
 """Mesh addresses: which ranks run equivalent work, and so may be compared.
 
 Contract: a :class:`MeshLayout` maps every global rank to an address ``(d, s, t, p, c, e)``
-(an unused axis has degree 1) and gives its peer groups: ``G_rep`` varies ``d`` (replicas of
-the same shard), ``G_shard`` varies ``s`` (the shards of one replica, used without a replica
-axis); ``c`` is fixed in both. Layouts are pure arithmetic, with no process group.
-:class:`Axis` is the one vocabulary of axis names. Docs: docs/concepts.md, "Mesh addresses
-and peer groups".
+(unused axes have degree 1) and gives its peer groups, pure arithmetic with no process group:
+``G_rep`` varies ``d``, ``G_shard`` varies ``s`` (without a replica axis); ``c`` stays fixed.
+:class:`Axis` names the axes once. docs/concepts.md, "Mesh addresses and peer groups".
 """
 
 from __future__ import annotations
@@ -40,11 +38,9 @@ __all__ = [
 
 
 class Axis(str, Enum):
-    """A parallelism axis of the mesh; the value is the field name in :class:`MeshAddress`.
-
-    D: data replicas (identical copies of the same state); S: FSDP shards of one replica;
-    T: tensor parallel; P: pipeline stage; C: context (sequence) shard; E: expert parallel.
-    """
+    """A parallelism axis; the value is its :class:`MeshAddress` field. D: data replicas
+    (identical state); S: FSDP shards of one replica; T: tensor parallel; P: pipeline stage;
+    C: context (sequence) shard; E: expert parallel."""
 
     D = "d"
     S = "s"
@@ -97,10 +93,8 @@ def parse_axis(name: Axis | str) -> Axis:
 
 
 def attribution_scope(group_size: int) -> Scope | None:
-    """How far a disagreement inside a group of ``group_size`` peers can point.
-
-    One peer: nothing to compare (``None``). Two: a disagreement, but not which side is
-    wrong, so the group. Three or more: a rank, when the healthy peers are a strict majority."""
+    """How far a disagreement among ``group_size`` peers can point: one, nowhere (``None``);
+    two, the group (not which side); three or more, a rank, if the healthy are a strict majority."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if group_size == 1:
@@ -158,13 +152,10 @@ class PeerSpec:
 
 @dataclass(frozen=True)
 class MeshLayout:
-    """Sizes of the six axes, how ranks are laid out over them, and the peer groups.
-
-    ``sizes`` is in canonical order ``(d, s, t, p, c, e)``. ``order`` lists the axes fastest
-    first, normalised with degree-1 axes last in canonical order, so equal layouts compare
-    equal however they were built. Position ``i`` of the mesh (the mixed-radix number of an
-    address under ``order``) holds rank ``grid[i]``, or rank ``i`` when ``grid`` is ``None``.
-    """
+    """Sizes of the six axes (canonical order), how ranks are laid out over them, and the peer
+    groups. ``order`` lists the axes fastest first, normalised with degree-1 axes last in
+    canonical order, so equal layouts compare equal however built. Position ``i`` of the mesh
+    (an address's mixed-radix number under ``order``) holds rank ``grid[i]``, or ``i`` if None."""
 
     sizes: tuple[int, ...]
     order: tuple[Axis, ...] = AXES
@@ -215,11 +206,9 @@ class MeshLayout:
 
     @classmethod
     def from_order(cls, order: str, **sizes: int) -> MeshLayout:
-        """Megatron convention: ``from_order("tp-cp-ep-dp-pp", tp=2, dp=4)``.
-
-        The first axis varies fastest (Megatron's tensor-parallel ranks are contiguous).
-        Sizes take short or framework names; an axis without a size has degree 1, and an
-        axis missing from ``order`` varies slowest."""
+        """Megatron convention: ``from_order("tp-cp-ep-dp-pp", tp=2, dp=4)``, first axis fastest
+        (Megatron's TP ranks are contiguous). Sizes take short or framework names; an axis
+        without a size has degree 1, one missing from ``order`` varies slowest."""
         axes: list[Axis] = []
         for name in order.split("-"):
             axis = parse_axis(name)
@@ -251,10 +240,8 @@ class MeshLayout:
         names: Sequence[str],
         axes: Mapping[str, Axis | str] | None = None,
     ) -> MeshLayout:
-        """A layout from a rank grid (tensor or nested lists) with one name per dimension.
-
-        As in ``DeviceMesh``, ``grid[i0, i1, ...]`` is a global rank and the last dimension
-        varies fastest. ``axes`` maps names that :data:`AXIS_ALIASES` lacks or gets wrong."""
+        """A layout from a rank grid (tensor or nested lists), one name per dimension; as in
+        ``DeviceMesh``, the last varies fastest; ``axes`` adds to or overrides ``AXIS_ALIASES``."""
         tensor = torch.as_tensor(grid).detach().to("cpu")
         if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
             raise ConfigError(f"rank grid must hold integers, got dtype {tensor.dtype}")
@@ -402,7 +389,7 @@ class MeshLayout:
         return self.group_along(rank, (Axis.S,))
 
     def peer_group(self, rank: int) -> PeerSpec:
-        """The group ``rank`` is compared in (DESIGN §3): ``G_rep`` if d > 1, else ``G_shard``."""
+        """The group ``rank`` is compared in: ``G_rep`` if d > 1, else ``G_shard``."""
         kind = self.peer_kind
         ranks = self.replica_group(rank) if kind == REPLICA else self.shard_group(rank)
         return PeerSpec(kind=kind, ranks=ranks)

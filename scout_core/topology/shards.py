@@ -1,8 +1,7 @@
 """A sharded parameter's local part: what this rank holds, reached without a collective.
 
-FSDP2, HSDP and TP parameters, gradients and optimizer state are DTensors. SCOUT touches
-only this rank's shard: materialising the global tensor would run a collective on the
-training communicator.
+FSDP2, HSDP and TP parameters, gradients and optimizer state are DTensors; SCOUT touches only
+the local shard, as materialising the global tensor runs a collective on the training group.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ One override switches SCOUT on; its JSON object holds :class:`scout_core.Config`
     torchrun ... -m torchtitan.train --module llama3 --config llama3_8b \\
         --override.imports 'scout_torchtitan.overrides.scout={"replay_interval": 20}'
 
-``ScoutTrainer`` with ``--scout.*`` flags and ``scout.enable(trainer)`` reach the same
-plugin; :func:`recover` restores TorchTitan's certified checkpoints. Importing this
-package imports no TorchTitan module. Docs: docs/torchtitan.md.
+``ScoutTrainer`` (``--scout.*`` flags) and ``scout.enable(trainer)`` reach the same plugin;
+:func:`recover` restores certified checkpoints. Imports no TorchTitan module. docs/torchtitan.md.
 """
 
 from __future__ import annotations

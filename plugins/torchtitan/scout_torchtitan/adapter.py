@@ -1,10 +1,9 @@
 """The TorchTitan adapter: a ``Trainer``'s facts in the shape of the core's adapter protocol.
 
-Contract: :class:`TitanAdapter` builds on the core's ``TorchAdapter`` (TorchTitan uses DTensors)
-and adds the layout from ``ParallelDims`` (:mod:`.layout`, checked against every mesh), each model
-part's modules (:mod:`.modules`) and inner optimizers (:mod:`.optimizers`), a twin without the
-redistributing ``forward`` closures (:mod:`.replay`), and every enabled 1-D mesh as a training
-group. Expert parallelism is refused. Docs: docs/torchtitan.md, "What attaches where".
+Contract: :class:`TitanAdapter` is the core's ``TorchAdapter`` (TorchTitan uses DTensors) plus
+the layout from ``ParallelDims`` (:mod:`.layout`), each part's modules and inner optimizers, a
+twin without the redistributing ``forward`` closures (:mod:`.replay`) and every enabled 1-D mesh
+as a training group; expert parallelism is refused. docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The rank body of a ``scout campaign`` trial under TorchTitan (``dp_replicate`` x TP on CPU).
 
 Contract: the ``torchtitan`` setup (:data:`SETUPS`; ``dp_replicate`` 3 x TP 2) runs this body on
-every rank without initialising the process group (TorchTitan does). It builds TorchTitan's real
-``Trainer`` with SCOUT on through the override and drives the fault from public hooks (a step's
-first forward, the optimizers' post-step hook, a watched loader) while ``trainer.train()`` runs
-its own loop. Docs: docs/campaign.md.
+every rank without initialising the process group (TorchTitan does). It builds the real ``Trainer``
+with SCOUT on through the override and drives the fault from public hooks (a step's first forward,
+the optimizers' post-step hook, a watched loader) while ``trainer.train()`` loops. docs/campaign.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """TorchTitan's own checkpoints in the shape of the core's ``CheckpointIO``.
 
-Contract: :class:`TitanCheckpointIO` names TorchTitan 0.3's DCP checkpoints in
+Contract: :class:`TitanCheckpointIO` names TorchTitan 0.3's DCP checkpoints
 ``<dump_folder>/<checkpoint.folder>/step-<N>`` (SCOUT step ``s`` is ``step-{s+1}``), complete once
-their ``.metadata`` exists. ``save`` writes synchronously through the manager's own machinery (the
-gate has decided); ``load`` is ``manager.load(step)`` (or the given raw load) after
-``materialize_state_quietly``. Docs: docs/torchtitan.md, "Checkpoint gating".
+``.metadata`` exists; ``save`` writes synchronously through the manager's own machinery (the gate
+has decided), ``load`` is its load or the given raw one. docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The job's mesh layout and peer groups, read off TorchTitan's ``ParallelDims``.
 
-Contract: TorchTitan 0.3 unflattens one world mesh in the fixed order ``pp, dp_replicate,
-dp_shard, cp, tp`` (``tp`` fastest), so the layout is :data:`DENSE_ORDER` (``e`` = 1) and replay
-compares ranks across ``dp_replicate``. :func:`titan_layout` checks every enabled mesh of this
-rank (members and ``get_local_rank()``) against it, locally, raising ``UnsupportedSetupError``
-on any difference; expert replica groups overlap the dense axes and come back as explicit rank
-tuples (:func:`expert_replica_groups`). Docs: docs/torchtitan.md, "What attaches where".
+Contract: TorchTitan 0.3 unflattens one world mesh in the fixed order ``pp, dp_replicate, dp_shard,
+cp, tp`` (``tp`` fastest): :data:`DENSE_ORDER`, ``e`` = 1; replay compares across ``dp_replicate``.
+:func:`titan_layout` refuses any enabled mesh of this rank that differs; expert replica groups
+overlap the dense axes (:func:`expert_replica_groups`). docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations

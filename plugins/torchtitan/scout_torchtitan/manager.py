@@ -1,11 +1,9 @@
 """``ScoutCheckpointManager``: TorchTitan's checkpoint manager, built with the Trainer in hand.
 
-The checkpoint manager alone is built with the whole trainer and sees every save and load:
-SCOUT's seam. Contract: :class:`ScoutManagerMixin`, once the base manager is built, enables SCOUT
-on the trainer with the override's settings, routes ``_save`` / ``_load`` through the gate
-(:mod:`.gating`), closes the session on ``close``, and records a :class:`ScoutSeen` (logged,
-``manager.scout_seen``, :func:`built`). It needs no ``--checkpoint.enable``. Docs:
-docs/torchtitan.md, "What attaches where".
+Contract: :class:`ScoutManagerMixin`, once the base manager is built, enables SCOUT with the
+override's settings, routes ``_save`` / ``_load`` through the gate (:mod:`.gating`), closes the
+session on ``close`` and records a :class:`ScoutSeen` (:func:`built`); no ``--checkpoint.enable``
+needed. docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations
@@ -52,7 +50,6 @@ class ScoutSeen:
     optimizers: list[str] = field(default_factory=list)
     checkpoint_enabled: bool = False
     gated: bool = False
-    """Whether TorchTitan's saves and loads go through SCOUT's checkpoint gate."""
     scout: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,9 +1,8 @@
 """Where a TorchTitan model keeps what SCOUT replays: blocks, embedding, LM head.
 
-Contract: :func:`titan_modules` looks in each model part for ``layers`` (a ``ModuleDict``
-of wrapped blocks, which the core's discovery sees through), ``tok_embeddings`` (first
-stage only) and ``lm_head`` (last stage only), naming layers by TorchTitan's canonical
-FQN. Docs: docs/torchtitan.md, "What attaches where".
+Contract: :func:`titan_modules` reads each model part's ``layers`` (a ``ModuleDict`` of wrapped
+blocks, seen through by the core's discovery), ``tok_embeddings`` (first stage) and ``lm_head``
+(last stage), naming layers by their canonical FQN. docs/torchtitan.md, "What attaches where".
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ __all__ = ["titan_modules"]
 
 
 def titan_modules(model_parts: Sequence[nn.Module], config: Config | None = None) -> Discovered:
-    """Blocks of every model part (in part order), the first stage's embedding and the last
-    stage's LM head. ``config.layers`` / ``.embedding`` / ``.lm_head`` name other paths; by
-    default the blocks are each part's ``layers``, and a part without one raises ``ValueError``."""
+    """Blocks of every model part (in part order), the first stage's embedding, the last stage's
+    LM head; ``config`` paths override, and by default a part without ``layers`` is a ValueError."""
     cfg = Config() if config is None else config
     layers: list[ModuleRef] = []
     embedding: ModuleRef | None = None

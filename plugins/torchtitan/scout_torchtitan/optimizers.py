@@ -1,11 +1,8 @@
 """TorchTitan's optimizers as SCOUT sees them: one container, one optimizer per model part.
 
-Contract: :func:`titan_optimizers` lists each model part's inner optimizer in
-``trainer.optimizers``, an ``OptimizersContainer`` whose ``step()`` steps each once per iteration:
-they are what optimizer replay re-runs and what the core's step clock hooks.
-:func:`materialize_state_quietly` runs TorchTitan's zero-lr ``init_optim_state`` before a load
-that restores the optimizer, with step hooks set aside so it is not counted as a step. Docs:
-docs/torchtitan.md, "Checkpoint gating".
+Contract: :func:`titan_optimizers` lists each model part's inner optimizer, which optimizer replay
+re-runs and the step clock hooks; :func:`materialize_state_quietly` creates their state before a
+load without counting a step. docs/torchtitan.md, "Checkpoint gating".
 """
 
 from __future__ import annotations

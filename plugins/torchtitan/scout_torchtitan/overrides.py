@@ -4,8 +4,7 @@ Contract: :func:`scout`, an ``@override`` factory registered for every checkpoin
 (``BaseCheckpointManager.Config`` and subclasses: ``exact=True`` would skip subclasses silently),
 validates the settings with ``Config.from_mapping`` and replaces the config by class before
 anything is built: TorchTitan's → SCOUT's, TorchFT's → SCOUT's TorchFT subclass, SCOUT's → the
-new settings, any other → ``UnsupportedSetupError`` naming its class. Docs: docs/torchtitan.md,
-"Switching it on".
+new settings, any other → ``UnsupportedSetupError``. docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The ``scout.plugins`` entry point ``torchtitan``: TorchTitan facts on the core's plugin base.
 
 Contract: :class:`TitanPlugin` attaches to TorchTitan's ``Trainer``, where every fact lives
-(``parallel_dims``, ``model_parts``, ``optimizers``, ``checkpointer``); the core owns the
-lifecycle. SCOUT's checkpoint manager or ``scout.enable(trainer)`` reaches it. Importing this
-module imports no TorchTitan module. Docs: docs/torchtitan.md, "Switching it on".
+(``parallel_dims``, ``model_parts``, ``optimizers``, ``checkpointer``); the core owns the lifecycle.
+Importing it imports no TorchTitan module. docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations

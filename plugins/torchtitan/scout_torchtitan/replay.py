@@ -1,9 +1,8 @@
 """What replay must undo on a TorchTitan block so it runs locally under tensor parallelism.
 
-Contract: :func:`detach_titan_parallelism` removes from a replay twin the redistributing
-``forward`` closures TorchTitan's ``Module.parallelize`` installs on instances and clears its
-``tp_group``, so the twin computes the plain function of the full tensors it is given and never
-talks on the training TP group. Pass it the twin. Why: docs/torchtitan.md, "Replay under TP".
+Contract: :func:`detach_titan_parallelism` strips from a replay twin the ``forward`` closures
+TorchTitan's ``Module.parallelize`` installs and clears its ``tp_group``, so the twin computes the
+plain function of its full tensors off the training TP group. docs/torchtitan.md, "Replay under TP".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """SCOUT on TorchFT jobs: TorchFT's checkpoint manager with :class:`ScoutManagerMixin`.
 
-TorchTitan's TorchFT integration swaps in ``TorchFTCheckpointManager``, which saves per-replica
-dataloader state and hands state-dict callbacks to the TorchFT manager (``__init__`` takes
-``ft_manager``). The override factory maps its config here, so a fault-tolerant job keeps that and
-gains SCOUT. Importing this module needs no ``torchft``; building the manager does.
-
-Phase 1 status: the config mapping is tested; the manager has not run (no ``torchft`` on the
-development machine).
+The override factory maps ``TorchFTCheckpointManager``'s config here, FT settings kept; a live
+TorchFT manager is refused when SCOUT attaches (docs/torchtitan.md, "Checkpoint gating").
+Importing this module needs no ``torchft``; building the manager does. Only the config mapping
+is tested: the manager has not run (no ``torchft`` on the development machine).
 """
 
 from __future__ import annotations

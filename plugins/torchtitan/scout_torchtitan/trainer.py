@@ -1,11 +1,9 @@
 """``ScoutTrainer``: TorchTitan's ``Trainer`` with a ``scout`` config section (``--scout.*``).
 
-Contract: ``ScoutTrainer.Config.scout`` is :class:`scout_core.Config` (one flag per field,
-validated at parse time), disabled by default; with ``--scout.enabled`` the trainer swaps its
-checkpoint-manager config for SCOUT's before ``Trainer.__init__`` builds anything, ending in the
-override's manager. :func:`with_scout` turns a stock ``Trainer.Config`` into a
-``ScoutTrainer.Config``; :mod:`.config_registry` serves config functions. Not for TorchFT jobs
-(use the override). Docs: docs/torchtitan.md, "Switching it on".
+Contract: ``ScoutTrainer.Config.scout`` is :class:`scout_core.Config` (a flag per field, checked at
+parse time), off by default; ``--scout.enabled`` swaps in SCOUT's checkpoint-manager config before
+``Trainer.__init__`` builds anything, as the override does. :func:`with_scout` converts a stock
+``Trainer.Config`` (TorchFT: use the override). docs/torchtitan.md, "Switching it on".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """C3, Consensus Collective Communication (paper §5): SCOUT's decision layer.
 
-Peers of an equivalent group turn their diagnostic object into fixed-size evidence; one
-AllGather gives every peer the same table, and the same deterministic rule runs on each, so
-all return the same ``(status, bitmap, evidence)`` and the ordered peer → global-rank map.
-:mod:`.rule` is the pure rule; :mod:`.collective` the wire format and :func:`exchange`.
+Peers of an equivalent group turn what they saw into fixed-size evidence; one AllGather gives all
+the same table and each runs the same deterministic rule, so all return the same ``(status, bitmap,
+evidence)`` and peer → global-rank map. :mod:`.rule` is the rule, :mod:`.collective` the wire.
 """
 
 from __future__ import annotations
@@ -19,12 +18,10 @@ from scout_core.decision.c3.collective import (
 from scout_core.decision.c3.rule import Decision, decide_exact, decide_statistical, robust_scale
 
 __all__ = [
-    # the rule
     "Decision",
     "decide_exact",
     "decide_statistical",
     "robust_scale",
-    # the collective
     "DEFAULT_KAPPA",
     "ROW_WORDS",
     "C3Result",

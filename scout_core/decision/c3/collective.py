@@ -1,10 +1,9 @@
 """The C3 collective: one AllGather of fixed-size evidence, then the rule on every peer.
 
 Contract: each peer packs its surfaces into one int64 row of :data:`ROW_WORDS` words, one
-AllGather runs on a diagnostic group, and every peer applies :mod:`.rule` to the same table,
-so all return the identical :class:`C3Result` per surface. A layout, kappa or peer-order
-mismatch raises :class:`~scout_core.errors.ProtocolError` on every peer. The wire format
-and its constant row size: docs/internals.md, "The C3 wire format".
+AllGather runs on a diagnostic group, and every peer applies :mod:`.rule` to the same table, so
+all return the same :class:`C3Result` per surface. A layout, kappa or peer-order mismatch raises
+:class:`~scout_core.errors.ProtocolError` everywhere. docs/internals.md, "The C3 wire format".
 """
 
 from __future__ import annotations
@@ -60,12 +59,9 @@ def _word(value: Any, what: str) -> int:
 
 @dataclass(frozen=True)
 class Surface:
-    """One thing compared across the peers in an :func:`exchange`.
-
-    ``value``: an int or ``width`` ints (:attr:`Mode.EXACT`), a float in seconds
-    (:attr:`Mode.STATISTICAL`), or ``None``, which makes the surface inconclusive on every
-    peer. Every peer passes the same names, modes and widths in the same order.
-    """
+    """One thing compared across the peers in an :func:`exchange`: ``value`` is an int or ``width``
+    ints (:attr:`Mode.EXACT`), a float in seconds (:attr:`Mode.STATISTICAL`), or ``None`` (then
+    inconclusive everywhere); every peer passes the same names, modes and widths in order."""
 
     name: str
     """Stable identifier, e.g. ``layer/blocks.3/forward``; unique within one exchange."""
@@ -272,7 +268,6 @@ def _decode(plan: _Plan, i: int, cols: list[tuple[int, ...]], kappa: float) -> C
 
 
 def _as_floats(words: tuple[int, ...]) -> list[float]:
-    """Reinterpret signed int64 words as the float64 values whose bits they carry."""
     fmt = f"<{len(words)}"
     return list(struct.unpack(fmt + "d", struct.pack(fmt + "q", *words)))
 
@@ -285,13 +280,10 @@ def exchange(
     kappa: float = DEFAULT_KAPPA,
     device: torch.device | str | None = None,
 ) -> dict[str, C3Result]:
-    """Run C3 on several surfaces with one AllGather; return one result per surface name.
-
-    ``ranks`` are the diagnostic ``group``'s global ranks in result order; ``device`` places
-    the wire tensors (NCCL needs CUDA; default CPU). Raises ``ValueError`` before any
-    communication for an empty or duplicated surface list, a bad ``kappa``, ``WORLD``, or a
-    caller or ``ranks`` that does not match the group.
-    """
+    """Run C3 on several surfaces with one AllGather; one result per surface name. ``ranks``: the
+    ``group``'s global ranks in result order; ``device`` places the wire tensors (NCCL needs CUDA;
+    default CPU). ``ValueError`` before any communication for an empty or duplicated surface list,
+    a bad ``kappa``, ``WORLD``, or a caller or ``ranks`` not matching the group."""
     if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
         raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
     if not surfaces:
@@ -310,8 +302,7 @@ def exchange(
     plan.packer.pack_into(wire, 0, *row)
     send = torch.frombuffer(wire, dtype=torch.int64)
     n = len(group_ranks)
-    # The table lands in a Python buffer (directly on the CPU, by one copy from a
-    # device), and struct reads each row's used prefix from it: no torch op per word.
+    # The table lands in a Python buffer (one copy from a device); struct reads the rows.
     table = bytearray(n * ROW_WORDS * 8)
     host = torch.frombuffer(table, dtype=torch.int64)
     if device is None or torch.device(device).type == "cpu":

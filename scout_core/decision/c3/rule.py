@@ -1,10 +1,9 @@
 """The C3 decision rule (paper §5, Algorithm 1) as pure functions.
 
-Contract: every peer applies these functions locally to the same gathered evidence, and
-because they are pure and deterministic every peer derives the same ``(status, bitmap)``
-without a coordinator. :func:`decide_exact` needs a *strict* majority (else inconclusive,
-all-zero bitmap); :func:`decide_statistical` flags ``|τ_j - m| > κ·d`` with ``d`` from
-:func:`robust_scale`, the paper's unscaled MAD. The modes: docs/concepts.md, "C3".
+Contract: the functions are pure and deterministic, so every peer derives the same ``(status,
+bitmap)`` from the same gathered evidence without a coordinator. :func:`decide_exact` needs a
+*strict* majority (else inconclusive, all-zero bitmap); :func:`decide_statistical` flags
+``|τ_j - m| > κ·d``, ``d`` from :func:`robust_scale` (unscaled MAD). docs/concepts.md, "C3".
 """
 
 from __future__ import annotations
@@ -32,19 +31,15 @@ def _quiet(n: int, status: Status) -> Decision:
 
 
 def decide_exact(values: Sequence[Hashable]) -> Decision:
-    """Strict-majority consensus over values that healthy peers hold identically.
-
-    With ``v*`` the most frequent value and ``c*`` its count: ``c* ≤ N/2`` is inconclusive
-    (all-zero bitmap); else every peer not holding ``v*`` is flagged. Raises ``ValueError``
-    for an empty group; one peer trivially agrees.
-    """
+    """Strict-majority consensus: with ``v*`` the most frequent value and ``c*`` its count,
+    ``c* ≤ N/2`` is inconclusive (all-zero bitmap), else peers not holding ``v*`` are flagged.
+    ``ValueError`` for an empty group; one peer trivially agrees."""
     n = len(values)
     if n == 0:
         raise ValueError("C3 needs at least one peer value, got none")
     if values.count(values[0]) == n:  # the healthy path, at C speed
         return _quiet(n, Status.AGREE)
-    # First value reaching the top count, in first-appearance order: a tie never exceeds
-    # N/2, so it never changes a verdict, but the choice is visibly deterministic.
+    # First value reaching the top count: a tie never exceeds N/2, but stays deterministic.
     counts: dict[Hashable, int] = {}
     for v in values:
         counts[v] = counts.get(v, 0) + 1
@@ -68,15 +63,10 @@ def _median_sorted(xs: Sequence[float]) -> float:
 
 
 def robust_scale(values: Sequence[float]) -> float:
-    """The robust dispersion ``d`` of statistical C3: MAD, then IQR, then scaled range.
-
-    1. the unscaled MAD, ``median_i |τ_i - m|`` (``m`` the median);
-    2. if 0, the inner IQR ``x[floor(0.75·(N-1))] - x[ceil(0.25·(N-1))]`` (0 when N ≤ 2);
-    3. if 0 too, ``(max - min) / (2·N)``.
-
-    Zero only when every value is equal. Raises ``ValueError`` for an empty sequence or a
-    non-finite value. Why these fallbacks: docs/concepts.md, "C3".
-    """
+    """The robust dispersion ``d`` of statistical C3: the unscaled MAD ``median_i |τ_i - m|``;
+    if 0, the inner IQR ``x[floor(0.75·(N-1))] - x[ceil(0.25·(N-1))]`` (0 when N ≤ 2); if 0
+    too, ``(max - min) / (2·N)``. Zero only when every value is equal. Raises ``ValueError``
+    for an empty sequence or a non-finite value. Why these fallbacks: docs/concepts.md, "C3"."""
     n = len(values)
     if n == 0:
         raise ValueError("robust_scale needs at least one value, got none")
@@ -94,20 +84,15 @@ def robust_scale(values: Sequence[float]) -> float:
         return iqr
     spread = xs[-1] - xs[0]
     scaled = spread / (2 * n)
-    # A subnormal spread can underflow to 0 when divided; the contract is that
-    # only an all-equal group has zero scale, so fall back to the spread itself.
+    # A subnormal spread can underflow to 0; only an all-equal group may have zero scale.
     return scaled if scaled > 0.0 else spread
 
 
 def decide_statistical(values: Sequence[float], kappa: float) -> Decision:
-    """Robust outlier rule for timings: flag ``|τ_j - m| > κ·d``.
-
-    ``m`` is the median and ``d`` is :func:`robust_scale`; ``d = 0`` (all equal) is agreement.
-    A fleet-wide slowdown shifts ``m`` with all peers and flags no one (paper §5). A
-    non-finite timing is a failed measurement of unknown size, neither blame nor agreement:
-    inconclusive, all-zero bitmap (fail closed). Raises ``ValueError`` for an empty group or
-    a ``kappa`` that is not finite and positive.
-    """
+    """Robust outlier rule for timings: flag ``|τ_j - m| > κ·d`` (``m`` the median, ``d`` from
+    :func:`robust_scale`; ``d = 0`` agrees); a fleet-wide slowdown moves ``m`` and flags no one
+    (paper §5). A non-finite timing is inconclusive with an all-zero bitmap (fail closed).
+    ``ValueError`` for an empty group or a ``kappa`` that is not finite and positive."""
     if not (isinstance(kappa, (int, float)) and math.isfinite(kappa) and kappa > 0):
         raise ValueError(f"kappa must be a finite number > 0, got {kappa!r}")
     n = len(values)
