@@ -38,8 +38,8 @@ class Boundary:
     rounds: tuple[RoundOutcome, ...]
     """This rank's round outcomes of the due recipes (a skipped recipe has none)."""
     custody: tuple[Record, ...] = ()
-    """This rank's first custody verdict (:mod:`.custody`) since the last restore, at every
-    later boundary: a checkpoint gate that decides only where recipes are due still sees it."""
+    """This rank's first custody or buddy verdict (:mod:`.custody`, :mod:`.buddy`) since the
+    last restore, at every later boundary: a gate deciding only where recipes are due sees it."""
 
 
 Listener = Callable[[Boundary], None]

@@ -180,7 +180,7 @@ class ReplayDriver:
             kappa=config.kappa,
             ownership=adapter.optimizer_ownership(),
         )
-        self.buddy = BuddyReplay(self.opt, self.peers)
+        self.buddy = BuddyReplay(self.opt, self.peers, job, layout.ranks)
         # The group a slow t_gather points at: the shard group under FSDP, else the TP group.
         comm_of: dict[int, tuple[str, tuple[int, ...]]] = {}
         if fsdp or tp:

@@ -14,6 +14,7 @@ test id (printed, so a failure can be replayed).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,3 +123,42 @@ def test_gate_selects_verified_state_on_a_buddy_verdict() -> None:
     _check_named(results, spec)
     for res in results:
         assert res["pending"] is not None and res["pending"].startswith("sdc"), res["pending"]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("victim", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_pipeline_pair_s_optimizer_step_is_refereed_from_the_other_stage(
+    victim: int, tmp_path: Path
+) -> None:
+    """DeepSpeed's 2 stages x DP 2 (ZeRO-1; rank = stage * 2 + data index): each stage's
+    optimizer partitions are owned once in a pair, so the buddy's referee is the rank at
+    the same position of the other stage (the campaign's ``optimizer_sdc`` on ``victim``
+    at step 2: a moment flipped after SCOUT's snapshot, so the step computes from it)."""
+    from scout_core.campaign.pair_layouts import PAIR_LAYOUTS
+    from scout_core.campaign.plan import Trial, missing_module
+    from scout_core.campaign.runner import run_trial
+    from scout_core.records.reading import load_report
+    from scout_core.records.record import VERDICT_SCHEMA
+
+    setup = PAIR_LAYOUTS.get("pp2xdp2")
+    if setup is None or missing_module(setup) is not None:
+        pytest.skip("the DeepSpeed plugin's pipeline setup is not installed")
+    trial = Trial(0, "pp2xdp2", "optimizer_sdc", victim, 2, 6, setup.world)
+    settings = {"replay_interval": 1, "optimizer_interval": 1}
+    score = run_trial(trial, setup, tmp_path, fault={}, settings=settings)
+    assert score.error is None, score.error
+    report = load_report(tmp_path / "trial-000-pp2xdp2-optimizer_sdc", strict=False)
+    sdc = [r for r in report.records if r.failure is not None and r.failure.value == "sdc"]
+    assert {o for r in sdc for o in r.outliers} == {victim}, [r.outliers for r in sdc]
+    buddy = [r for r in sdc if r.schema == VERDICT_SCHEMA and r.surface == "optimizer/buddy"]
+    assert buddy, "the pair's buddy round named no one"
+    pair = (victim // 2 * 2, victim // 2 * 2 + 1)
+    healthy = pair[1] if victim == pair[0] else pair[0]
+    for r in buddy:
+        assert tuple(r.group) == pair, r
+        assert (r.scope.value, list(r.outliers)) == ("rank", [victim]), r
+        referee = r.detail["referee"]
+        assert referee // 2 != victim // 2 and referee % 2 == victim % 2, r  # other stage
+        sigs = r.detail["signatures"]
+        assert sigs[str(referee)] == sigs[str(healthy)] != sigs[str(victim)], r
+    assert min(r.step for r in buddy) == 2

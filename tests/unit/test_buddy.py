@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scout_core.integration.adapter import Ownership
-from scout_core.replay.buddy import BuddyReplay, decide
+from scout_core.replay.buddy import BuddyReplay, _referees, decide
 from scout_core.replay.optimizer import OptimizerReplay
 from scout_core.replay.packing import pack, sign
 from scout_core.testing.models import TinyLM
@@ -68,9 +68,9 @@ def test_a_shipped_slice_replays_to_the_owners_post_step_values(
         _step(owner, model, step)
         pieces, after, _ = owner.take()
         assert pieces
-        ship = BuddyReplay(owner, owner.peers)
+        ship = BuddyReplay(owner, owner.peers, None, (0,))
         layout, payload = ship._layout(pieces), pack(OptimizerReplay.flat(pieces))
-        code, sig = BuddyReplay(buddy, buddy.peers)._replayed(layout, payload)
+        code, sig = BuddyReplay(buddy, buddy.peers, None, (0,))._replayed(layout, payload)
         assert (code, sig) == (0, after), step
         # A miscomputed update: the owner's own values differ from the replay.
         assert sign([t + 1 for t in owner.replay(pieces)]) != sig
@@ -82,14 +82,14 @@ def test_a_shipment_that_does_not_fit_is_refused_naming_why() -> None:
     _step(owner, model, 1)
     pieces, _, _ = owner.take()
     assert pieces
-    ship = BuddyReplay(owner, owner.peers)
+    ship = BuddyReplay(owner, owner.peers, None, (0,))
     layout, payload = ship._layout(pieces), pack(OptimizerReplay.flat(pieces))
     other, _ = _owner(torch.optim.AdamW, lr=2e-2)  # another learning rate
-    with pytest.raises(ValueError, match="hyperparameters differ"):
-        BuddyReplay(other, other.peers)._rebuild(layout, payload)
+    with pytest.raises(ValueError, match="hyperparameters of optimizer 0 group 0 differ"):
+        BuddyReplay(other, other.peers, None, (0,))._rebuild(layout, payload)
     sgd, _ = _owner(torch.optim.SGD, lr=1e-2)
     with pytest.raises(ValueError, match="optimizer classes differ"):
-        BuddyReplay(sgd, sgd.peers)._rebuild(layout, payload)
+        BuddyReplay(sgd, sgd.peers, None, (0,))._rebuild(layout, payload)
     with pytest.raises(ValueError, match="payload has"):
         ship._rebuild(layout, payload[:-4])
     bad = json.loads(layout)
@@ -101,8 +101,33 @@ def test_a_shipment_that_does_not_fit_is_refused_naming_why() -> None:
     with pytest.raises(ValueError, match="payload has"):
         ship._rebuild(json.dumps(bad).encode(), payload)
     bad = json.loads(layout)
+    bad["groups"][0][1] = 9
+    with pytest.raises(ValueError, match="no optimizer 0 group 9 here"):
+        ship._rebuild(json.dumps(bad).encode(), payload)
+    bad = json.loads(layout)
     bad["pieces"][0][1] = 7
     with pytest.raises(ValueError, match="no optimizer 0 group 7"):
         ship._rebuild(json.dumps(bad).encode(), payload)
     # A refused shipment is a failed replay (missing evidence), never a verdict.
-    assert BuddyReplay(other, other.peers)._replayed(layout, payload) == (2, None)
+    assert BuddyReplay(other, other.peers, None, (0,))._replayed(layout, payload) == (2, None)
+
+
+def _words(groups: list[list[int]], differ: set[int]) -> dict[int, list[int]]:
+    """Job-wide words ``[code, sig, group id, position, size, ...]``; ``differ``: the
+    buddies whose replay differs from their owner's values."""
+    return {
+        r: [1 if r in differ else 0, 0, g[0], i, len(g), 1, 10, 10]
+        for g in groups
+        for i, r in enumerate(g)
+    }
+
+
+def test_the_referee_is_the_rank_after_the_buddy_or_in_a_pair_the_next_groups() -> None:
+    # a group of four: rank 6's buddy 7 differs; the referee is the rank after 7
+    assert _referees(_words([[4, 5, 6, 7]], {7})) == {6: 4}
+    # pipeline 2 stages x DP 2: owner 1 (buddy 0 differs) is refereed by rank 3, at the
+    # same position in the other stage, and owner 2 (buddy 3) by rank 0
+    assert _referees(_words([[0, 1], [2, 3]], {0, 3})) == {1: 3, 2: 0}
+    # one pair alone: nobody can referee
+    assert _referees(_words([[0, 1]], {0})) == {}
+    assert _referees(_words([[0, 1], [2, 3]], set())) == {}
