@@ -314,6 +314,14 @@ def _referees(said: dict[int, list[int]]) -> dict[int, int]:
             other = groups[order[(order.index(gid) + 1) % len(order)]]
             if (pos - 1) % n in other:
                 out[owner] = other[(pos - 1) % n]
+    # A referee serves one owner (groups of unequal sizes could map two onto one): the
+    # lowest owner keeps it, the same on every rank, so no send is left unmatched.
+    taken: set[int] = set()
+    for owner in sorted(out):
+        if out[owner] in taken:
+            del out[owner]
+        else:
+            taken.add(out[owner])
     return out
 
 

@@ -128,6 +128,13 @@ def test_the_referee_is_the_rank_after_the_buddy_or_in_a_pair_the_next_groups() 
     # pipeline 2 stages x DP 2: owner 1 (buddy 0 differs) is refereed by rank 3, at the
     # same position in the other stage, and owner 2 (buddy 3) by rank 0
     assert _referees(_words([[0, 1], [2, 3]], {0, 3})) == {1: 3, 2: 0}
+    # groups of unequal sizes that map two owners onto one referee: only the lowest owner
+    # keeps it (a referee receives one shipment), on every rank alike
+    # (owner 0's pair referee is rank 2, at its position in the next group; owner 3's
+    # referee in its group of three is rank 2 too)
+    assert _referees(_words([[0, 1], [2, 3, 4]], {1, 4})) == {0: 2}
+    words = _words([[0, 1], [2, 3]], {0, 2})  # owners 1 and 3 -> referees 3 and 1
+    assert _referees(words) == {1: 3, 3: 1}
     # one pair alone: nobody can referee
     assert _referees(_words([[0, 1]], {0})) == {}
     assert _referees(_words([[0, 1], [2, 3]], set())) == {}
