@@ -317,6 +317,7 @@ class ReplayDriver:
     def _run(self, due: Sequence[Recipe], step: int) -> list[RoundOutcome]:
         out: list[RoundOutcome] = []
         counts = self.control.take()
+        me = self.adapter.rank()
         for recipe in due:
             if recipe.kind == OPTIMIZER and not self.opt.supported:
                 outcome: RoundOutcome | None = self.buddy.run(step)
@@ -342,7 +343,6 @@ class ReplayDriver:
                 continue
             out.append(outcome)
             self.history.append(outcome)
-            me = self.adapter.rank()
             for record in self.verdicts.judge(outcome):
                 self._deliver(record)
                 if recipe.kind == OPTIMIZER and not self.opt.supported and me in record.outliers:
